@@ -1,0 +1,74 @@
+"""The exceptions bucketstore raises.
+
+Every error the engine raises on purpose derives from :class:`BucketStoreError`.
+Damage found in a file carries the file's ``path`` and the byte ``offset`` where
+the reader stopped trusting it, so an operator can look at exactly that place
+(``bucketstore dump`` / ``verify`` print the same two facts).
+
+Argument errors are plain :class:`ValueError` / :class:`TypeError`, as callers
+of a Python library expect.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "BucketStoreError",
+    "CorruptLedgerError",
+    "CatalogError",
+    "StoreLockedError",
+    "StoreClosedError",
+    "JournalError",
+]
+
+
+class BucketStoreError(Exception):
+    """Base class of every error bucketstore raises on purpose."""
+
+
+class CorruptLedgerError(BucketStoreError):
+    """A ledger file (sealed bucket, snapshot) is damaged or is not a ledger.
+
+    :ivar path: the file that is damaged.
+    :ivar offset: the byte offset in that file where the damage was found
+        (the start of the frame or structure that failed its check).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
+        self.path = os.fspath(path)
+        self.offset = int(offset)
+        self.reason = reason
+        super().__init__(f"{self.path}: offset {self.offset}: {reason}")
+
+
+class CatalogError(BucketStoreError):
+    """The LMDB catalog is damaged, inconsistent with the ledger files, or unusable."""
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None,
+                 key: str | None = None) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.key = key
+        super().__init__(message)
+
+
+class StoreLockedError(BucketStoreError):
+    """Another process (or another open handle in this process) owns the store for writing."""
+
+
+class StoreClosedError(BucketStoreError):
+    """The store or tracker was used after :meth:`close`."""
+
+
+class JournalError(BucketStoreError):
+    """The write-ahead journal is damaged in a way that cannot be cut off as a torn tail.
+
+    :ivar path: the journal file.
+    :ivar offset: the byte offset of the first record that failed its check.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
+        self.path = os.fspath(path)
+        self.offset = int(offset)
+        self.reason = reason
+        super().__init__(f"{self.path}: offset {self.offset}: {reason}")
