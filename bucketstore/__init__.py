@@ -1,0 +1,26 @@
+"""bucketstore: an embeddable, durable storage engine for delayed-message indexes.
+
+A message system hands bucketstore *delayed indexes* ``(deliver_at_ms,
+ledger_id, entry_id)``; bucketstore keeps them with bounded memory, survives
+crashes, and hands positions back when they fall due. It implements Apache
+Pulsar's PIP-195 bucket snapshots (sealed buckets as CRC-framed ledger files,
+an LMDB catalog of cursor properties, lazily loaded segments in one shared
+queue) and goes beyond it. See README.md for the tour.
+"""
+
+from __future__ import annotations
+
+from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreClosedError,
+                     StoreLockedError)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BucketStoreError",
+    "CorruptLedgerError",
+    "CatalogError",
+    "StoreLockedError",
+    "StoreClosedError",
+    "JournalError",
+    "__version__",
+]

@@ -1,0 +1,240 @@
+"""The compact encoding of one segment: a sorted run of delayed indexes.
+
+A segment is three parallel uint64 columns (timestamp, ledger id, entry id),
+sorted by (timestamp, ledger, entry). Each column is stored as its first value
+plus the differences between neighbours, because sorted timestamps and
+consecutive entry ids make those differences small or constant:
+
+* ``ARITH``: every difference is the same (fixed-delay traffic: ts +1 ms, entry +1);
+  the column costs 17 bytes whatever its length.
+* ``DELTA_U``: the column never decreases; differences stored unsigned.
+* ``DELTA_Z``: differences zigzag-encoded (small negatives stay small).
+
+Differences are stored at the narrowest byte width that fits them all (1, 2, 4
+or 8) and *byte-planar* (all low bytes, then all second bytes, ...), which lets
+zlib find the long runs of zero high bytes. The whole body is zlib-compressed
+(level 1) when that makes it smaller. ``formats/bucket_snapshot.md`` specifies
+the bytes; tools/bench/bench_codec.py measures the choice against alternatives.
+
+Decoding never trusts a length: the count is checked against a hard cap and the
+expected count the caller knows (from entry 0), and decompression is bounded by
+the size the columns can legitimately take.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "Segment",
+    "SegmentCodecError",
+    "MAX_SEGMENT_INDEXES",
+    "encode_segment",
+    "decode_segment",
+    "check_sorted",
+]
+
+#: The format's hard cap on indexes per segment (2**24). Segmentation always cuts
+#: at this size, even when ``max_indexes_per_segment`` is -1, so a decoder can
+#: refuse any larger count without allocating for it.
+MAX_SEGMENT_INDEXES = 1 << 24
+
+FLAG_ZLIB = 0x01
+KIND_ARITH = 0
+KIND_DELTA_U = 1
+KIND_DELTA_Z = 2
+
+_PREFIX = struct.Struct("<BI")  # flags, count
+_RAW_LEN = struct.Struct("<I")
+_ARITH = struct.Struct("<BQQ")  # kind, first, step
+_DELTA = struct.Struct("<BQB")  # kind, first, width
+_WIDTH_DTYPE = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_U64 = np.dtype("<u8")
+_ZLIB_LEVEL = 1
+
+
+class SegmentCodecError(ValueError):
+    """A segment payload is malformed; ``offset`` is relative to the payload start."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"offset {offset}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One decoded segment: three equal-length uint64 numpy columns in index order."""
+
+    timestamps: np.ndarray
+    ledger_ids: np.ndarray
+    entry_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+
+def check_sorted(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> int:
+    """Return the first position ``i`` (>= 1) where row ``i`` is not strictly after row ``i-1``
+    in (timestamp, ledger, entry) order, or -1 when the rows are strictly increasing."""
+    if len(ts) < 2:
+        return -1
+    t0, t1 = ts[:-1], ts[1:]
+    l0, l1 = ledgers[:-1], ledgers[1:]
+    ok = (t1 > t0) | ((t1 == t0) & ((l1 > l0) | ((l1 == l0) & (entries[1:] > entries[:-1]))))
+    if ok.all():
+        return -1
+    return int(np.argmin(ok)) + 1
+
+
+def _encode_column(values: np.ndarray) -> bytes:
+    first = int(values[0])
+    if len(values) == 1:
+        return _ARITH.pack(KIND_ARITH, first, 0)
+    # uint64 subtraction wraps, so differences are exact modulo 2**64 for any input.
+    diffs = np.diff(values)
+    step = int(diffs[0])
+    if (diffs == diffs[0]).all():
+        return _ARITH.pack(KIND_ARITH, first, step)
+    if (values[1:] >= values[:-1]).all():
+        kind, stored = KIND_DELTA_U, diffs
+    else:
+        signed = diffs.view(np.int64)
+        stored = ((signed << 1) ^ (signed >> 63)).view(np.uint64)
+        kind = KIND_DELTA_Z
+    top = int(stored.max())
+    width = 1 if top < 1 << 8 else 2 if top < 1 << 16 else 4 if top < 1 << 32 else 8
+    narrow = stored.astype(_WIDTH_DTYPE[width])
+    planes = narrow.view(np.uint8).reshape(-1, width).T.tobytes() if width > 1 else narrow.tobytes()
+    return _DELTA.pack(kind, first, width) + planes
+
+
+def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, compress: bool = True) -> bytes:
+    """Encode a sorted, non-empty run of indexes as a segment payload.
+
+    :param ts: timestamps (uint64-compatible), sorted with ``ledgers`` and ``entries``
+        by (timestamp, ledger, entry), no duplicates.
+    :param compress: try zlib and keep it when it is smaller (golden files and
+        benchmarks can turn it off).
+    :raises ValueError: empty input, mismatched lengths, more than
+        :data:`MAX_SEGMENT_INDEXES` rows, or rows out of order.
+    """
+    ts = np.ascontiguousarray(ts, dtype=_U64)
+    ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
+    entries = np.ascontiguousarray(entries, dtype=_U64)
+    n = len(ts)
+    if n == 0 or len(ledgers) != n or len(entries) != n:
+        raise ValueError("a segment needs at least one index and three columns of equal length")
+    if n > MAX_SEGMENT_INDEXES:
+        raise ValueError(f"a segment holds at most {MAX_SEGMENT_INDEXES} indexes, not {n}")
+    bad = check_sorted(ts, ledgers, entries)
+    if bad >= 0:
+        raise ValueError(f"segment rows are not strictly increasing at row {bad}")
+    body = _encode_column(ts) + _encode_column(ledgers) + _encode_column(entries)
+    if compress and len(body) > 64:
+        packed = zlib.compress(body, _ZLIB_LEVEL)
+        if len(packed) + _RAW_LEN.size < len(body):
+            return _PREFIX.pack(FLAG_ZLIB, n) + _RAW_LEN.pack(len(body)) + packed
+    return _PREFIX.pack(0, n) + body
+
+
+def _max_body_size(n: int) -> int:
+    return 3 * (_DELTA.size + 8 * max(n - 1, 0)) + 3 * _ARITH.size
+
+
+def _decode_column(body: memoryview, pos: int, n: int, base: int) -> tuple[np.ndarray, int]:
+    if pos >= len(body):
+        raise SegmentCodecError(base + pos, "segment ends before all three columns")
+    kind = body[pos]
+    if kind == KIND_ARITH:
+        if pos + _ARITH.size > len(body):
+            raise SegmentCodecError(base + pos, "truncated constant-step column")
+        _, first, step = _ARITH.unpack_from(body, pos)
+        # Wrapping uint64 arithmetic reproduces exactly what the encoder's np.diff produced.
+        col = np.uint64(first) + np.arange(n, dtype=_U64) * np.uint64(step)
+        return col, pos + _ARITH.size
+    if kind not in (KIND_DELTA_U, KIND_DELTA_Z):
+        raise SegmentCodecError(base + pos, f"unknown column kind {kind}")
+    if pos + _DELTA.size > len(body):
+        raise SegmentCodecError(base + pos, "truncated delta column header")
+    _, first, width = _DELTA.unpack_from(body, pos)
+    if width not in _WIDTH_DTYPE:
+        raise SegmentCodecError(base + pos + 9, f"column width {width} is not 1, 2, 4 or 8")
+    start = pos + _DELTA.size
+    size = width * (n - 1)
+    if start + size > len(body):
+        raise SegmentCodecError(base + start, f"column of {n} values at width {width} does not fit the segment")
+    raw = np.frombuffer(body, dtype=np.uint8, count=size, offset=start)
+    if width > 1:
+        raw = raw.reshape(width, n - 1).T.copy()
+    stored = raw.view(_WIDTH_DTYPE[width]).reshape(-1).astype(_U64)
+    if kind == KIND_DELTA_Z:
+        stored = (stored >> np.uint64(1)) ^ (np.uint64(0) - (stored & np.uint64(1)))
+    col = np.empty(n, dtype=_U64)
+    col[0] = first
+    col[1:] = stored
+    np.cumsum(col, out=col)  # wraps modulo 2**64, undoing the encoder's wrapping differences
+    return col, start + size
+
+
+def decode_segment(payload: bytes | memoryview, expected_count: int | None = None, *,
+                   check_order: bool = True) -> Segment:
+    """Decode a segment payload made by :func:`encode_segment`.
+
+    :param expected_count: the count entry 0 records for this segment; a
+        different count in the payload is damage.
+    :param check_order: verify that rows are strictly increasing (cheap; on by default
+        because the shared queue's correctness rests on it).
+    :raises SegmentCodecError: on any malformation, with the offset in the payload.
+    """
+    view = memoryview(payload)
+    if len(view) < _PREFIX.size:
+        raise SegmentCodecError(0, "segment payload is shorter than its 5-byte prefix")
+    flags, n = _PREFIX.unpack_from(view)
+    if flags & ~FLAG_ZLIB:
+        raise SegmentCodecError(0, f"unknown segment flags 0x{flags:02x}")
+    if n == 0 or n > MAX_SEGMENT_INDEXES:
+        raise SegmentCodecError(1, f"segment count {n} is outside 1..{MAX_SEGMENT_INDEXES}")
+    if expected_count is not None and n != expected_count:
+        raise SegmentCodecError(1, f"segment holds {n} indexes but its metadata says {expected_count}")
+    base = _PREFIX.size
+    if flags & FLAG_ZLIB:
+        if len(view) < base + _RAW_LEN.size:
+            raise SegmentCodecError(base, "truncated compressed-size field")
+        (raw_len,) = _RAW_LEN.unpack_from(view, base)
+        if raw_len > _max_body_size(n):
+            raise SegmentCodecError(base, f"uncompressed size {raw_len} is impossible for {n} indexes")
+        inflater = zlib.decompressobj()
+        try:
+            body_bytes = inflater.decompress(view[base + _RAW_LEN.size:], raw_len)
+        except zlib.error as exc:
+            raise SegmentCodecError(base + _RAW_LEN.size, f"zlib stream is damaged: {exc}") from None
+        if len(body_bytes) != raw_len or not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+            raise SegmentCodecError(base + _RAW_LEN.size, "zlib stream does not hold exactly the recorded size")
+        body, inflated = memoryview(body_bytes), True
+        stream_at = base + _RAW_LEN.size
+    else:
+        body, inflated = view[base:], False
+    try:
+        pos = 0
+        columns = []
+        for _ in range(3):
+            col, pos = _decode_column(body, pos, n, 0 if inflated else base)
+            columns.append(col)
+        if pos != len(body):
+            raise SegmentCodecError(pos if inflated else base + pos, f"{len(body) - pos} unexpected bytes after the columns")
+    except SegmentCodecError as exc:
+        if inflated:
+            # Positions inside the inflated body mean nothing in the file: report the stream's start.
+            raise SegmentCodecError(stream_at, f"{exc.reason} (at byte {exc.offset} of the inflated body)") from None
+        raise
+    segment = Segment(*columns)
+    if check_order:
+        bad = check_sorted(segment.timestamps, segment.ledger_ids, segment.entry_ids)
+        if bad >= 0:
+            raise SegmentCodecError(0, f"segment rows are out of (timestamp, ledger, entry) order at row {bad}")
+    return segment
