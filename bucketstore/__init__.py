@@ -10,12 +10,24 @@ queue) and goes beyond it. See README.md for the tour.
 
 from __future__ import annotations
 
+from .config import TrackerConfig
 from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreClosedError,
                      StoreLockedError)
+from .inmemory import InMemoryTracker
+from .store import Store, open_store
+from .tracker import BucketTracker
+
+#: ``bucketstore.open(path, durability="sealed")``: open or create a store.
+open = open_store  # noqa: A001 - the public name MISSION.md fixes
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "open",
+    "Store",
+    "TrackerConfig",
+    "BucketTracker",
+    "InMemoryTracker",
     "BucketStoreError",
     "CorruptLedgerError",
     "CatalogError",

@@ -1,0 +1,214 @@
+"""The catalog: an LMDB environment holding every tracker's cursor properties and state.
+
+Three named databases:
+
+``meta``
+    ``format`` -> ``b"1"``; ``next_ledger_id`` -> u64 LE: ledger ids are never
+    handed out twice, even across crashes.
+``trackers``
+    tracker name (UTF-8) -> msgpack map of the tracker's durable state
+    (mark-delete position, delivery frontier, ...).
+``buckets``
+    tracker name, NUL, bucket key -> decimal ledger id. The bucket key is
+    Pulsar's cursor-property key ``#pulsar.internal.delayed.bucket_<start>_<end>``
+    and the value its snapshot ledger id, as Pulsar stores it.
+
+Every change of the set of buckets (seal, merge, trim, delete, clear) is one
+write transaction, made only after the ledger files it references are durable.
+LMDB's default ``sync=True`` makes a committed transaction durable when
+:meth:`Catalog.commit` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import lmdb
+import msgpack
+
+from .errors import CatalogError
+
+__all__ = ["Catalog", "CATALOG_FORMAT", "validate_tracker_name"]
+
+CATALOG_FORMAT = b"1"
+_INITIAL_MAP_SIZE = 64 << 20
+_U64 = struct.Struct("<Q")
+_MAX_NAME_BYTES = 200
+
+
+def validate_tracker_name(name: object) -> bytes:
+    """Return the UTF-8 bytes of a valid tracker name; raise TypeError/ValueError otherwise."""
+    if not isinstance(name, str):
+        raise TypeError(f"tracker name must be a str, not {type(name).__name__}")
+    raw = name.encode("utf-8")
+    if not raw or b"\x00" in raw or len(raw) > _MAX_NAME_BYTES:
+        raise ValueError(f"tracker name must be 1..{_MAX_NAME_BYTES} UTF-8 bytes without NUL: {name!r}")
+    return raw
+
+
+class Catalog:
+    """The store's LMDB catalog. One process writes it (the store's lock ensures that).
+
+    :param path: the ``catalog/`` directory (created if missing unless ``readonly``).
+    :param readonly: open for inspection only (the CLI).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+        self.path = os.fspath(path)
+        self.readonly = readonly
+        #: Called just before each write transaction commits (fault-injection seam).
+        self.before_commit: Callable[[], None] | None = None
+        if readonly and not os.path.exists(os.path.join(self.path, "data.mdb")):
+            raise CatalogError(f"{self.path}: no catalog here (data.mdb is missing)", path=self.path)
+        try:
+            self._env = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=readonly,
+                                  lock=not readonly, subdir=True, create=not readonly)
+            if readonly:
+                self._meta = self._env.open_db(b"meta", create=False)
+                self._trackers = self._env.open_db(b"trackers", create=False)
+                self._buckets = self._env.open_db(b"buckets", create=False)
+            else:
+                self._meta = self._env.open_db(b"meta")
+                self._trackers = self._env.open_db(b"trackers")
+                self._buckets = self._env.open_db(b"buckets")
+        except lmdb.Error as exc:
+            raise CatalogError(f"{self.path}: cannot open the LMDB catalog: {exc}", path=self.path) from None
+        if not readonly:
+            self._env.reader_check()  # clear reader slots left by killed processes
+            with self._env.begin(write=True) as txn:
+                fmt = txn.get(b"format", db=self._meta)
+                if fmt is None:
+                    txn.put(b"format", CATALOG_FORMAT, db=self._meta)
+                elif fmt != CATALOG_FORMAT:
+                    raise CatalogError(f"{self.path}: catalog format {fmt!r} is not supported", path=self.path)
+
+    # -- reads ----------------------------------------------------------------------------------
+    def next_ledger_id(self) -> int:
+        """The smallest ledger id never handed out (0 for a new store)."""
+        with self._env.begin() as txn:
+            raw = txn.get(b"next_ledger_id", db=self._meta)
+        if raw is None:
+            return 0
+        if len(raw) != 8:
+            raise CatalogError(f"{self.path}: next_ledger_id is {len(raw)} bytes, not 8", path=self.path)
+        return _U64.unpack(raw)[0]
+
+    def tracker_names(self) -> list[str]:
+        """Every tracker the catalog knows, sorted."""
+        with self._env.begin() as txn:
+            return [self._decode_name(k) for k, _ in txn.cursor(db=self._trackers)]
+
+    def tracker_state(self, name: str) -> dict[str, Any] | None:
+        """A tracker's durable state, or None if the tracker does not exist."""
+        key = validate_tracker_name(name)
+        with self._env.begin() as txn:
+            raw = txn.get(key, db=self._trackers)
+        if raw is None:
+            return None
+        try:
+            state = msgpack.unpackb(raw, raw=False)
+        except Exception as exc:
+            raise CatalogError(f"{self.path}: state of tracker {name!r} is not valid msgpack: {exc}",
+                               path=self.path, key=name) from None
+        if not isinstance(state, dict):
+            raise CatalogError(f"{self.path}: state of tracker {name!r} is not a map", path=self.path, key=name)
+        return state
+
+    def buckets(self, name: str) -> dict[str, int]:
+        """A tracker's cursor properties: bucket key -> ledger id."""
+        prefix = validate_tracker_name(name) + b"\x00"
+        out: dict[str, int] = {}
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._buckets)
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    if not k.startswith(prefix):
+                        break
+                    key = k[len(prefix):].decode("utf-8", "replace")
+                    try:
+                        out[key] = int(v.decode("ascii"))
+                    except (UnicodeDecodeError, ValueError):
+                        raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {v!r}, "
+                                           "not a ledger id", path=self.path, key=key) from None
+        return out
+
+    def all_buckets(self) -> dict[str, dict[str, int]]:
+        """Every tracker's cursor properties."""
+        return {name: self.buckets(name) for name in self.tracker_names()}
+
+    def _decode_name(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CatalogError(f"{self.path}: a tracker name is not UTF-8: {raw!r}", path=self.path) from None
+
+    # -- writes ---------------------------------------------------------------------------------
+    def commit(self, name: str, *, put: Mapping[str, int] | None = None, remove: Iterable[str] = (),
+               state: Mapping[str, Any] | None = None, next_ledger_id: int | None = None) -> None:
+        """Apply one tracker's changes in a single durable write transaction.
+
+        ``put`` adds bucket keys, ``remove`` removes them (missing keys are fine),
+        ``state`` replaces the tracker's state (and registers the tracker),
+        ``next_ledger_id`` raises the allocator. All or nothing.
+        """
+        prefix = validate_tracker_name(name) + b"\x00"
+        packed_state = msgpack.packb(dict(state), use_bin_type=True) if state is not None else None
+
+        def apply(txn: lmdb.Transaction) -> None:
+            for key in remove:
+                txn.delete(prefix + key.encode("utf-8"), db=self._buckets)
+            for key, ledger_id in (put or {}).items():
+                txn.put(prefix + key.encode("utf-8"), str(ledger_id).encode("ascii"), db=self._buckets)
+            if packed_state is not None:
+                txn.put(prefix[:-1], packed_state, db=self._trackers)
+            if next_ledger_id is not None:
+                current = txn.get(b"next_ledger_id", db=self._meta)
+                if current is None or _U64.unpack(current)[0] < next_ledger_id:
+                    txn.put(b"next_ledger_id", _U64.pack(next_ledger_id), db=self._meta)
+
+        self._write(apply)
+
+    def delete_tracker(self, name: str) -> None:
+        """Remove a tracker's state and every one of its bucket keys, in one transaction."""
+        prefix = validate_tracker_name(name) + b"\x00"
+
+        def apply(txn: lmdb.Transaction) -> None:
+            cur = txn.cursor(db=self._buckets)
+            if cur.set_range(prefix):
+                while cur.key().startswith(prefix):
+                    if not cur.delete():
+                        break
+            txn.delete(prefix[:-1], db=self._trackers)
+
+        self._write(apply)
+
+    def _write(self, apply: Callable[[lmdb.Transaction], None]) -> None:
+        if self.readonly:
+            raise CatalogError(f"{self.path}: catalog is open read-only", path=self.path)
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    apply(txn)
+                    if self.before_commit is not None:
+                        self.before_commit()
+                return
+            except lmdb.MapFullError:
+                # The `with` block has aborted the transaction; grow the map and redo it.
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            except lmdb.Error as exc:
+                raise CatalogError(f"{self.path}: catalog write failed: {exc}", path=self.path) from None
+
+    def close(self) -> None:
+        """Close the environment. Idempotent."""
+        env, self._env = getattr(self, "_env", None), None
+        if env is not None:
+            env.close()
+
+    def __enter__(self) -> "Catalog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

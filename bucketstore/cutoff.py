@@ -1,0 +1,82 @@
+"""Argument checks and the delivery cutoff shared by every tracker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .config import TrackerConfig
+
+__all__ = ["Clock", "system_clock", "Cutoff", "check_position", "check_timestamp", "check_max"]
+
+Clock = Callable[[], int]
+_U64_LIMIT = 1 << 64
+
+
+def system_clock() -> int:
+    """Epoch milliseconds from the system clock."""
+    return time.time_ns() // 1_000_000
+
+
+class Cutoff:
+    """``now + tick`` (or ``now`` when strict), never moving backwards even if the clock does.
+
+    A clock that steps back (NTP, a VM restored) must not make indexes that were
+    already judged due become not-due again: that would re-order deliveries and
+    break the "delivered set is a prefix of the index order" property.
+    """
+
+    __slots__ = ("_clock", "_offset", "_value")
+
+    def __init__(self, config: TrackerConfig, clock: Clock | None) -> None:
+        if clock is not None and not callable(clock):
+            raise TypeError("clock must be a callable returning epoch milliseconds")
+        self._clock = clock or system_clock
+        self._offset = 0 if config.deliver_at_time_strict else config.tick_time_ms
+        self._value = -1
+
+    def now(self) -> int:
+        value = self._clock()
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float):
+                value = int(value)
+            else:
+                raise TypeError(f"clock returned {type(value).__name__}, not int milliseconds")
+        return value
+
+    def advance(self) -> int:
+        """Read the clock and return the (monotonic) cutoff."""
+        candidate = self.now() + self._offset
+        if candidate > self._value:
+            self._value = candidate
+        return self._value
+
+    @property
+    def value(self) -> int:
+        """The last cutoff computed, without reading the clock."""
+        return self._value
+
+
+def check_position(ledger_id: object, entry_id: object) -> None:
+    """Raise TypeError/ValueError unless both are unsigned 64-bit ints."""
+    for name, value in (("ledger_id", ledger_id), ("entry_id", entry_id)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        if not 0 <= value < _U64_LIMIT:
+            raise ValueError(f"{name} {value} is not an unsigned 64-bit int")
+
+
+def check_timestamp(deliver_at: object) -> None:
+    """Raise TypeError unless ``deliver_at`` is an int (negative values are allowed: they are due)."""
+    if isinstance(deliver_at, bool) or not isinstance(deliver_at, int):
+        raise TypeError(f"deliver_at must be an int (epoch ms), not {type(deliver_at).__name__}")
+    if deliver_at >= _U64_LIMIT:
+        raise ValueError(f"deliver_at {deliver_at} does not fit an unsigned 64-bit int")
+
+
+def check_max(max_messages: object) -> int:
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+        raise TypeError(f"max_messages must be an int, not {type(max_messages).__name__}")
+    if max_messages < 0:
+        raise ValueError(f"max_messages must be >= 0, not {max_messages}")
+    return max_messages

@@ -1,0 +1,111 @@
+"""A sealed (immutable) bucket as the tracker holds it in memory.
+
+Only what delivery needs stays resident: the ledger range, the file's path and
+ledger id, and per segment its min/max timestamp and count (three small numpy
+arrays). The per-ledger bitmaps of entry 0 are OR-ed into the tracker-wide
+index on seal or recovery and then dropped; the segments are read one at a
+time, when the shared queue reaches them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .errors import CorruptLedgerError
+from .ledger_file import LedgerReader
+from .segment_codec import SegmentCodecError, decode_segment
+from .shared_queue import Run
+from .snapshot import BucketMetadata, bucket_key
+
+__all__ = ["SealedBucket"]
+
+
+class SealedBucket:
+    """One sealed bucket: ledgers ``[start_ledger, end_ledger]`` stored as ledger file ``ledger_id``.
+
+    :ivar current: the last segment handed to the queue (1-based; 0 = none yet).
+    :ivar dead: set once the bucket is deleted or merged away; the queue then
+        ignores its runs and slots.
+    """
+
+    __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
+                 "current", "dead", "merging", "_on_load")
+
+    def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
+                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> None:
+        self.start_ledger = meta.start_ledger
+        self.end_ledger = meta.end_ledger
+        self.ledger_id = ledger_id
+        self.path = path
+        self.size = size
+        self.min_ts = np.array([s.min_timestamp for s in meta.segments], dtype=np.uint64)
+        self.max_ts = np.array([s.max_timestamp for s in meta.segments], dtype=np.uint64)
+        self.counts = np.array([s.count for s in meta.segments], dtype=np.int64)
+        self.current = first_segment - 1
+        self.dead = False
+        self.merging = False
+        self._on_load = on_load
+
+    @property
+    def key(self) -> str:
+        """The bucket's cursor-property key."""
+        return bucket_key(self.start_ledger, self.end_ledger)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.counts)
+
+    @property
+    def pending_indexes(self) -> int:
+        """Indexes in segments not yet handed to the queue (an upper bound on what is left on disk)."""
+        return int(self.counts[self.current:].sum())
+
+    def covers(self, ledger_id: int) -> bool:
+        return self.start_ledger <= ledger_id <= self.end_ledger
+
+    def has_next_segment(self) -> bool:
+        return self.current < self.segment_count
+
+    def next_segment_min_ts(self) -> int:
+        return int(self.min_ts[self.current])
+
+    def read_segment(self, number: int) -> Run:
+        """Read segment ``number`` (1-based) from the ledger file as a run."""
+        with LedgerReader(self.path) as reader:
+            payload = reader.read_entry(number)
+            at = reader.entry_payload_offset(number)
+        try:
+            seg = decode_segment(payload, int(self.counts[number - 1]))
+        except SegmentCodecError as exc:
+            raise CorruptLedgerError(self.path, at + exc.offset, f"segment {number}: {exc.reason}") from None
+        if int(seg.timestamps[0]) != int(self.min_ts[number - 1]) \
+                or int(seg.timestamps[-1]) != int(self.max_ts[number - 1]):
+            raise CorruptLedgerError(self.path, at, f"segment {number}: timestamps disagree with entry 0")
+        return Run(seg.timestamps, seg.ledger_ids, seg.entry_ids, owner=self)
+
+    def load_next_segment(self) -> Run:
+        """Read the next segment and advance :attr:`current`. On failure nothing changes,
+        so the next attempt reads the same segment again."""
+        number = self.current + 1
+        started = time.perf_counter()
+        try:
+            run = self.read_segment(number)
+        except (OSError, CorruptLedgerError):
+            if self._on_load:
+                self._on_load(time.perf_counter() - started, False)
+            raise
+        self.current = number
+        if self._on_load:
+            self._on_load(time.perf_counter() - started, True)
+        return run
+
+    def file_exists(self) -> bool:
+        return os.path.exists(self.path)
+
+    def __repr__(self) -> str:
+        return (f"SealedBucket([{self.start_ledger}, {self.end_ledger}], ledger {self.ledger_id}, "
+                f"segment {self.current}/{self.segment_count})")

@@ -1,0 +1,313 @@
+"""The shared queue: one priority queue of *sorted runs*, not of indexes.
+
+Pulsar's shared queue holds one heap entry per loaded index. Here each heap
+entry is the head of a sorted run of indexes — a loaded segment of a sealed
+bucket, a sorted batch of the mutable bucket, or a batch of indexes that went
+straight to the queue — or a *slot*: a sealed bucket's next segment, not yet
+read, keyed by the segment's minimum timestamp from entry 0. A slot is read
+from disk only when it reaches the front of the queue, so loading never hangs
+on one sentinel index (PIP-195 §6 guarantee 3) and memory holds only what is
+about to be delivered.
+
+Runs are three numpy uint64 columns with a read position; Python tuples are
+made only for the positions actually delivered, in one batch per call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from .index_set import DelayedIndexSet, _group_by_ledger
+
+__all__ = ["Run", "RunBuffer", "Slot", "SharedQueue", "SegmentSource"]
+
+_U64 = np.dtype("<u8")
+
+
+class SegmentSource(Protocol):
+    """What the queue needs from a sealed bucket to load its segments lazily."""
+
+    dead: bool
+
+    def has_next_segment(self) -> bool: ...
+
+    def next_segment_min_ts(self) -> int: ...
+
+    def load_next_segment(self) -> "Run": ...
+
+
+class Run:
+    """A sorted run of indexes with a read position.
+
+    :ivar owner: the sealed bucket whose segment this is, or None.
+    :ivar dead: set when the run is replaced (e.g. the mutable bucket was sealed);
+        the queue drops dead runs when it meets them.
+    """
+
+    __slots__ = ("ts", "ledgers", "entries", "pos", "owner", "dead")
+
+    def __init__(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray,
+                 owner: SegmentSource | None = None) -> None:
+        self.ts = ts
+        self.ledgers = ledgers
+        self.entries = entries
+        self.pos = 0
+        self.owner = owner
+        self.dead = False
+
+    @property
+    def remaining(self) -> int:
+        return len(self.ts) - self.pos
+
+    def head(self) -> tuple[int, int, int]:
+        p = self.pos
+        return int(self.ts[p]), int(self.ledgers[p]), int(self.entries[p])
+
+    def due_count(self, cutoff: int) -> int:
+        """How many unread rows have a timestamp at or before ``cutoff``."""
+        return int(np.searchsorted(self.ts[self.pos:], np.uint64(cutoff), side="right"))
+
+    def rest(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The unread rows (views)."""
+        p = self.pos
+        return self.ts[p:], self.ledgers[p:], self.entries[p:]
+
+    def extend(self, other: "Run") -> None:
+        """Append a run whose rows all sort after this one's (the bucket's next segment)."""
+        p = self.pos
+        self.ts = np.concatenate((self.ts[p:], other.ts))
+        self.ledgers = np.concatenate((self.ledgers[p:], other.ledgers))
+        self.entries = np.concatenate((self.entries[p:], other.entries))
+        self.pos = 0
+
+
+class Slot:
+    """A sealed bucket's next segment, not yet read from its ledger file."""
+
+    __slots__ = ("bucket",)
+
+    def __init__(self, bucket: SegmentSource) -> None:
+        self.bucket = bucket
+
+    @property
+    def dead(self) -> bool:
+        return self.bucket.dead
+
+
+class RunBuffer:
+    """An append buffer that turns into sorted runs.
+
+    Single adds go to three Python lists (the cheapest per-call append);
+    :meth:`flush` sorts them once into a :class:`Run`.
+    """
+
+    __slots__ = ("ts", "ledgers", "entries")
+
+    def __init__(self) -> None:
+        self.ts: list[int] = []
+        self.ledgers: list[int] = []
+        self.entries: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def append(self, ts: int, ledger_id: int, entry_id: int) -> None:
+        self.ts.append(ts)
+        self.ledgers.append(ledger_id)
+        self.entries.append(entry_id)
+
+    def flush(self) -> Run | None:
+        if not self.ts:
+            return None
+        run = sorted_run(np.array(self.ts, dtype=_U64), np.array(self.ledgers, dtype=_U64),
+                         np.array(self.entries, dtype=_U64))
+        self.ts, self.ledgers, self.entries = [], [], []
+        return run
+
+
+def sorted_run(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, owner: SegmentSource | None = None) -> Run:
+    """A :class:`Run` of the given columns, sorted by (timestamp, ledger, entry)."""
+    if len(ts) > 1:
+        order = np.lexsort((entries, ledgers, ts))
+        ts, ledgers, entries = ts[order], ledgers[order], entries[order]
+    return Run(ts, ledgers, entries, owner)
+
+
+class SharedQueue:
+    """The min-queue of run heads and segment slots from which due indexes are delivered.
+
+    :param on_bucket_exhausted: called with a sealed bucket whose last segment
+        has been read to the end (the tracker deletes it).
+    """
+
+    def __init__(self, on_bucket_exhausted: Callable[[SegmentSource], None]) -> None:
+        self._heap: list[tuple[int, int, int, int, Run | Slot]] = []
+        self._seq = itertools.count()
+        self._on_exhausted = on_bucket_exhausted
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, item: Run | Slot) -> None:
+        """Add a run (non-empty) or a slot to the queue."""
+        if isinstance(item, Slot):
+            key = (item.bucket.next_segment_min_ts(), 0, 0)
+        else:
+            key = item.head()
+        heapq.heappush(self._heap, (*key, next(self._seq), item))
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+    def items(self) -> list[Run | Slot]:
+        return [entry[-1] for entry in self._heap]
+
+    def loaded_indexes(self) -> int:
+        """Rows held in memory by live runs."""
+        return sum(item.remaining for item in self.items() if isinstance(item, Run) and not item.dead)
+
+    def _retire(self, run: Run) -> None:
+        """A run was read to its end: queue its bucket's next segment, or report the bucket done."""
+        owner = run.owner
+        if owner is None or owner.dead:
+            return
+        if owner.has_next_segment():
+            self.push(Slot(owner))
+        else:
+            self._on_exhausted(owner)
+
+    def _pop_due_items(self, cutoff: int) -> list[Run]:
+        """Pop every live item whose head is due, reading slots into runs."""
+        due: list[Run] = []
+        heap = self._heap
+        while heap and heap[0][0] <= cutoff:
+            item = heapq.heappop(heap)[-1]
+            if item.dead:
+                continue
+            if isinstance(item, Slot):
+                item = item.bucket.load_next_segment()
+            due.append(item)
+        return due
+
+    def next_timestamp(self, index: DelayedIndexSet) -> int | None:
+        """The timestamp of the first tracked index in the queue, or None.
+
+        Rows that are no longer tracked (delivered through a duplicate, untracked
+        by an expired re-add, trimmed) are dropped from the front on the way, and
+        a slot at the front is read, so the answer is exact.
+        """
+        heap = self._heap
+        while heap:
+            item = heap[0][-1]
+            if item.dead:
+                heapq.heappop(heap)
+                continue
+            if isinstance(item, Slot):
+                heapq.heappop(heap)
+                run = item.bucket.load_next_segment()
+                self.push(run)
+                continue
+            skip = _first_tracked(item, index)
+            if skip == 0:
+                return int(heap[0][0])
+            heapq.heappop(heap)
+            item.pos += skip
+            if item.remaining:
+                self.push(item)
+            else:
+                self._retire(item)
+        return None
+
+    def pop_due(self, cutoff: int, max_items: int, index: DelayedIndexSet) -> dict[int, list]:
+        """Deliver up to ``max_items`` due indexes in index order.
+
+        Each delivered position is removed from ``index``; rows that are not in
+        it are skipped, so nothing is delivered twice and stale rows never count
+        against ``max_items``. Sealed buckets' next segments are read as soon as
+        they may hold due indexes, so the call never comes back short while
+        something due is left.
+
+        :return: ledger id -> list of bitmaps of delivered entry ids.
+        """
+        delivered: dict[int, list] = {}
+        need = max_items
+        while need > 0:
+            runs = self._pop_due_items(cutoff)
+            if not runs:
+                break
+            counts = []
+            for run in runs:
+                owner = run.owner
+                due = run.due_count(cutoff)
+                # A run whose every row is due may be followed, in its bucket, by a
+                # segment that is due too: read it now so the selection below sees
+                # every due row that could sort before the ones it picks.
+                while (due == run.remaining and owner is not None and not owner.dead
+                       and owner.has_next_segment() and owner.next_segment_min_ts() <= cutoff):
+                    run.extend(owner.load_next_segment())
+                    due = run.due_count(cutoff)
+                counts.append(min(due, need))
+            if len(runs) == 1:
+                run, k = runs[0], counts[0]
+                ts, ledgers, entries = run.rest()
+                sel_l, sel_e = ledgers[:k], entries[:k]
+                taken = [k]
+            else:
+                sel_l, sel_e, taken = _select_first(runs, counts, need)
+            for ledger, ents in _group_by_ledger(sel_l, sel_e):
+                hits = index.take(ledger, ents)
+                if hits:
+                    delivered.setdefault(ledger, []).append(hits)
+                    need -= len(hits)
+            for run, k in zip(runs, taken):
+                run.pos += k
+                if run.remaining:
+                    self.push(run)
+                else:
+                    self._retire(run)
+        return delivered
+
+
+def _select_first(runs: list[Run], counts: list[int], need: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The first ``need`` rows, in index order, of the candidate prefixes of several runs,
+    and how many rows each run gives up."""
+    parts_t, parts_l, parts_e, source = [], [], [], []
+    for i, (run, k) in enumerate(zip(runs, counts)):
+        ts, ledgers, entries = run.rest()
+        parts_t.append(ts[:k])
+        parts_l.append(ledgers[:k])
+        parts_e.append(entries[:k])
+        source.append(np.full(k, i, dtype=np.int32))
+    ts = np.concatenate(parts_t)
+    ledgers = np.concatenate(parts_l)
+    entries = np.concatenate(parts_e)
+    src = np.concatenate(source)
+    if len(ts) > need:
+        order = np.lexsort((entries, ledgers, ts))[:need]
+        ledgers, entries, src = ledgers[order], entries[order], src[order]
+    taken = np.bincount(src, minlength=len(runs)).tolist()
+    return ledgers, entries, taken
+
+
+def _first_tracked(run: Run, index: DelayedIndexSet) -> int:
+    """How many rows at the front of ``run`` are no longer tracked (checked in chunks)."""
+    p = run.pos
+    if index.contains(int(run.ledgers[p]), int(run.entries[p])):
+        return 0
+    skipped = 0
+    chunk = 64
+    while skipped < run.remaining:
+        p = run.pos + skipped
+        ledgers = run.ledgers[p:p + chunk]
+        entries = run.entries[p:p + chunk]
+        mask = index.present_mask(ledgers, entries)
+        if mask.any():
+            return skipped + int(np.argmax(mask))
+        skipped += len(ledgers)
+        chunk = min(chunk * 4, 1 << 16)
+    return skipped

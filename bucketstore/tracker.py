@@ -1,0 +1,562 @@
+"""The bucket tracker: one subscription's delayed index, PIP-195 style.
+
+Data flow::
+
+    add_message -> mutable bucket (runs) --seal--> ledger file + catalog key
+                -> (old/covered ledgers) direct runs          |
+                                                              v
+    get_scheduled_messages <- shared queue <- segment slots of sealed buckets
+
+Every public method takes the tracker's lock; they are safe to call from any
+thread. The tracker-wide :class:`~bucketstore.index_set.DelayedIndexSet` is the
+one source of truth for what is tracked: ``number_of_delayed_messages`` is its
+cardinality, and a queue row is delivered only if removing it from the index
+succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pyroaring import BitMap
+from sortedcontainers import SortedDict
+
+from .config import TrackerConfig
+from .cutoff import Clock, Cutoff, check_max, check_position, check_timestamp
+from .errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
+from .index_set import DelayedIndexSet
+from .ledger_file import ledger_file_name
+from .mutable_bucket import MutableBucket
+from .op_stats import OpStats
+from .sealed_bucket import SealedBucket
+from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
+from .snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["BucketTracker", "as_columns"]
+
+log = logging.getLogger("bucketstore")
+_U64 = np.dtype("<u8")
+
+
+def as_columns(indexes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Normalise a batch to ``(ledger_ids, entry_ids, deliver_at)`` int64-checked uint64 columns.
+
+    Accepts a tuple of three array-likes ``(ledger_ids, entry_ids, deliver_at)``
+    or an iterable of ``(ledger_id, entry_id, deliver_at)`` triples.
+    """
+    if isinstance(indexes, tuple) and len(indexes) == 3 and all(hasattr(c, "__len__") and not isinstance(c, int)
+                                                                for c in indexes):
+        cols = [np.asarray(c) for c in indexes]
+    else:
+        rows = list(indexes)
+        if not rows:
+            return (np.zeros(0, _U64),) * 3  # type: ignore[return-value]
+        try:
+            cols = [np.asarray(c) for c in zip(*rows, strict=True)]
+        except (TypeError, ValueError):
+            raise TypeError("a batch is an iterable of (ledger_id, entry_id, deliver_at) triples") from None
+        if len(cols) != 3:
+            raise TypeError("a batch is an iterable of (ledger_id, entry_id, deliver_at) triples")
+    if not len(cols[0]) == len(cols[1]) == len(cols[2]):
+        raise ValueError("batch columns differ in length")
+    out = []
+    for name, col in zip(("ledger_id", "entry_id", "deliver_at"), cols):
+        if col.dtype == object or not (np.issubdtype(col.dtype, np.integer)):
+            if len(col) == 0:
+                col = col.astype(np.int64)
+            else:
+                raise TypeError(f"batch {name} values must be ints")
+        if np.issubdtype(col.dtype, np.signedinteger) and len(col) and int(col.min()) < 0:
+            if name != "deliver_at":
+                raise ValueError(f"batch {name} values must be unsigned 64-bit ints")
+        out.append(col)
+    ledgers = out[0].astype(_U64)
+    entries = out[1].astype(_U64)
+    deliver_at = out[2]
+    return ledgers, entries, deliver_at  # deliver_at keeps its sign: negative means due
+
+
+class BucketTracker:
+    """One subscription's delayed index, backed by sealed bucket snapshots.
+
+    Obtain one with :meth:`bucketstore.Store.tracker`; the store owns its files.
+    """
+
+    def __init__(self, store: "Store", name: str, config: TrackerConfig, clock: Clock | None) -> None:
+        self._store = store
+        self.name = name
+        self.config = config
+        self._lock = threading.RLock()
+        self._cutoff = Cutoff(config, clock)
+        self._index = DelayedIndexSet()
+        self._queue = SharedQueue(self._bucket_exhausted)
+        self._mutable = MutableBucket()
+        self._direct = RunBuffer()
+        self._buckets: SortedDict = SortedDict()  # start ledger -> SealedBucket
+        self._ops = OpStats()
+        self._mark_delete: tuple[int, int] | None = None
+        self._closed = False
+        self.recovery_seconds = 0.0
+        self.recovery_report: dict[str, Any] = {}
+        self._recover()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"tracker {self.name!r} is closed")
+
+    def _covering(self, ledger_id: int) -> SealedBucket | None:
+        buckets = self._buckets
+        i = buckets.bisect_right(ledger_id) - 1
+        if i < 0:
+            return None
+        bucket = buckets.peekitem(i)[1]
+        return bucket if bucket.end_ledger >= ledger_id else None
+
+    def _sync_queue(self) -> None:
+        """Turn buffered adds into runs in the shared queue."""
+        for run in self._mutable.flush():
+            self._queue.push(run)
+        run = self._direct.flush()
+        if run is not None:
+            self._queue.push(run)
+
+    @property
+    def _state(self) -> dict[str, Any]:
+        return {"mark_delete": list(self._mark_delete) if self._mark_delete else None,
+                "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}}
+
+    # -- adding ---------------------------------------------------------------------------------
+    def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
+        """Track a delayed index.
+
+        :return: False if ``deliver_at`` is already due (at or before the cutoff):
+            the caller should dispatch the message now, and any earlier tracking of
+            the position is dropped. True if the index is tracked (newly, or
+            already) and the caller must skip the message for now.
+        :raises TypeError, ValueError: ids that are not unsigned 64-bit ints.
+        """
+        check_position(ledger_id, entry_id)
+        check_timestamp(deliver_at)
+        with self._lock:
+            self._check_open()
+            cutoff = self._cutoff.advance()
+            # Expiry before membership: an expired re-add must dispatch now, not be
+            # skipped because an undelivered copy is still tracked (Pulsar #26230).
+            if deliver_at <= cutoff:
+                self._index.discard(ledger_id, entry_id)
+                return False
+            if self._index.contains(ledger_id, entry_id):
+                return True
+            self._route(ledger_id, cutoff)(deliver_at, ledger_id, entry_id)
+            self._index.add(ledger_id, entry_id)
+            return True
+
+    def _route(self, ledger_id: int, cutoff: int):
+        """Seal if this ledger rolls the mutable bucket over, then pick where the index goes."""
+        covered = self._covering(ledger_id) is not None
+        mutable = self._mutable
+        if not covered and ledger_id > mutable.end_ledger and not mutable.is_empty() \
+                and mutable.pending_count(cutoff) >= self.config.min_index_count_per_bucket:
+            self._seal(cutoff)
+        if not covered and ledger_id >= mutable.end_ledger:
+            return mutable.add
+        return self._direct.append
+
+    def add_messages(self, indexes: Any) -> int:
+        """Track a batch; the same outcome as calling :meth:`add_message` row by row, faster.
+
+        :param indexes: ``(ledger_ids, entry_ids, deliver_at)`` as three arrays or
+            sequences, or an iterable of ``(ledger_id, entry_id, deliver_at)`` triples.
+        :return: how many rows are tracked after the call (rows for which
+            :meth:`add_message` would have returned True).
+        """
+        ledgers, entries, deliver_at = as_columns(indexes)
+        if not len(ledgers):
+            return 0
+        with self._lock:
+            self._check_open()
+            cutoff = self._cutoff.advance()
+            tracked = 0
+            # Rows are taken in order, one run of equal ledger ids at a time: routing
+            # and the seal trigger depend only on the ledger, so a run is handled at once.
+            cuts = np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1
+            bounds = zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(ledgers)])).tolist())
+            for lo, hi in bounds:
+                tracked += self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], deliver_at[lo:hi], cutoff)
+            return tracked
+
+    def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int) -> int:
+        if np.issubdtype(deliver_at.dtype, np.signedinteger):
+            expired = deliver_at <= cutoff
+        else:
+            expired = deliver_at <= np.uint64(max(cutoff, 0)) if cutoff >= 0 else np.zeros(len(deliver_at), bool)
+        if expired.any():
+            # Expired rows untrack their position, as add_message does. (Should one
+            # batch hold both an expired and a live row of one position, the live
+            # row wins whatever their order.)
+            for e in np.unique(entries[expired]).tolist():
+                self._index.discard(ledger_id, e)
+        live_e = entries[~expired]
+        live_t = deliver_at[~expired].astype(_U64)
+        if not len(live_e):
+            return 0
+        ledgers = np.full(len(live_e), ledger_id, dtype=_U64)
+        new = ~self._index.present_mask(ledgers, live_e)
+        # Within the batch, the first row of a position wins (later ones see it tracked).
+        _, first = np.unique(live_e, return_index=True)
+        keep = np.zeros(len(live_e), bool)
+        keep[first] = True
+        new &= keep
+        if new.any():
+            target = self._route(ledger_id, cutoff)
+            ts, ls, es = live_t[new], ledgers[new], live_e[new]
+            if target == self._mutable.add:
+                self._queue.push(self._mutable.add_run(ts, ls, es))
+            else:
+                self._queue.push(sorted_run(ts, ls, es))
+            self._index.add_many(ls, es)
+        return len(live_e)
+
+    # -- sealing --------------------------------------------------------------------------------
+    def _seal(self, cutoff: int) -> None:
+        """Seal the mutable bucket into a ledger file and register it in the catalog.
+
+        Order: write + fsync + rename + fsync(dir) the ledger file, then one
+        catalog transaction adds its key. A crash before the commit leaves an
+        orphan file (removed on open); the indexes were never durable in
+        ``sealed`` mode. If either step fails, the file is removed and the
+        indexes stay in memory, in the shared queue (Pulsar's downgrade).
+        """
+        start, end = self._mutable.start_ledger, self._mutable.end_ledger
+        (ts, ledgers, entries), due_run = self._mutable.take_for_seal(cutoff, self._index)
+        if due_run is not None:
+            self._queue.push(due_run)
+        if not len(ts):
+            return
+        started = time.perf_counter()
+        store = self._store
+        ledger_id = store.allocate_ledger_id()
+        cfg = self.config
+        path = None
+        try:
+            meta, payloads = build_bucket(start, end, ts, ledgers, entries,
+                                          time_step_ms=cfg.max_time_step_per_segment_ms,
+                                          max_indexes_per_segment=cfg.max_indexes_per_segment)
+            path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, {"tracker": self.name}, fs=store.fs)
+            store.catalog.commit(self.name, put={meta.key: ledger_id}, next_ledger_id=ledger_id + 1)
+        except (OSError, BucketStoreError) as exc:
+            self._ops.record("create", time.perf_counter() - started, False)
+            log.warning("tracker %r: sealing ledgers [%d, %d] failed, keeping them in memory: %s",
+                        self.name, start, end, exc)
+            if path is not None:
+                store.remove_ledger_file(path)
+            self._queue.push(Run(ts, ledgers, entries))
+            return
+        size = os.path.getsize(path)
+        bucket = SealedBucket(path, ledger_id, meta, size, on_load=self._record_load)
+        self._buckets[start] = bucket
+        # Segment 1 is already in memory: hand it to the queue without reading it back.
+        n1 = meta.segments[0].count
+        bucket.current = 1
+        self._queue.push(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
+        self._ops.record("create", time.perf_counter() - started, True)
+
+    def _record_load(self, seconds: float, ok: bool) -> None:
+        self._ops.record("load", seconds, ok)
+
+    # -- deleting buckets -----------------------------------------------------------------------
+    def _bucket_exhausted(self, bucket: SealedBucket) -> None:
+        self._delete_buckets([bucket])
+
+    def _delete_buckets(self, buckets: list[SealedBucket]) -> None:
+        """Remove buckets: their catalog keys in one transaction, then their files.
+
+        Key first, file second: a crash in between leaves an orphan file, which
+        the next open removes; the other order could leave a key naming a
+        missing file, which recovery must treat as damage.
+        """
+        if not buckets:
+            return
+        started = time.perf_counter()
+        for b in buckets:
+            b.dead = True
+            if self._buckets.get(b.start_ledger) is b:
+                del self._buckets[b.start_ledger]
+        try:
+            self._store.catalog.commit(self.name, remove=[b.key for b in buckets])
+        except BucketStoreError as exc:
+            self._ops.record("delete", time.perf_counter() - started, False)
+            log.warning("tracker %r: removing %d bucket keys failed: %s", self.name, len(buckets), exc)
+            return
+        for b in buckets:
+            self._store.remove_ledger_file(b.path)
+        self._ops.record("delete", time.perf_counter() - started, True)
+
+    # -- delivering -----------------------------------------------------------------------------
+    def get_scheduled_messages(self, max_messages: int) -> list[tuple[int, int]]:
+        """Pop up to ``max_messages`` due indexes and return their positions.
+
+        Due indexes leave in index order (timestamp, ledger, entry); the returned
+        list is sorted by position ``(ledger_id, entry_id)``. Each position is
+        returned at most once. Segments are read from disk as needed before
+        returning, so the call never comes back short while due indexes remain.
+        """
+        max_messages = check_max(max_messages)
+        with self._lock:
+            self._check_open()
+            if max_messages == 0:
+                return []
+            cutoff = self._cutoff.advance()
+            self._sync_queue()
+            delivered = self._queue.pop_due(cutoff, max_messages, self._index)
+        return _positions(delivered)
+
+    def has_message_available(self) -> bool:
+        """True when at least one tracked index is due."""
+        with self._lock:
+            self._check_open()
+            if not len(self._index):
+                return False
+            cutoff = self._cutoff.advance()
+            nxt = self._next_time()
+            return nxt is not None and nxt <= cutoff
+
+    def next_delivery_time(self) -> int | None:
+        """The earliest delivery time among tracked indexes, or None when nothing is tracked."""
+        with self._lock:
+            self._check_open()
+            if not len(self._index):
+                return None
+            return self._next_time()
+
+    def _next_time(self) -> int | None:
+        self._sync_queue()
+        return self._queue.next_timestamp(self._index)
+
+    def contains_message(self, ledger_id: int, entry_id: int) -> bool:
+        """True if the position is tracked and not yet delivered."""
+        check_position(ledger_id, entry_id)
+        with self._lock:
+            self._check_open()
+            return self._index.contains(ledger_id, entry_id)
+
+    @property
+    def number_of_delayed_messages(self) -> int:
+        """How many positions are tracked and undelivered (O(1))."""
+        return len(self._index)
+
+    # -- acknowledging --------------------------------------------------------------------------
+    def mark_delete(self, ledger_id: int, entry_id: int) -> None:
+        """Acknowledge everything up to and including ``(ledger_id, entry_id)``.
+
+        The position is recorded durably. Buckets whose whole ledger range lies
+        before ``ledger_id`` are deleted, and tracked indexes of those earlier
+        ledgers (and of ``ledger_id`` up to ``entry_id``) are dropped: they are
+        never delivered afterwards. A position earlier than the recorded one is
+        ignored (acknowledgement never moves back).
+        """
+        check_position(ledger_id, entry_id)
+        with self._lock:
+            self._check_open()
+            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+                return
+            self._mark_delete = (ledger_id, entry_id)
+            self._store.catalog.commit(self.name, state=self._state)
+            self._trim(ledger_id, entry_id)
+
+    def _trim(self, ledger_id: int, entry_id: int) -> None:
+        # Only buckets whose *whole* range is before the first live ledger go
+        # (never one that overlaps it: Pulsar #26240).
+        dead = [b for b in self._buckets.values() if b.end_ledger < ledger_id]
+        self._delete_buckets(dead)
+        self._index.drop_ledgers_below(ledger_id)
+        self._index.drop_through(ledger_id, entry_id)
+
+    # -- durability and lifecycle ---------------------------------------------------------------
+    def flush(self) -> None:
+        """Make everything acknowledged durable for the tracker's durability mode.
+
+        In ``sealed`` mode an index is durable once its bucket is sealed, which
+        happens as ledgers roll; ``flush`` has nothing more to write.
+        """
+        with self._lock:
+            self._check_open()
+
+    def clear(self) -> None:
+        """Forget every index and delete every bucket (files and keys), durably."""
+        with self._lock:
+            self._check_open()
+            buckets = list(self._buckets.values())
+            self._delete_buckets(buckets)
+            self._buckets.clear()
+            self._queue.clear()
+            self._mutable.clear()
+            self._direct = RunBuffer()
+            self._index.clear()
+
+    def close(self) -> None:
+        """Release the tracker. Nothing is deleted; sealed buckets are recovered on the next open."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.clear()
+            self._mutable.clear()
+            self._index.clear()
+        self._store._forget(self)
+
+    def __enter__(self) -> "BucketTracker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: buckets, indexes, loaded indexes, bytes on disk and in memory, op counts/latencies."""
+        with self._lock:
+            loaded = self._queue.loaded_indexes() + len(self._direct)
+            stats: dict[str, Any] = {
+                "tracker": self.name,
+                "immutable_buckets": len(self._buckets),
+                "number_of_delayed_messages": len(self._index),
+                "loaded_indexes": loaded,
+                "snapshot_size_bytes": sum(b.size for b in self._buckets.values()),
+                "memory_bytes": loaded * 24 + self._index.memory_bytes() + 200 * len(self._buckets),
+                "mutable_bucket_range": [self._mutable.start_ledger, self._mutable.end_ledger],
+                "queue_entries": len(self._queue),
+                "cutoff": self._cutoff.value,
+                "mark_delete": list(self._mark_delete) if self._mark_delete else None,
+                "recovery_seconds": round(self.recovery_seconds, 6),
+            }
+            stats.update(self._ops.as_dict())
+            return stats
+
+    def buckets(self) -> list[SealedBucket]:
+        """The sealed buckets, in ledger order (for inspection)."""
+        with self._lock:
+            return list(self._buckets.values())
+
+    # -- recovery -------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Rebuild from the catalog and the ledger files (PIP-195 §3.9).
+
+        Leading segments that are already due are skipped: in ``sealed`` mode the
+        embedder replays its log from the mark-delete position and re-adds them
+        (add_message returns False and they are dispatched). Only entry 0 of each
+        bucket is read; segments load lazily when the queue reaches them.
+        """
+        started = time.perf_counter()
+        store = self._store
+        state = store.catalog.tracker_state(self.name)
+        if state is None:
+            store.catalog.commit(self.name, state=self._state)
+            state = {}
+        md = state.get("mark_delete")
+        if isinstance(md, list) and len(md) == 2 and all(isinstance(v, int) for v in md):
+            self._mark_delete = (md[0], md[1])
+        keys = store.catalog.buckets(self.name)
+        ranges, stale_keys = _resolve_ranges(keys, self.name)
+        cutoff = self._cutoff.advance()
+        dropped: list[str] = []
+        doomed: list[SealedBucket] = []
+        first_live = self._mark_delete[0] if self._mark_delete else 0
+        for (start, end), ledger_id in ranges:
+            key = bucket_key(start, end)
+            path = os.path.join(store.ledgers_dir, ledger_file_name(ledger_id))
+            try:
+                if not os.path.exists(path):
+                    raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
+                                       f"but {path} is missing", path=path, key=key)
+                with BucketFile(path) as bf:
+                    meta = bf.metadata
+                    size = bf.size
+                if (meta.start_ledger, meta.end_ledger) != (start, end):
+                    raise CatalogError(f"tracker {self.name!r}: catalog key {key} names {path}, which holds "
+                                       f"ledgers [{meta.start_ledger}, {meta.end_ledger}]", path=path, key=key)
+            except (CatalogError, CorruptLedgerError) as exc:
+                if not store.repair:
+                    raise
+                dropped.append(f"{key}: {exc}")
+                stale_keys.append(key)
+                continue
+            skip = 0
+            while skip < len(meta.segments) and meta.segments[skip].max_timestamp <= cutoff:
+                skip += 1
+            bucket = SealedBucket(path, ledger_id, meta, size, first_segment=skip + 1, on_load=self._record_load)
+            if skip == len(meta.segments) or end < first_live:
+                doomed.append(bucket)
+                continue
+            for seg in meta.segments[skip:]:
+                for ledger, bm in seg.bitmaps.items():
+                    self._index.add_bitmap(ledger, bm)
+            self._buckets[start] = bucket
+            self._queue.push(Slot(bucket))
+        if stale_keys:
+            store.catalog.commit(self.name, remove=stale_keys)
+        self._delete_buckets(doomed)
+        if self._mark_delete:
+            self._index.drop_ledgers_below(self._mark_delete[0])
+            self._index.drop_through(*self._mark_delete)
+        self.recovery_seconds = time.perf_counter() - started
+        self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
+                                "enclosed_removed": len(stale_keys) - len(dropped), "dropped": dropped}
+
+    def _check(self) -> None:
+        """Assert internal invariants (tests call this after every step)."""
+        self._index._check()
+        prev_end = -1
+        for start, b in self._buckets.items():
+            assert start == b.start_ledger and b.start_ledger <= b.end_ledger
+            assert b.start_ledger > prev_end, "sealed bucket ranges overlap"
+            prev_end = b.end_ledger
+            assert not b.dead
+
+
+def _resolve_ranges(keys: dict[str, int], tracker: str) -> tuple[list[tuple[tuple[int, int], int]], list[str]]:
+    """Order the catalog's buckets by range and resolve overlaps left by a crash mid-merge.
+
+    A range that encloses others wins (the others are leftovers of a merge whose
+    new key was committed before the old ones were removed); a partial overlap
+    cannot come from any sequence of our own operations and is reported, never
+    silently dropped. Deterministic: independent of key order.
+    """
+    parsed = []
+    for key, ledger_id in keys.items():
+        try:
+            parsed.append((parse_bucket_key(key), ledger_id, key))
+        except ValueError:
+            raise CatalogError(f"tracker {tracker!r}: catalog key {key!r} is not a bucket key", key=key) from None
+    # Widest first among equal starts, so an enclosing range is seen before what it encloses.
+    parsed.sort(key=lambda p: (p[0][0], -p[0][1]))
+    kept: list[tuple[tuple[int, int], int, str]] = []
+    stale: list[str] = []
+    for (start, end), ledger_id, key in parsed:
+        if kept and start <= kept[-1][0][1]:
+            (ks, ke), _, kkey = kept[-1]
+            if end <= ke:
+                stale.append(key)
+                continue
+            raise CatalogError(f"tracker {tracker!r}: bucket keys {kkey} and {key} overlap without one enclosing "
+                               "the other", key=key)
+        kept.append(((start, end), ledger_id, key))
+    return [(r, lid) for r, lid, _ in kept], stale
+
+
+def _positions(delivered: dict[int, list]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for ledger in sorted(delivered):
+        bitmaps = delivered[ledger]
+        merged = bitmaps[0] if len(bitmaps) == 1 else bitmaps[0].union(*bitmaps[1:])
+        entries = merged.to_array().tolist() if isinstance(merged, BitMap) else list(merged)
+        out.extend(zip([ledger] * len(entries), entries))
+    return out
