@@ -37,6 +37,7 @@ class InMemoryTracker:
             raise TypeError("config must be a bucketstore.TrackerConfig")
         self.config = config
         self._cutoff = Cutoff(config, clock)
+        self._cutoff.advance()  # as a store tracker does on recovery: the cutoff starts at creation
         self._heap: list[tuple[int, int, int]] = []
         self._tracked: dict[tuple[int, int], int] = {}
         self._lock = threading.RLock()
@@ -123,7 +124,7 @@ class InMemoryTracker:
         check_position(ledger_id, entry_id)
         with self._lock:
             self._check_open()
-            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+            if self._mark_delete is not None and (ledger_id, entry_id) < self._mark_delete:
                 return
             self._mark_delete = (ledger_id, entry_id)
             for pos in [p for p in self._tracked if p <= (ledger_id, entry_id)]:

@@ -314,9 +314,9 @@ class BucketTracker:
         max_messages = check_max(max_messages)
         with self._lock:
             self._check_open()
+            cutoff = self._cutoff.advance()
             if max_messages == 0:
                 return []
-            cutoff = self._cutoff.advance()
             self._sync_queue()
             delivered = self._queue.pop_due(cutoff, max_messages, self._index)
         return _positions(delivered)
@@ -325,9 +325,9 @@ class BucketTracker:
         """True when at least one tracked index is due."""
         with self._lock:
             self._check_open()
+            cutoff = self._cutoff.advance()
             if not len(self._index):
                 return False
-            cutoff = self._cutoff.advance()
             nxt = self._next_time()
             return nxt is not None and nxt <= cutoff
 
@@ -368,7 +368,7 @@ class BucketTracker:
         check_position(ledger_id, entry_id)
         with self._lock:
             self._check_open()
-            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+            if self._mark_delete is not None and (ledger_id, entry_id) < self._mark_delete:
                 return
             self._mark_delete = (ledger_id, entry_id)
             self._store.catalog.commit(self.name, state=self._state)

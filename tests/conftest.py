@@ -1,0 +1,60 @@
+"""Shared fixtures: a fake clock and tracker factories for both implementations."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+
+import bucketstore
+
+settings.register_profile("ci", deadline=None, print_blob=True)
+settings.load_profile("ci")
+
+
+class FakeClock:
+    """A settable epoch-milliseconds clock; tests move it, including backwards."""
+
+    def __init__(self, now: int = 0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = bucketstore.open(tmp_path / "store")
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["bucket", "memory"])
+def make_tracker(request, tmp_path):
+    """A factory ``make_tracker(config, clock)`` for each tracker implementation."""
+    stores = []
+
+    def make(config=None, clock=None):
+        if request.param == "memory":
+            return bucketstore.InMemoryTracker(config, clock)
+        s = bucketstore.open(tmp_path / f"store{len(stores)}")
+        stores.append(s)
+        return s.tracker("sub", config, clock)
+
+    yield make
+    for s in stores:
+        s.close()
+
+
+def example_count(default: int) -> int:
+    """Hypothesis example budget; BUCKETSTORE_EXAMPLES scales it for long runs."""
+    return int(os.environ.get("BUCKETSTORE_EXAMPLES", default))
