@@ -245,7 +245,9 @@ def _validate_metadata(doc: object) -> BucketMetadata:
     if not isinstance(doc, list) or len(doc) != 5:
         raise MetadataCodecError(at, "metadata is not a 5-element array")
     version, start, end, count, segments = doc
-    if version != SNAPSHOT_VERSION:
+    # ``type(v) is int``: msgpack decodes true as True and 1.0 as a float, both
+    # of which compare equal to 1 but are not what any writer produces.
+    if type(version) is not int or version != SNAPSHOT_VERSION:
         raise MetadataCodecError(at, f"snapshot version {version!r} is not supported (this reader knows {SNAPSHOT_VERSION})")
     if not (_is_u64(start) and _is_u64(end) and _is_u64(count)) or start > end:
         raise MetadataCodecError(at, "ledger range or count is not a valid unsigned range")
@@ -267,7 +269,8 @@ def _validate_metadata(doc: object) -> BucketMetadata:
         for j in range(0, len(flat), 3):
             ledger, width, blob = flat[j:j + 3]
             if not _is_u64(ledger) or not start <= ledger <= end or ledger in bitmaps \
-                    or width not in (_BITMAP32, _BITMAP64) or not isinstance(blob, bytes):
+                    or type(width) is not int or width not in (_BITMAP32, _BITMAP64) \
+                    or not isinstance(blob, bytes):
                 raise MetadataCodecError(at, f"segment {i} has a malformed bitmap entry for ledger {ledger!r}")
             try:
                 bm = (BitMap64 if width == _BITMAP64 else BitMap).deserialize(blob)
