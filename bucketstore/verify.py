@@ -12,7 +12,8 @@ when the engine opens a bucket:
 * for buckets: every segment decodes with the count entry 0 records, its rows
   are strictly increasing (timestamp, ledger, entry) and continue the previous
   segment's order, its min/max timestamps equal the data, every ledger lies in
-  the bucket's range, and its per-ledger bitmaps hold exactly its entry ids.
+  the bucket's range, and its per-ledger bitmaps hold exactly its entry ids;
+  no position (ledger, entry) appears twice in the bucket.
 
 Segments do *not* have to be cut as :func:`~bucketstore.snapshot.cut_segments`
 would cut them: a merge may cut differently. Only their order is required.
@@ -170,6 +171,7 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
     report.segments = len(meta.segments)
     report.indexes = meta.count
     previous_last: tuple[int, int, int] | None = None
+    positions: list[np.ndarray] = []
     for number, seg_meta in enumerate(meta.segments, start=1):
         if number >= len(payloads):
             break
@@ -202,6 +204,19 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
             report.add(at, f"segment {number}: ledger {int(ledgers[outside][0])} lies outside the bucket's "
                            f"range [{meta.start_ledger}, {meta.end_ledger}]")
         _check_bitmaps(number, at, meta_at, ledgers, entries, seg_meta.bitmaps, report)
+        positions.append(np.stack((ledgers, entries), axis=1))
+    _check_unique_positions(positions, meta_at, report)
+
+
+def _check_unique_positions(positions: list[np.ndarray], meta_at: int, report: FileReport) -> None:
+    # A position has one delivery time, so it belongs to one index of the bucket.
+    # Within a segment the bitmap check catches a repeat; across segments only this does.
+    if not positions:
+        return
+    pairs = np.concatenate(positions)
+    distinct = np.unique(pairs, axis=0)
+    if len(distinct) != len(pairs):
+        report.add(meta_at, f"{len(pairs) - len(distinct)} position(s) (ledger, entry) appear in more than one index")
 
 
 def _check_bitmaps(number: int, at: int, meta_at: int, ledgers: np.ndarray, entries: np.ndarray,
