@@ -322,10 +322,12 @@ class LedgerReader:
             props = msgpack.unpackb(rest[:props_len], raw=False, strict_map_key=True)
         except Exception as exc:  # msgpack raises several unrelated types on garbage
             raise self._damage(HEADER_FIXED_SIZE, f"properties are not valid msgpack: {exc}") from None
+        # The same rule the writer enforces: a value the writer could not have
+        # produced (a negative int, a float, a nested map) is damage, not data.
         if not isinstance(props, dict) or not all(
-                isinstance(k, str) and isinstance(v, (str, int)) and not isinstance(v, bool)
+                isinstance(k, str) and (isinstance(v, str) or (type(v) is int and 0 <= v < 1 << 64))
                 for k, v in props.items()):
-            raise self._damage(HEADER_FIXED_SIZE, "properties are not a map of str to str|int")
+            raise self._damage(HEADER_FIXED_SIZE, "properties are not a map of str to str|uint64")
         self.version = version
         self.ledger_id: int = ledger_id
         self.properties: dict[str, PropertyValue] = props

@@ -245,7 +245,9 @@ def _validate_metadata(doc: object) -> BucketMetadata:
     if not isinstance(doc, list) or len(doc) != 5:
         raise MetadataCodecError(at, "metadata is not a 5-element array")
     version, start, end, count, segments = doc
-    if version != SNAPSHOT_VERSION:
+    # ``type(v) is int``: msgpack decodes true as True and 1.0 as a float, both
+    # of which compare equal to 1 but are not what any writer produces.
+    if type(version) is not int or version != SNAPSHOT_VERSION:
         raise MetadataCodecError(at, f"snapshot version {version!r} is not supported (this reader knows {SNAPSHOT_VERSION})")
     if not (_is_u64(start) and _is_u64(end) and _is_u64(count)) or start > end:
         raise MetadataCodecError(at, "ledger range or count is not a valid unsigned range")
@@ -267,7 +269,8 @@ def _validate_metadata(doc: object) -> BucketMetadata:
         for j in range(0, len(flat), 3):
             ledger, width, blob = flat[j:j + 3]
             if not _is_u64(ledger) or not start <= ledger <= end or ledger in bitmaps \
-                    or width not in (_BITMAP32, _BITMAP64) or not isinstance(blob, bytes):
+                    or type(width) is not int or width not in (_BITMAP32, _BITMAP64) \
+                    or not isinstance(blob, bytes):
                 raise MetadataCodecError(at, f"segment {i} has a malformed bitmap entry for ledger {ledger!r}")
             try:
                 bm = (BitMap64 if width == _BITMAP64 else BitMap).deserialize(blob)
@@ -291,7 +294,10 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
 
     Returns the metadata (entry 0, not yet encoded) and the encoded segment
     payloads (entries 1..N). Columns must be sorted by (timestamp, ledger, entry)
-    without duplicates and every ledger must lie in ``[start_ledger, end_ledger]``.
+    without duplicates, every ledger must lie in ``[start_ledger, end_ledger]``,
+    and a position ``(ledger, entry)`` may appear only once (a repeat within one
+    segment raises :class:`ValueError`; across segments it is the caller's
+    invariant, which ``bucketstore verify`` checks).
     """
     ts = np.ascontiguousarray(ts, dtype=_U64)
     ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
@@ -308,7 +314,13 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     metas, payloads = [], []
     for lo, hi in cut_segments(ts, time_step_ms, max_indexes_per_segment):
         t, l, e = ts[lo:hi], ledgers[lo:hi], entries[lo:hi]
-        metas.append(SegmentMetadata(int(t[0]), int(t[-1]), hi - lo, segment_bitmaps(l, e)))
+        bitmaps = segment_bitmaps(l, e)
+        # A position has one delivery time, so it appears once: entry 0's bitmap
+        # cardinalities must add up to the segment's count, and a reader rejects
+        # a file where they do not. Refuse here rather than write such a file.
+        if sum(len(bm) for bm in bitmaps.values()) != hi - lo:
+            raise ValueError(f"a position (ledger, entry) appears more than once among indexes {lo}..{hi - 1}")
+        metas.append(SegmentMetadata(int(t[0]), int(t[-1]), hi - lo, bitmaps))
         payloads.append(encode_segment(t, l, e, compress=compress))
     return BucketMetadata(start_ledger, end_ledger, len(ts), metas), payloads
 

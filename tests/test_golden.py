@@ -1,0 +1,111 @@
+"""The golden files: the committed bytes are the format.
+
+Every ``formats/golden/*.ledger`` must read back as exactly its ``.json``, and
+encoding the ``.json`` with today's code must give the committed bytes. A
+failure of the second kind means the writer's output changed: if a v1 reader
+would misread the new bytes, the format version must go up (see
+``formats/bucket_snapshot.md``); if not, regenerate with
+``formats/golden/make_golden.py`` and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+from pyroaring import BitMap, BitMap64
+
+from bucketstore.segment_codec import encode_segment
+from bucketstore.snapshot import BucketFile, BucketMetadata, SegmentMetadata, write_bucket
+from bucketstore.verify import verify_file
+
+GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
+FILES = sorted(glob.glob(os.path.join(GOLDEN, "*.ledger")))
+AUTOMATIC_PROPERTIES = {"kind", "bucket_key", "start_ledger", "end_ledger"}
+
+
+def _expected(path: str) -> dict:
+    with open(path[:-len(".ledger")] + ".json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _read_back(path: str) -> dict:
+    """The file's content in the JSON's shape, read with the public reader."""
+    with BucketFile(path) as bucket:
+        meta = bucket.metadata
+        segments = []
+        for number, seg_meta in enumerate(meta.segments, start=1):
+            seg = bucket.read_segment(number)
+            segments.append({
+                "min_timestamp": seg_meta.min_timestamp,
+                "max_timestamp": seg_meta.max_timestamp,
+                "count": seg_meta.count,
+                "compressed": bool(bucket.ledger.read_entry(number)[0] & 1),
+                "bitmaps": [{"ledger_id": ledger, "width": 64 if isinstance(bm, BitMap64) else 32,
+                             "entries": list(bm)} for ledger, bm in sorted(seg_meta.bitmaps.items())],
+                "indexes": [list(r) for r in zip(seg.timestamps.tolist(), seg.ledger_ids.tolist(),
+                                                 seg.entry_ids.tolist())],
+            })
+        return {
+            "header": {"ledger_id": bucket.ledger_id, "format_version": bucket.ledger.version, "flags": 0},
+            "properties": bucket.ledger.properties,
+            "metadata": {"compressed": bool(bucket.ledger.read_entry(0)[0] & 1),
+                         "snapshot_version": meta.version, "start_ledger": meta.start_ledger,
+                         "end_ledger": meta.end_ledger, "count": meta.count, "segments": segments},
+        }
+
+
+def _bitmap(spec: dict) -> BitMap | BitMap64:
+    bm = (BitMap64 if spec["width"] == 64 else BitMap)(spec["entries"])
+    bm.run_optimize()  # the writer's rule: containers are run-optimised before serialising
+    return bm
+
+
+def _encode(doc: dict, directory: str) -> bytes:
+    """Encode a golden JSON document with the library's encoders; return the file's bytes."""
+    m = doc["metadata"]
+    metas, payloads = [], []
+    for seg in m["segments"]:
+        cols = np.array(seg["indexes"], dtype=np.uint64).reshape(-1, 3).T
+        payloads.append(encode_segment(cols[0], cols[1], cols[2], compress=seg["compressed"]))
+        metas.append(SegmentMetadata(seg["min_timestamp"], seg["max_timestamp"], seg["count"],
+                                     {b["ledger_id"]: _bitmap(b) for b in seg["bitmaps"]}))
+    meta = BucketMetadata(m["start_ledger"], m["end_ledger"], m["count"], metas, m["snapshot_version"])
+    extra = {k: v for k, v in doc["properties"].items() if k not in AUTOMATIC_PROPERTIES}
+    path = write_bucket(directory, doc["header"]["ledger_id"], meta, payloads, extra, compress=m["compressed"])
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_golden_set_covers_the_required_shapes() -> None:
+    docs = [_expected(p) for p in FILES]
+    segments = [s for d in docs for s in d["metadata"]["segments"]]
+    assert any(d["metadata"]["count"] == 0 for d in docs)
+    assert any(len(d["metadata"]["segments"]) == 1 for d in docs)
+    cuts = [(d["segmenting"]["max_indexes_per_segment"], s["count"])
+            for d in docs for s in d["metadata"]["segments"][:-1]]  # every segment but a bucket's last was cut
+    assert any(count != cap for cap, count in cuts), "no segment cut by the time step"
+    assert any(count == cap for cap, count in cuts), "no segment cut by the count"
+    assert any(len(s["bitmaps"]) > 2 for s in segments)
+    assert any(b["width"] == 64 for s in segments for b in s["bitmaps"])
+    assert any(s["compressed"] for s in segments) and not all(s["compressed"] for s in segments)
+    assert any(d["metadata"]["compressed"] for d in docs) and not all(d["metadata"]["compressed"] for d in docs)
+
+
+@pytest.mark.parametrize("path", FILES, ids=os.path.basename)
+def test_golden_file_reads_as_its_json(path: str) -> None:
+    expected = _expected(path)
+    got = _read_back(path)
+    for key in ("header", "properties", "metadata"):
+        assert got[key] == expected[key], key
+    assert verify_file(path) == []
+
+
+@pytest.mark.parametrize("path", FILES, ids=os.path.basename)
+def test_golden_json_encodes_to_the_same_bytes(path: str, tmp_path) -> None:
+    with open(path, "rb") as f:
+        committed = f.read()
+    assert _encode(_expected(path), str(tmp_path)) == committed

@@ -1,0 +1,116 @@
+"""Segment encoding: exact round trips over the whole uint64 range, and the writer's choices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bucketstore.segment_codec import (FLAG_ZLIB, KIND_ARITH, KIND_DELTA_U, KIND_DELTA_Z, MAX_SEGMENT_INDEXES,
+                                       SegmentCodecError, decode_segment, encode_segment)
+
+U64 = st.integers(0, (1 << 64) - 1)
+EDGE = st.sampled_from([0, 1, (1 << 32) - 1, 1 << 32, (1 << 63), (1 << 64) - 2, (1 << 64) - 1])
+
+
+def _sorted_rows(rows: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = sorted(set(rows))
+    return tuple(np.array(col, dtype=np.uint64) for col in zip(*rows))  # type: ignore[return-value]
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.tuples(U64 | EDGE, U64 | EDGE, U64 | EDGE), min_size=1, max_size=60),
+       compress=st.booleans())
+def test_round_trip_any_uint64(rows, compress) -> None:
+    ts, ledgers, entries = _sorted_rows(rows)
+    payload = encode_segment(ts, ledgers, entries, compress=compress)
+    seg = decode_segment(payload, len(ts))
+    for got, want in ((seg.timestamps, ts), (seg.ledger_ids, ledgers), (seg.entry_ids, entries)):
+        assert got.dtype == np.uint64 and np.array_equal(got, want)
+    if not compress:
+        assert payload[0] & FLAG_ZLIB == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(start=U64, step=U64, n=st.integers(1, 500))
+def test_constant_step_columns_cost_17_bytes_even_when_wrapping(start, step, n) -> None:
+    col = (np.uint64(start) + np.arange(n, dtype=np.uint64) * np.uint64(step))
+    ts = np.arange(n, dtype=np.uint64)  # sorted, distinct: any ledger/entry column is allowed
+    payload = encode_segment(ts, col, col, compress=False)
+    assert len(payload) == 5 + 3 * 17
+    assert payload[5 + 17] == KIND_ARITH
+    assert np.array_equal(decode_segment(payload).ledger_ids, col)
+
+
+def _column_kinds(payload: bytes, n: int) -> list[tuple[int, int]]:
+    """(kind, width) of the three columns of an uncompressed payload."""
+    pos, out = 5, []
+    for _ in range(3):
+        kind = payload[pos]
+        if kind == KIND_ARITH:
+            out.append((kind, 0))
+            pos += 17
+        else:
+            width = payload[pos + 9]
+            out.append((kind, width))
+            pos += 10 + width * (n - 1)
+    assert pos == len(payload)
+    return out
+
+
+def test_writer_picks_kind_and_narrowest_width() -> None:
+    ts = np.array([10, 11, 13, 300, 70_000], dtype=np.uint64)  # rising, largest delta 69,700: width 4
+    ledgers = np.array([1, 2, 1, 2, 1], dtype=np.uint64)  # goes down: zigzag, width 1
+    entries = np.array([5, 5, 6, 6, 1 << 40], dtype=np.uint64)  # rising, huge last delta: width 8
+    assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False), 5) == [
+        (KIND_DELTA_U, 4), (KIND_DELTA_Z, 1), (KIND_DELTA_U, 8)]
+
+
+def test_byte_planar_layout() -> None:
+    ts = np.arange(4, dtype=np.uint64)
+    payload = encode_segment(ts, ts, np.array([100, 99, 356, 357], dtype=np.uint64), compress=False)
+    # The example of formats/bucket_snapshot.md: deltas -1, 257, 1 zigzag to 1, 514, 2.
+    assert payload[-16:].hex(" ") == "02 64 00 00 00 00 00 00 00 02 01 02 02 00 02 00"
+
+
+def test_zlib_is_used_only_when_smaller() -> None:
+    rng = np.random.default_rng(7)
+    ts = np.sort(rng.integers(0, 10**6, 2000).astype(np.uint64)) + np.arange(2000, dtype=np.uint64)
+    zeros = np.zeros(2000, dtype=np.uint64)
+    compressed = encode_segment(ts, zeros, np.arange(2000, dtype=np.uint64))
+    plain = encode_segment(ts, zeros, np.arange(2000, dtype=np.uint64), compress=False)
+    assert compressed[0] & FLAG_ZLIB and len(compressed) < len(plain)
+    tiny = encode_segment(np.array([1], np.uint64), zeros[:1], zeros[:1])
+    assert tiny[0] == 0  # 56 bytes: not worth a zlib header
+
+
+@pytest.mark.parametrize("ts, ledgers, entries", [
+    ([], [], []), ([1, 2], [1], [1, 2]), ([2, 1], [1, 1], [1, 1]), ([1, 1], [1, 1], [4, 4])])
+def test_encoder_refuses_bad_input(ts, ledgers, entries) -> None:
+    with pytest.raises(ValueError):
+        encode_segment(np.array(ts, np.uint64), np.array(ledgers, np.uint64), np.array(entries, np.uint64))
+
+
+def test_decoder_checks_count_and_order() -> None:
+    one = np.ones(3, dtype=np.uint64)
+    payload = encode_segment(np.arange(3, dtype=np.uint64), one, one, compress=False)
+    with pytest.raises(SegmentCodecError, match="metadata says 4") as info:
+        decode_segment(payload, 4)
+    assert info.value.offset == 1
+    # Timestamps 2, 1, 0 via a zigzag column: decodes, but is out of order.
+    backwards = bytearray(payload[:5]) + b"\x02" + (2).to_bytes(8, "little") + b"\x01\x01\x01" + payload[5 + 17:]
+    with pytest.raises(SegmentCodecError, match="order"):
+        decode_segment(bytes(backwards))
+    assert len(decode_segment(bytes(backwards), check_order=False)) == 3
+    with pytest.raises(SegmentCodecError):
+        decode_segment(b"\x00" + (MAX_SEGMENT_INDEXES + 1).to_bytes(4, "little"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=st.binary(max_size=80))
+def test_decoder_raises_only_its_own_error_on_garbage(payload) -> None:
+    try:
+        decode_segment(payload)
+    except SegmentCodecError as exc:
+        assert 0 <= exc.offset <= max(len(payload), 9)

@@ -1,0 +1,158 @@
+"""Bucket snapshots: segmentation against a loop model of PIP-195, bitmaps, entry 0, whole files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyroaring import BitMap, BitMap64
+
+from bucketstore.segment_codec import MAX_SEGMENT_INDEXES
+from bucketstore.snapshot import (BucketFile, BucketMetadata, MetadataCodecError, SegmentMetadata, bucket_key,
+                                  build_bucket, cut_segments, decode_metadata, encode_metadata, parse_bucket_key,
+                                  segment_bitmaps, sort_indexes, write_bucket)
+from bucketstore.verify import verify_file
+
+
+def cut_model(ts: list[int], time_step: int, max_indexes: int) -> list[tuple[int, int]]:
+    """Reference §1.4 as a loop: open at t0, close when the next index is past
+    t0 + step - 1, when the count cap is reached, or at the end."""
+    cap = MAX_SEGMENT_INDEXES if max_indexes == -1 else max_indexes
+    bounds, lo = [], 0
+    while lo < len(ts):
+        hi = lo + 1
+        while hi < len(ts) and ts[hi] <= ts[lo] + time_step - 1 and hi - lo < cap:
+            hi += 1
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+@settings(max_examples=300, deadline=None)
+@given(ts=st.lists(st.integers(0, 10_000) | st.integers((1 << 64) - 50, (1 << 64) - 1), max_size=80),
+       step=st.integers(1, 3_000) | st.just(1 << 63), cap=st.integers(1, 20) | st.just(-1))
+def test_cut_segments_matches_the_loop_model(ts, step, cap) -> None:
+    ts = sorted(ts)
+    got = cut_segments(np.array(ts, dtype=np.uint64), step, cap)
+    assert got == cut_model(ts, step, cap)
+    for (lo, hi), (nlo, _) in zip(got, got[1:]):
+        assert hi == nlo
+        assert ts[hi - 1] - ts[lo] < step
+        # Two segments share a timestamp only across a count cut.
+        assert ts[nlo] > ts[hi - 1] or hi - lo == cap
+
+
+def test_cut_segments_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError):
+        cut_segments(np.zeros(1, np.uint64), 0, 5)
+    with pytest.raises(ValueError):
+        cut_segments(np.zeros(1, np.uint64), 5, 0)
+
+
+rows_strategy = st.lists(st.tuples(st.integers(0, 2_000_000), st.integers(10, 14),
+                                   st.integers(0, 100) | st.integers((1 << 32) - 3, (1 << 32) + 3)),
+                         max_size=120)
+
+
+@settings(max_examples=120, deadline=None)
+@given(rows=rows_strategy, cap=st.integers(1, 30) | st.just(-1), compress=st.booleans())
+def test_bucket_round_trip_and_bitmaps_equal_contents(tmp_path_factory, rows, cap, compress) -> None:
+    rows = list({(ledger, entry): ts for ts, ledger, entry in rows}.items())  # one time per position
+    rows = [(ts, ledger, entry) for (ledger, entry), ts in rows]
+    ts, ledgers, entries = (np.array(c, dtype=np.uint64) for c in zip(*rows)) if rows else (np.zeros(0, np.uint64),) * 3
+    ts, ledgers, entries = sort_indexes(ts, ledgers, entries)
+    meta, payloads = build_bucket(10, 14, ts, ledgers, entries, time_step_ms=300_000,
+                                  max_indexes_per_segment=cap, compress=compress)
+    path = write_bucket(tmp_path_factory.mktemp("b"), 77, meta, payloads, {"tracker": "t"}, compress=compress)
+    seen = []
+    with BucketFile(path) as bucket:
+        assert bucket.metadata.count == len(ts) and bucket.segment_count == len(payloads)
+        assert bucket.ledger.properties["bucket_key"] == bucket_key(10, 14)
+        for number, seg_meta in enumerate(bucket.metadata.segments, start=1):
+            seg = bucket.read_segment(number)
+            rows_here = list(zip(seg.timestamps.tolist(), seg.ledger_ids.tolist(), seg.entry_ids.tolist()))
+            seen += rows_here
+            by_ledger: dict[int, list[int]] = {}
+            for _, ledger, entry in rows_here:
+                by_ledger.setdefault(ledger, []).append(entry)
+            assert {k: sorted(v) for k, v in by_ledger.items()} == {k: list(bm) for k, bm in seg_meta.bitmaps.items()}
+            for ledger, bm in seg_meta.bitmaps.items():
+                assert isinstance(bm, BitMap64) == (max(by_ledger[ledger]) >= 1 << 32)
+    assert seen == list(zip(ts.tolist(), ledgers.tolist(), entries.tolist()))
+    assert verify_file(path) == []
+
+
+def test_build_bucket_refuses_bad_input() -> None:
+    one = np.ones(1, np.uint64)
+    with pytest.raises(ValueError, match="outside"):
+        build_bucket(2, 3, one, one, one, time_step_ms=10, max_indexes_per_segment=5)
+    with pytest.raises(ValueError, match="sorted"):
+        build_bucket(1, 1, np.array([2, 1], np.uint64), np.ones(2, np.uint64), np.arange(2, dtype=np.uint64),
+                     time_step_ms=10, max_indexes_per_segment=5)
+
+
+def test_build_bucket_refuses_a_position_twice_in_a_segment() -> None:
+    # Distinct rows, same position: the bitmap would count one entry for two indexes.
+    with pytest.raises(ValueError, match="more than once"):
+        build_bucket(10, 10, np.array([0, 1], np.uint64), np.array([10, 10], np.uint64), np.zeros(2, np.uint64),
+                     time_step_ms=10, max_indexes_per_segment=5)
+
+
+def test_segment_bitmaps_split_by_ledger() -> None:
+    bms = segment_bitmaps(np.array([3, 1, 3], np.uint64), np.array([9, 4, 1 << 33], np.uint64))
+    assert list(bms[1]) == [4] and isinstance(bms[1], BitMap)
+    assert list(bms[3]) == [9, 1 << 33] and isinstance(bms[3], BitMap64)
+
+
+def _meta(**changes) -> BucketMetadata:
+    seg = SegmentMetadata(5, 9, 2, {1: BitMap([1, 2])})
+    meta = BucketMetadata(1, 2, 2, [seg])
+    for key, value in changes.items():
+        setattr(meta, key, value)
+    return meta
+
+
+def test_metadata_round_trip_compressed_and_not() -> None:
+    meta = _meta()
+    for compress in (True, False):
+        back = decode_metadata(encode_metadata(meta, compress=compress))
+        assert (back.start_ledger, back.end_ledger, back.count, back.version) == (1, 2, 2, 1)
+        assert [(s.min_timestamp, s.max_timestamp, s.count, {k: list(v) for k, v in s.bitmaps.items()})
+                for s in back.segments] == [(5, 9, 2, {1: [1, 2]})]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"version": 2}, "version 2 is not supported"), ({"count": 3}, "bucket count"),
+    ({"start_ledger": 2}, "malformed bitmap"), ({"start_ledger": 3}, "ledger range"),
+])
+def test_metadata_validation(change, message) -> None:
+    with pytest.raises(MetadataCodecError, match=message):
+        decode_metadata(encode_metadata(_meta(**change), compress=False))
+
+
+def test_segments_may_not_go_backwards() -> None:
+    meta = _meta(count=4)
+    meta.segments.append(SegmentMetadata(8, 20, 2, {2: BitMap([1, 2])}))
+    with pytest.raises(MetadataCodecError, match="inconsistent"):
+        decode_metadata(encode_metadata(meta))
+    meta.segments[1].min_timestamp = 9  # touching the previous max is allowed (count cut)
+    assert len(decode_metadata(encode_metadata(meta)).segments) == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=st.binary(max_size=60))
+def test_metadata_decoder_raises_only_its_own_error(payload) -> None:
+    try:
+        decode_metadata(payload)
+    except MetadataCodecError:
+        pass
+
+
+def test_bucket_keys() -> None:
+    assert bucket_key(12, 40) == "#pulsar.internal.delayed.bucket_12_40"
+    assert parse_bucket_key("#pulsar.internal.delayed.bucket_12_40") == (12, 40)
+    for bad in ("#pulsar.internal.delayed.bucket_40_12", "#pulsar.internal.delayed.bucket_1", "x_1_2",
+                "#pulsar.internal.delayed.bucket_-1_2"):
+        with pytest.raises(ValueError):
+            parse_bucket_key(bad)
