@@ -6,6 +6,12 @@ of truth PIP-195's master branch converged on: ``contains_message`` answers
 from it, a delivery counts only if it removes a bit here (so a duplicate queue
 entry is never delivered twice), and ``number_of_delayed_messages`` is its
 cardinality, kept in a counter so reading it is O(1).
+
+A queue row ``(ts, ledger, entry)`` is *live* when its position is tracked. One
+case needs more: a position untracked by an expired re-add and then added again
+with a later time leaves its old row behind in the queue or in a sealed
+segment, and that row must not deliver the position early. Such positions are
+*retimed*: for them only the row carrying the current time is live.
 """
 
 from __future__ import annotations
@@ -35,11 +41,15 @@ class DelayedIndexSet:
     Not thread-safe by itself: the owning tracker's lock guards it.
     """
 
-    __slots__ = ("_ledgers", "_count")
+    __slots__ = ("_ledgers", "_count", "_expired", "_retimed")
 
     def __init__(self) -> None:
         self._ledgers: dict[int, Bitmap] = {}
         self._count = 0
+        # Positions untracked by an expired re-add: old rows of them may linger.
+        self._expired: set[tuple[int, int]] = set()
+        # ledger -> entry -> the only live timestamp, for re-added expired positions.
+        self._retimed: dict[int, dict[int, int]] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -62,14 +72,43 @@ class DelayedIndexSet:
             self._ledgers[ledger_id] = bm
         return bm
 
-    def add(self, ledger_id: int, entry_id: int) -> bool:
-        """Track a position; True if it was not tracked before."""
+    def add(self, ledger_id: int, entry_id: int, ts: int | None = None) -> bool:
+        """Track a position (due at ``ts``); True if it was not tracked before."""
         bm = self._bitmap_for(ledger_id, entry_id)
         if entry_id in bm:
             return False
         bm.add(entry_id)
         self._count += 1
+        if self._expired and (ledger_id, entry_id) in self._expired and ts is not None:
+            self._retimed.setdefault(ledger_id, {})[entry_id] = ts
         return True
+
+    def expire(self, ledger_id: int, entry_id: int) -> bool:
+        """Untrack a position because it was re-added already due; True if it was tracked.
+
+        Its older rows may still sit in the queue or a sealed segment, so the
+        position is remembered: if it is tracked again, only its new row is live.
+        """
+        if not self.discard(ledger_id, entry_id):
+            return False
+        self._expired.add((ledger_id, entry_id))
+        self._forget_time(ledger_id, entry_id)
+        return True
+
+    def _forget_time(self, ledger_id: int, entry_id: int) -> None:
+        times = self._retimed.get(ledger_id)
+        if times is not None and times.pop(entry_id, None) is not None and not times:
+            del self._retimed[ledger_id]
+
+    def _live_rows(self, ledger_id: int, entries: np.ndarray, ts: np.ndarray | None) -> np.ndarray | None:
+        """Mask of rows of one ledger whose time is the live one (None: all are)."""
+        times = self._retimed.get(ledger_id)
+        if not times or ts is None:
+            return None
+        mask = np.ones(len(entries), dtype=bool)
+        for entry, live_ts in times.items():
+            mask &= ~((entries == entry) & (ts != live_ts))
+        return mask
 
     def discard(self, ledger_id: int, entry_id: int) -> bool:
         """Untrack a position; True if it was tracked."""
@@ -95,15 +134,26 @@ class DelayedIndexSet:
         self._count += added
         return added
 
-    def add_many(self, ledgers: np.ndarray, entries: np.ndarray) -> int:
-        """Track many positions (uint64 columns); return how many were new."""
+    def add_many(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray | None = None) -> int:
+        """Track many positions (uint64 columns, due at ``ts``); return how many were new."""
+        if self._expired and ts is not None:
+            for ledger, entry, at in zip(ledgers.tolist(), entries.tolist(), ts.tolist()):
+                if (ledger, entry) in self._expired and not self.contains(ledger, entry):
+                    self._retimed.setdefault(ledger, {})[entry] = at
         added = 0
         for ledger, ents in _group_by_ledger(ledgers, entries):
             added += self.add_bitmap(ledger, bitmap_of(ents))
         return added
 
-    def take(self, ledger_id: int, entries: np.ndarray) -> Bitmap | None:
-        """Untrack whichever of ``entries`` (one ledger) are tracked; return them as a bitmap.
+    def is_live(self, ledger_id: int, entry_id: int, ts: int) -> bool:
+        """True if the row ``(ts, ledger_id, entry_id)`` would be delivered now."""
+        if not self.contains(ledger_id, entry_id):
+            return False
+        times = self._retimed.get(ledger_id)
+        return not times or times.get(entry_id, ts) == ts
+
+    def take(self, ledger_id: int, entries: np.ndarray, ts: np.ndarray | None = None) -> Bitmap | None:
+        """Untrack whichever rows of one ledger are live; return their entry ids as a bitmap.
 
         This is the delivery step: a position is delivered only if this call is
         the one that removes it, so duplicates in the queues are dropped here.
@@ -111,6 +161,9 @@ class DelayedIndexSet:
         bm = self._ledgers.get(ledger_id)
         if bm is None:
             return None
+        live = self._live_rows(ledger_id, entries, ts)
+        if live is not None:
+            entries = entries[live]
         wanted = bitmap_of(entries, wide=isinstance(bm, BitMap64))
         if isinstance(wanted, BitMap64) and isinstance(bm, BitMap):
             # Entry ids beyond 2**32 cannot be in a 32-bit bitmap: drop them from the request.
@@ -121,10 +174,15 @@ class DelayedIndexSet:
             self._count -= len(hits)
             if not bm:
                 del self._ledgers[ledger_id]
+            if live is not None:
+                for entry in list(self._retimed.get(ledger_id, ())):
+                    if entry in hits:
+                        self._forget_time(ledger_id, entry)
         return hits
 
-    def present_mask(self, ledgers: np.ndarray, entries: np.ndarray) -> np.ndarray:
-        """Boolean mask of which rows are tracked (does not change the set)."""
+    def present_mask(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray | None = None) -> np.ndarray:
+        """Boolean mask of which rows are live (tracked, at their live time when ``ts`` is
+        given). Does not change the set."""
         mask = np.zeros(len(ledgers), dtype=bool)
         if not len(ledgers):
             return mask
@@ -138,6 +196,9 @@ class DelayedIndexSet:
             if hits:
                 mask[rows] = np.isin(ents, np.asarray(hits.to_array() if isinstance(hits, BitMap)
                                                       else list(hits), dtype=np.uint64))
+                live = self._live_rows(ledger, ents, None if ts is None else ts[rows])
+                if live is not None:
+                    mask[rows] &= live
         return mask
 
     def drop_ledgers_below(self, first_live_ledger: int) -> int:
@@ -147,6 +208,9 @@ class DelayedIndexSet:
         for ledger in dead:
             dropped += len(self._ledgers.pop(ledger))
         self._count -= dropped
+        self._expired = {p for p in self._expired if p[0] >= first_live_ledger}
+        for ledger in [l for l in self._retimed if l < first_live_ledger]:
+            del self._retimed[ledger]
         return dropped
 
     def drop_through(self, ledger_id: int, entry_id: int) -> int:
@@ -169,6 +233,8 @@ class DelayedIndexSet:
     def clear(self) -> None:
         self._ledgers.clear()
         self._count = 0
+        self._expired.clear()
+        self._retimed.clear()
 
     def memory_bytes(self) -> int:
         """Approximate bytes held by the bitmaps: their containers plus a per-ledger overhead."""

@@ -97,7 +97,7 @@ class MutableBucket:
         merged.dead = True
         self._runs = []
         ts, ledgers, entries = merged.rest()
-        keep = index.present_mask(ledgers, entries)
+        keep = index.present_mask(ledgers, entries, ts)
         ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
         due = int(np.searchsorted(ts, np.uint64(cutoff), side="right"))
         due_run = Run(ts[:due].copy(), ledgers[:due].copy(), entries[:due].copy()) if due else None

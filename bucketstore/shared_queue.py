@@ -255,12 +255,12 @@ class SharedQueue:
             if len(runs) == 1:
                 run, k = runs[0], counts[0]
                 ts, ledgers, entries = run.rest()
-                sel_l, sel_e = ledgers[:k], entries[:k]
+                sel_t, sel_l, sel_e = ts[:k], ledgers[:k], entries[:k]
                 taken = [k]
             else:
-                sel_l, sel_e, taken = _select_first(runs, counts, need)
-            for ledger, ents in _group_by_ledger(sel_l, sel_e):
-                hits = index.take(ledger, ents)
+                sel_t, sel_l, sel_e, taken = _select_first(runs, counts, need)
+            for ledger, rows in _group_by_ledger(sel_l, np.arange(len(sel_l))):
+                hits = index.take(ledger, sel_e[rows], sel_t[rows])
                 if hits:
                     delivered.setdefault(ledger, []).append(hits)
                     need -= len(hits)
@@ -273,7 +273,8 @@ class SharedQueue:
         return delivered
 
 
-def _select_first(runs: list[Run], counts: list[int], need: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def _select_first(runs: list[Run], counts: list[int], need: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
     """The first ``need`` rows, in index order, of the candidate prefixes of several runs,
     and how many rows each run gives up."""
     parts_t, parts_l, parts_e, source = [], [], [], []
@@ -289,15 +290,15 @@ def _select_first(runs: list[Run], counts: list[int], need: int) -> tuple[np.nda
     src = np.concatenate(source)
     if len(ts) > need:
         order = np.lexsort((entries, ledgers, ts))[:need]
-        ledgers, entries, src = ledgers[order], entries[order], src[order]
+        ts, ledgers, entries, src = ts[order], ledgers[order], entries[order], src[order]
     taken = np.bincount(src, minlength=len(runs)).tolist()
-    return ledgers, entries, taken
+    return ts, ledgers, entries, taken
 
 
 def _first_tracked(run: Run, index: DelayedIndexSet) -> int:
     """How many rows at the front of ``run`` are no longer tracked (checked in chunks)."""
     p = run.pos
-    if index.contains(int(run.ledgers[p]), int(run.entries[p])):
+    if index.is_live(int(run.ledgers[p]), int(run.entries[p]), int(run.ts[p])):
         return 0
     skipped = 0
     chunk = 64
@@ -305,7 +306,7 @@ def _first_tracked(run: Run, index: DelayedIndexSet) -> int:
         p = run.pos + skipped
         ledgers = run.ledgers[p:p + chunk]
         entries = run.entries[p:p + chunk]
-        mask = index.present_mask(ledgers, entries)
+        mask = index.present_mask(ledgers, entries, run.ts[p:p + chunk])
         if mask.any():
             return skipped + int(np.argmax(mask))
         skipped += len(ledgers)

@@ -153,12 +153,12 @@ class BucketTracker:
             # Expiry before membership: an expired re-add must dispatch now, not be
             # skipped because an undelivered copy is still tracked (Pulsar #26230).
             if deliver_at <= cutoff:
-                self._index.discard(ledger_id, entry_id)
+                self._index.expire(ledger_id, entry_id)
                 return False
             if self._index.contains(ledger_id, entry_id):
                 return True
             self._route(ledger_id, cutoff)(deliver_at, ledger_id, entry_id)
-            self._index.add(ledger_id, entry_id)
+            self._index.add(ledger_id, entry_id, deliver_at)
             return True
 
     def _route(self, ledger_id: int, cutoff: int):
@@ -205,7 +205,7 @@ class BucketTracker:
             # batch hold both an expired and a live row of one position, the live
             # row wins whatever their order.)
             for e in np.unique(entries[expired]).tolist():
-                self._index.discard(ledger_id, e)
+                self._index.expire(ledger_id, e)
         live_e = entries[~expired]
         live_t = deliver_at[~expired].astype(_U64)
         if not len(live_e):
@@ -224,7 +224,7 @@ class BucketTracker:
                 self._queue.push(self._mutable.add_run(ts, ls, es))
             else:
                 self._queue.push(sorted_run(ts, ls, es))
-            self._index.add_many(ls, es)
+            self._index.add_many(ls, es, ts)
         return len(live_e)
 
     # -- sealing --------------------------------------------------------------------------------

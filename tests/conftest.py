@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import settings
 
 import bucketstore
+from helpers import FakeClock
 
 settings.register_profile("ci", deadline=None, print_blob=True)
 settings.load_profile("ci")
-
-
-class FakeClock:
-    """A settable epoch-milliseconds clock; tests move it, including backwards."""
-
-    def __init__(self, now: int = 0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
 
 
 @pytest.fixture
@@ -53,8 +39,3 @@ def make_tracker(request, tmp_path):
     yield make
     for s in stores:
         s.close()
-
-
-def example_count(default: int) -> int:
-    """Hypothesis example budget; BUCKETSTORE_EXAMPLES scales it for long runs."""
-    return int(os.environ.get("BUCKETSTORE_EXAMPLES", default))

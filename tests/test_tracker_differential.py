@@ -16,7 +16,7 @@ import bucketstore
 from bucketstore import TrackerConfig
 from bucketstore.snapshot import BucketFile
 
-from .conftest import FakeClock, example_count
+from helpers import FakeClock, example_count
 
 
 class SortedListModel:

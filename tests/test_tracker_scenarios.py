@@ -9,7 +9,7 @@ import pytest
 import bucketstore
 from bucketstore import TrackerConfig
 
-from .conftest import FakeClock
+from helpers import FakeClock
 
 
 def test_shared_scenario_basic(make_tracker):
@@ -197,4 +197,25 @@ def test_threads_mixing_calls(make_tracker):
     clock.now = 10**9
     delivered.extend(t.get_scheduled_messages(10**6))
     assert len(delivered) == len(set(delivered))
+    assert t.number_of_delayed_messages == 0
+
+
+def test_readded_expired_position_is_not_delivered_early(make_tracker):
+    """An expired re-add untracks a position; if it is added again later, its old
+    row (still in the queue, or sealed) must not deliver it at the old time."""
+    clock = FakeClock(0)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=2, max_indexes_per_segment=2)
+    t = make_tracker(cfg, clock)
+    t.add_message(1, 1, 100)
+    t.add_message(1, 2, 100)
+    t.add_message(2, 1, 100)  # ledger roll: ledger 1's indexes are sealed (bucket tracker)
+    clock.now = 50
+    assert not t.add_message(1, 1, 40)  # expired: dispatched now, untracked
+    assert t.add_message(1, 1, 500)  # tracked again, due later
+    clock.now = 100
+    assert t.get_scheduled_messages(10) == [(1, 2), (2, 1)]
+    assert t.contains_message(1, 1)
+    assert t.next_delivery_time() == 500
+    clock.now = 500
+    assert t.get_scheduled_messages(10) == [(1, 1)]
     assert t.number_of_delayed_messages == 0
