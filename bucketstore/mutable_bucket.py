@@ -64,7 +64,7 @@ class MutableBucket:
     def _merge_runs(self) -> Run | None:
         parts = [r.rest() for r in self._runs]
         for r in self._runs:
-            r.dead = True
+            r.kill()
         self._runs = []
         if not parts:
             return None
@@ -94,7 +94,7 @@ class MutableBucket:
         empty = np.zeros(0, dtype=np.uint64)
         if merged is None:
             return (empty, empty, empty), None
-        merged.dead = True
+        merged.kill()
         self._runs = []
         ts, ledgers, entries = merged.rest()
         keep = index.present_mask(ledgers, entries, ts)
@@ -105,7 +105,7 @@ class MutableBucket:
 
     def clear(self) -> None:
         for r in self._runs:
-            r.dead = True
+            r.kill()
         self._runs = []
         self._buffer = RunBuffer()
         self.start_ledger = self.end_ledger = -1

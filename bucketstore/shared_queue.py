@@ -45,11 +45,12 @@ class Run:
     """A sorted run of indexes with a read position.
 
     :ivar owner: the sealed bucket whose segment this is, or None.
-    :ivar dead: set when the run is replaced (e.g. the mutable bucket was sealed);
-        the queue drops dead runs when it meets them.
+    A run is *dead* once it is replaced (the mutable bucket was sealed or
+    compacted) or its bucket is gone (deleted, merged away); the queue drops
+    dead runs when it meets them.
     """
 
-    __slots__ = ("ts", "ledgers", "entries", "pos", "owner", "dead")
+    __slots__ = ("ts", "ledgers", "entries", "pos", "owner", "_killed")
 
     def __init__(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray,
                  owner: SegmentSource | None = None) -> None:
@@ -58,7 +59,15 @@ class Run:
         self.entries = entries
         self.pos = 0
         self.owner = owner
-        self.dead = False
+        self._killed = False
+
+    @property
+    def dead(self) -> bool:
+        return self._killed or (self.owner is not None and self.owner.dead)
+
+    def kill(self) -> None:
+        """Mark the run replaced; the queue will drop it."""
+        self._killed = True
 
     @property
     def remaining(self) -> int:

@@ -31,6 +31,7 @@ from .config import TrackerConfig
 from .cutoff import Clock, Cutoff, check_max, check_position, check_timestamp
 from .errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
 from .index_set import DelayedIndexSet
+from .merge import choose_merge_window, live_rows
 from .ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
 from .op_stats import OpStats
@@ -270,6 +271,62 @@ class BucketTracker:
         bucket.current = 1
         self._queue.push(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
         self._ops.record("create", time.perf_counter() - started, True)
+        self._merge_while_too_many()
+
+    # -- merging --------------------------------------------------------------------------------
+    def _merge_while_too_many(self) -> None:
+        limit = self.config.max_num_buckets
+        while limit > 0 and len(self._buckets) > limit:
+            window = choose_merge_window(list(self._buckets.values()))
+            if window is None or not self._merge(window):
+                return
+
+    def _merge(self, window: list[SealedBucket]) -> bool:
+        """Merge adjacent buckets into one covering their whole range; True on success.
+
+        Order: read the sources' live rows, write the merged ledger durably, then
+        one catalog transaction adds the new key and removes the old ones, then the
+        old files are unlinked. A crash before the commit leaves an orphan file
+        (removed on open) and the sources intact; after it, the new bucket alone
+        (old files left behind are orphans). Recovery also resolves the overlap if
+        both keys were somehow present: the enclosing range wins.
+        """
+        started = time.perf_counter()
+        store = self._store
+        cfg = self.config
+        start, end = window[0].start_ledger, window[-1].end_ledger
+        path = None
+        try:
+            ts, ledgers, entries = live_rows(window, self._index)
+            ledger_id = store.allocate_ledger_id()
+            put: dict[str, int] = {}
+            meta = None
+            if len(ts):
+                meta, payloads = build_bucket(start, end, ts, ledgers, entries,
+                                              time_step_ms=cfg.max_time_step_per_segment_ms,
+                                              max_indexes_per_segment=cfg.max_indexes_per_segment)
+                path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, {"tracker": self.name},
+                                    fs=store.fs)
+                put[meta.key] = ledger_id
+            store.catalog.commit(self.name, put=put, remove=[b.key for b in window], next_ledger_id=ledger_id + 1)
+        except (OSError, BucketStoreError) as exc:
+            self._ops.record("merge", time.perf_counter() - started, False)
+            log.warning("tracker %r: merging ledgers [%d, %d] failed, keeping the %d buckets: %s",
+                        self.name, start, end, len(window), exc)
+            if path is not None:
+                store.remove_ledger_file(path)
+            return False
+        for b in window:
+            b.dead = True  # their runs and slots in the queue die with them
+            del self._buckets[b.start_ledger]
+        for b in window:
+            store.remove_ledger_file(b.path)
+        if meta is not None and path is not None:
+            merged = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load)
+            self._buckets[start] = merged
+            self._queue.push(Slot(merged))
+        self._ops.record("merge", time.perf_counter() - started, True)
+        return True
 
     def _record_load(self, seconds: float, ok: bool) -> None:
         self._ops.record("load", seconds, ok)
