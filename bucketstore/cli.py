@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .dump import describe_file, render_text
+from .store_check import describe_store, is_store, verify_store
 from .verify import verify_paths
 
 __all__ = ["main", "EXIT_OK", "EXIT_DAMAGE", "EXIT_USAGE"]
@@ -35,10 +36,66 @@ def _existing_path(path: str) -> str:
     return path
 
 
+def _store_path(path: str) -> str:
+    _existing_path(path)
+    if not is_store(path):
+        raise UsageError(f"{path}: not a bucketstore store (no catalog/data.mdb)")
+    return path
+
+
+def _render_store(doc: dict, *, detail: bool) -> str:
+    lines = [f"store        {doc['store']}",
+             f"writer       {'process ' + doc['writer_pid'] if doc['writer_pid'] else 'none (not open)'}",
+             f"trackers     {len(doc['trackers'])}",
+             f"indexes      {doc['indexes']}  (sealed, as recorded in entry 0 of each bucket)",
+             f"bytes        {doc['bytes']}" + (f"  ({doc['bytes'] / doc['indexes']:.2f} B/idx)" if doc['indexes'] else ""),
+             f"ledger files {doc['ledger_files']} ({len(doc['orphan_files'])} orphan, "
+             f"{len(doc['temporary_files'])} temporary)",
+             f"next ledger  {doc['next_ledger_id']}"]
+    for name, tracker in doc["trackers"].items():
+        lines.append("")
+        lines.append(f"tracker {name!r}: {len(tracker['buckets'])} bucket(s), {tracker['indexes']} indexes, "
+                     f"{tracker['bytes']} bytes, mark-delete {tracker['mark_delete']}")
+        if not detail or not tracker["buckets"]:
+            continue
+        lines.append(f"  {'ledgers':>23} {'ledger id':>10} {'indexes':>9} {'segs':>5} {'bytes':>9}  "
+                     f"{'min_timestamp':>14} {'max_timestamp':>14}")
+        for b in tracker["buckets"]:
+            rng = f"[{b.get('start_ledger', '?')}, {b.get('end_ledger', '?')}]"
+            if "error" in b:
+                lines.append(f"  {rng:>23} {b['ledger_id']:>10}  ERROR {b['error']}")
+                continue
+            lines.append(f"  {rng:>23} {b['ledger_id']:>10} {b['indexes']:>9} {b['segments']:>5} {b['size']:>9}  "
+                         f"{b['min_timestamp'] if b['min_timestamp'] is not None else '-':>14} "
+                         f"{b['max_timestamp'] if b['max_timestamp'] is not None else '-':>14}")
+    return "\n".join(lines)
+
+
+def _print_store(args: argparse.Namespace, *, detail: bool) -> int:
+    doc = describe_store(_store_path(args.store))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(_render_store(doc, detail=detail))
+    damaged = any("error" in b for t in doc["trackers"].values() for b in t["buckets"])
+    return EXIT_DAMAGE if damaged else EXIT_OK
+
+
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    return _print_store(args, detail=True)
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    return _print_store(args, detail=False)
+
+
 def _cmd_dump(args: argparse.Namespace) -> int:
     path = _existing_path(args.file)
     if os.path.isdir(path):
-        raise UsageError(f"{path}: is a directory; dump takes one ledger file")
+        if not is_store(path):
+            raise UsageError(f"{path}: is a directory but not a store; dump takes a ledger file or a store")
+        args.store = path
+        return _print_store(args, detail=True)
     doc = describe_file(path, indexes=args.indexes)
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -50,16 +107,28 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     for path in args.paths:
         _existing_path(path)
-    reports = verify_paths(args.paths)
-    problems = 0
+    problems = files = segments = indexes = 0
+    plain = []
+    for path in args.paths:
+        if not is_store(path):
+            plain.append(path)
+            continue
+        findings, counts = verify_store(path)
+        for finding in findings:
+            print(finding)
+        problems += len(findings)
+        files += counts["files"]
+        segments += counts["segments"]
+        indexes += counts["indexes"]
+    reports = verify_paths(plain) if plain else []
     for report in reports:
         for finding in report.findings:
             print(finding)
             problems += 1
-    damaged = sum(1 for r in reports if r.findings)
-    print(f"verified {len(reports)} file(s), {sum(r.segments for r in reports)} segment(s), "
-          f"{sum(r.indexes for r in reports)} index(es): "
-          + (f"{problems} problem(s) in {damaged} file(s)" if problems else "ok"))
+    files += len(reports)
+    print(f"verified {files} file(s), {segments + sum(r.segments for r in reports)} segment(s), "
+          f"{indexes + sum(r.indexes for r in reports)} index(es): "
+          + (f"{problems} problem(s)" if problems else "ok"))
     return EXIT_DAMAGE if problems else EXIT_OK
 
 
@@ -74,10 +143,10 @@ def _non_negative(text: str) -> int:
 
 
 def _add_dump(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("dump", help="print a ledger file's header, entry 0 and segments",
+    p = commands.add_parser("dump", help="print a ledger file's header, entry 0 and segments (or a store overview)",
                             description="Print a ledger file: header, properties and, for a bucket, "
                                         "per segment its timestamps, count, size and ledger bitmaps.")
-    p.add_argument("file", metavar="FILE", help="a ledger file")
+    p.add_argument("file", metavar="FILE|STORE", help="a ledger file, or a store directory for an overview")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--indexes", metavar="N", type=_non_negative, default=0,
                    help="also print the first N indexes of each segment")
@@ -88,18 +157,47 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("verify", help="check every CRC, order, bound, bitmap and count",
                             description="Check ledger files completely; a directory means every *.ledger "
                                         "file under it. Prints one line per problem and a summary.")
-    p.add_argument("paths", metavar="FILE|DIR", nargs="+", help="ledger files or directories")
+    p.add_argument("paths", metavar="STORE|FILE|DIR", nargs="+",
+                   help="stores (catalog checked against files), ledger files or directories of them")
     p.set_defaults(run=_cmd_verify)
 
 
+def _add_store_command(commands: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int],
+                       help_text: str) -> None:
+    p = commands.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("store", metavar="STORE", help="a store directory")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(run=run)
+
+
+def _add_catalog(commands: argparse._SubParsersAction) -> None:
+    _add_store_command(commands, "catalog", _cmd_catalog,
+                       "list every tracker and its buckets: key range, ledger id, counts, sizes")
+
+
+def _add_stats(commands: argparse._SubParsersAction) -> None:
+    _add_store_command(commands, "stats", _cmd_stats, "summarise a store: trackers, indexes, bytes, files")
+
+
+def _add_simulate(commands: argparse._SubParsersAction) -> None:
+    from .simulate import add_arguments, run_from_args
+    p = commands.add_parser("simulate", help="run a realistic delayed-message workload against a store",
+                            description="Producers with random delays, rolling ledgers, a simulated clock, "
+                                        "seals, merges and trims, a crash and recovery half way, and every "
+                                        "delivery checked against an oracle.")
+    add_arguments(p)
+    p.set_defaults(run=run_from_args)
+
+
 #: The subcommands, in the order ``--help`` lists them.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_dump, _add_verify]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="bucketstore",
-                                     description="Inspect bucketstore ledger files and stores.")
+                                     description="Run, inspect and verify bucketstore stores and ledger files.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(commands)

@@ -1,0 +1,283 @@
+"""``bucketstore simulate``: a realistic delayed-message workload, checked against an oracle.
+
+A simulated broker publishes messages into a log of rolling ledgers at a fixed
+rate, each with a random delay inside a window (as ``pulsar-perf produce -dr``
+does); a consumer polls for due messages every few milliseconds of simulated
+time and acknowledges what it receives; the mark-delete position follows the
+acknowledgements. Half way through, the process state is thrown away — a
+crash — the store is reopened, and the broker replays its log from the
+mark-delete position, as Pulsar's dispatcher does in ``sealed`` durability.
+
+The oracle knows every message's delivery time. A *violation* is a message
+delivered before its time (minus one tick, which the non-strict cutoff
+allows), a message never delivered, or a delivered position never published.
+A message delivered twice (before the crash and again after it, or from the
+replay) is Pulsar's at-least-once contract in ``sealed`` mode: the consumer's
+acknowledgements filter it, and the report counts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .config import TrackerConfig
+from .store import open_store
+
+__all__ = ["SimulationConfig", "SimulationReport", "run_simulation", "add_arguments", "run_from_args"]
+
+_EPOCH = 1_700_000_000_000
+
+
+@dataclass
+class SimulationConfig:
+    """The workload: sizes, rates and the tracker's settings."""
+
+    messages: int = 300_000
+    rate_per_s: int = 5_000
+    delay_window_ms: int = 600_000
+    entries_per_ledger: int = 5_000
+    poll_interval_ms: int = 100
+    poll_max: int = 2_000
+    crash_at: float = 0.5
+    seed: int = 195
+    tracker: TrackerConfig = field(default_factory=lambda: TrackerConfig(
+        min_index_count_per_bucket=10_000, max_indexes_per_segment=2_000,
+        max_time_step_per_segment_ms=60_000, max_num_buckets=8))
+
+
+@dataclass
+class SimulationReport:
+    """What happened, and whether the engine kept its promises."""
+
+    published: int = 0
+    delivered: int = 0
+    redelivered_filtered: int = 0
+    dispatched_on_replay: int = 0
+    early: int = 0
+    lost: int = 0
+    phantom: int = 0
+    sealed: int = 0
+    merged: int = 0
+    deleted: int = 0
+    segments_loaded: int = 0
+    peak_buckets: int = 0
+    peak_bytes_on_disk: int = 0
+    peak_indexes_on_disk: int = 0
+    recovery_seconds: float = 0.0
+    recovered_indexes: int = 0
+    max_rss_mb: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def violations(self) -> int:
+        return self.early + self.lost + self.phantom
+
+
+class _Oracle:
+    """The broker's log and the consumer's acknowledgements: the ground truth."""
+
+    def __init__(self, cfg: SimulationConfig) -> None:
+        self.cfg = cfg
+        self.deliver_at: list[int] = []  # by log sequence number
+        self.acked = bytearray()  # 1 once the consumer received the message
+        self.mark_delete_seq = 0  # every seq below this is acknowledged
+
+    def position(self, seq: int) -> tuple[int, int]:
+        return divmod(seq, self.cfg.entries_per_ledger)
+
+    def seq_of(self, ledger: int, entry: int) -> int:
+        return ledger * self.cfg.entries_per_ledger + entry
+
+    def advance_mark_delete(self) -> None:
+        acked, seq = self.acked, self.mark_delete_seq
+        while seq < len(acked) and acked[seq]:
+            seq += 1
+        self.mark_delete_seq = seq
+
+
+def _progress(done: int, total: int, phase: str, stream=sys.stderr) -> None:
+    if not stream.isatty() and done not in (0, total):
+        return
+    width = 32
+    filled = width * done // max(total, 1)
+    stream.write(f"\r{phase:<10} [{'#' * filled}{'.' * (width - filled)}] {done * 100 // max(total, 1):3d}%")
+    if done >= total:
+        stream.write("\n")
+    stream.flush()
+
+
+def run_simulation(path: str, cfg: SimulationConfig, *, progress: bool = True) -> SimulationReport:
+    """Run the workload on a store at ``path`` (created if missing; emptied first)."""
+    rng = random.Random(cfg.seed)
+    report = SimulationReport()
+    oracle = _Oracle(cfg)
+    now = [_EPOCH]
+    clock = lambda: now[0]  # noqa: E731 - the simulated clock
+    tick = cfg.tracker.tick_time_ms
+    started = time.perf_counter()
+    publish_gap_ms = 1000.0 / cfg.rate_per_s
+    crash_seq = int(cfg.messages * cfg.crash_at)
+    store = open_store(path)
+    tracker = store.tracker("simulate", cfg.tracker, clock)
+    tracker.clear()  # a re-run starts from an empty tracker
+    next_poll = now[0]
+
+    def deliver(positions: list[tuple[int, int]]) -> None:
+        cutoff = now[0] + tick
+        for ledger, entry in positions:
+            seq = oracle.seq_of(ledger, entry)
+            if entry >= cfg.entries_per_ledger or seq >= len(oracle.deliver_at):
+                report.phantom += 1
+                continue
+            if oracle.deliver_at[seq] > cutoff:
+                report.early += 1
+            if oracle.acked[seq]:
+                report.redelivered_filtered += 1
+                continue
+            oracle.acked[seq] = 1
+            report.delivered += 1
+
+    def poll() -> None:
+        while True:
+            got = tracker.get_scheduled_messages(cfg.poll_max)
+            deliver(got)
+            if len(got) < cfg.poll_max:
+                break
+        oracle.advance_mark_delete()
+        if oracle.mark_delete_seq:
+            tracker.mark_delete(*oracle.position(oracle.mark_delete_seq - 1))
+
+    def observe() -> None:
+        st = tracker.stats()
+        report.peak_buckets = max(report.peak_buckets, st["immutable_buckets"])
+        report.peak_bytes_on_disk = max(report.peak_bytes_on_disk, st["snapshot_size_bytes"])
+        report.peak_indexes_on_disk = max(report.peak_indexes_on_disk,
+                                          sum(int(b.counts.sum()) for b in tracker.buckets()))
+
+    def harvest_ops() -> None:
+        st = tracker.stats()
+        report.sealed += st["create"]["succeeded"]
+        report.merged += st["merge"]["succeeded"]
+        report.deleted += st["delete"]["succeeded"]
+        report.segments_loaded += st["load"]["succeeded"]
+
+    total_steps = cfg.messages
+    step = max(1, total_steps // 200)
+    try:
+        for seq in range(cfg.messages):
+            now[0] = _EPOCH + int(seq * publish_gap_ms)
+            at = now[0] + rng.randrange(cfg.delay_window_ms)
+            oracle.deliver_at.append(at)
+            oracle.acked.append(0)
+            ledger, entry = oracle.position(seq)
+            report.published += 1
+            if not tracker.add_message(ledger, entry, at):
+                deliver([(ledger, entry)])  # already due: dispatched at once
+            if now[0] >= next_poll:
+                poll()
+                next_poll = now[0] + cfg.poll_interval_ms
+            if seq % step == 0:
+                observe()
+                if progress:
+                    _progress(seq, total_steps, "publish")
+            if seq == crash_seq and 0 < cfg.crash_at < 1:
+                harvest_ops()
+                # The crash: in-memory state is gone, nothing more is written. In
+                # sealed mode close() writes nothing either, so dropping the tracker
+                # and the store's handles is exactly a crash after the last commit.
+                store.close()
+                t0 = time.perf_counter()
+                store = open_store(path)
+                tracker = store.tracker("simulate", cfg.tracker, clock)
+                report.recovery_seconds = time.perf_counter() - t0
+                report.recovered_indexes = tracker.number_of_delayed_messages
+                # The broker replays its log from the mark-delete position, skipping
+                # what the consumer already acknowledged individually.
+                for replay in range(oracle.mark_delete_seq, seq + 1):
+                    if oracle.acked[replay]:
+                        continue
+                    if not tracker.add_message(*oracle.position(replay), oracle.deliver_at[replay]):
+                        report.dispatched_on_replay += 1
+                        deliver([oracle.position(replay)])
+        if progress:
+            _progress(total_steps, total_steps, "publish")
+        # Drain: let simulated time run past the last delivery time.
+        end = max(oracle.deliver_at, default=now[0]) + tick + cfg.poll_interval_ms
+        drain_steps = max(1, (end - now[0]) // cfg.poll_interval_ms)
+        i = 0
+        while now[0] < end:
+            now[0] = min(end, now[0] + cfg.poll_interval_ms)
+            poll()
+            i += 1
+            if progress and i % max(1, drain_steps // 100) == 0:
+                _progress(min(i, drain_steps), drain_steps, "deliver")
+        if progress:
+            _progress(drain_steps, drain_steps, "deliver")
+        observe()
+        harvest_ops()
+        report.lost = sum(1 for a in oracle.acked if not a)
+        if tracker.number_of_delayed_messages:
+            report.lost = max(report.lost, tracker.number_of_delayed_messages)
+    finally:
+        store.close()
+    report.max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    report.wall_seconds = time.perf_counter() - started
+    return report
+
+
+def format_report(report: SimulationReport, cfg: SimulationConfig, path: str) -> str:
+    per_index = (report.peak_bytes_on_disk / report.peak_indexes_on_disk) if report.peak_indexes_on_disk else 0.0
+    lines = [
+        f"bucketstore simulate: {path}",
+        f"  workload        {cfg.messages:,} messages at {cfg.rate_per_s:,}/s, delays U[0, {cfg.delay_window_ms:,} ms), "
+        f"{cfg.entries_per_ledger:,} entries per ledger, crash at {cfg.crash_at:.0%}",
+        f"  delivered       {report.delivered:,} of {report.published:,} "
+        f"({report.dispatched_on_replay:,} dispatched at once on replay, "
+        f"{report.redelivered_filtered:,} redeliveries filtered by acks)",
+        f"  buckets         {report.sealed} sealed, {report.merged} merged, {report.deleted} deletions, "
+        f"{report.segments_loaded} segment loads, at most {report.peak_buckets} at once",
+        f"  on disk         peak {report.peak_bytes_on_disk:,} bytes for {report.peak_indexes_on_disk:,} sealed indexes "
+        f"({per_index:.2f} B/index)",
+        f"  recovery        {report.recovery_seconds * 1000:.1f} ms, {report.recovered_indexes:,} indexes recovered",
+        f"  memory          {report.max_rss_mb:.0f} MB peak RSS (whole process, oracle included)",
+        f"  time            {report.wall_seconds:.1f} s",
+        f"  violations      {report.violations} (early {report.early}, lost {report.lost}, phantom {report.phantom})",
+    ]
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = SimulationConfig()
+    p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
+    p.add_argument("--messages", type=int, default=d.messages, help=f"messages to publish (default {d.messages:,})")
+    p.add_argument("--rate", type=int, default=d.rate_per_s, help=f"messages per simulated second ({d.rate_per_s:,})")
+    p.add_argument("--delay-window-ms", type=int, default=d.delay_window_ms,
+                   help=f"delays are uniform in [0, this) ({d.delay_window_ms:,})")
+    p.add_argument("--entries-per-ledger", type=int, default=d.entries_per_ledger,
+                   help=f"the log rolls to a new ledger after this many entries ({d.entries_per_ledger:,})")
+    p.add_argument("--crash-at", type=float, default=d.crash_at,
+                   help="fraction of the run at which to crash and recover (0 = no crash)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    for name in ("messages", "rate", "delay_window_ms", "entries_per_ledger"):
+        if getattr(args, name) < 1:
+            print(f"bucketstore: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
+    if not 0 <= args.crash_at < 1:
+        print("bucketstore: --crash-at must be in [0, 1)", file=sys.stderr)
+        return 2
+    cfg = SimulationConfig(messages=args.messages, rate_per_s=args.rate, delay_window_ms=args.delay_window_ms,
+                           entries_per_ledger=args.entries_per_ledger, crash_at=args.crash_at, seed=args.seed)
+    path = os.fspath(args.store)
+    report = run_simulation(path, cfg, progress=not args.no_progress)
+    print(format_report(report, cfg, path))
+    return 0 if report.violations == 0 else 1
