@@ -90,6 +90,11 @@ def _subtract(target: EntryBitmap, values: EntryBitmap) -> None:
     target.difference_update(values)
 
 
+def _has(bitmap: EntryBitmap, value: int) -> bool:
+    # A 32-bit bitmap raises OverflowError on a wider value instead of answering False.
+    return (value < _U32_LIMIT or type(bitmap) is BitMap64) and value in bitmap
+
+
 def _optimize(bitmap: EntryBitmap | BitMap64) -> None:
     bitmap.run_optimize()
     bitmap.shrink_to_fit()
@@ -190,7 +195,7 @@ class TimeBucketIndex:
         ledger = self._ledgers.get(ledger_id)
         if ledger is None:
             ledger = self._ledgers[ledger_id] = _Ledger(entry_id)
-        elif entry_id in ledger.present:
+        elif _has(ledger.present, entry_id):
             return False
         elif wide and type(ledger.present) is BitMap:
             ledger.present = BitMap64(ledger.present)
@@ -221,7 +226,7 @@ class TimeBucketIndex:
         ledger_id = check_uint64("ledger_id", ledger_id)
         entry_id = check_uint64("entry_id", entry_id)
         ledger = self._ledgers.get(ledger_id)
-        return ledger is not None and entry_id in ledger.present
+        return ledger is not None and _has(ledger.present, entry_id)
 
     def remove(self, ledger_id: int, entry_id: int) -> bool:
         """Remove position ``(ledger_id, entry_id)`` whatever its timestamp.
@@ -237,12 +242,12 @@ class TimeBucketIndex:
         ledger_id = check_uint64("ledger_id", ledger_id)
         entry_id = check_uint64("entry_id", entry_id)
         ledger = self._ledgers.get(ledger_id)
-        if ledger is None or entry_id not in ledger.present:
+        if ledger is None or not _has(ledger.present, entry_id):
             return False
         for key in ledger.times:
             bucket = self._buckets[key]
             bitmap = bucket[ledger_id]
-            if entry_id in bitmap:
+            if _has(bitmap, entry_id):
                 bitmap.discard(entry_id)
                 if not bitmap:
                     self._drop_bitmap(key, bucket, ledger_id, ledger)
