@@ -144,3 +144,11 @@ class NackModel(RuleBasedStateMachine):
 
 TestNackModel = NackModel.TestCase
 TestNackModel.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    import bucketstore.nack
+
+    assert doctest.testmod(bucketstore.nack).failed == 0

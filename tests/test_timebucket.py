@@ -301,3 +301,11 @@ def test_tracker_argument_errors() -> None:
         tracker.add_message(-1, 1, 10**6)
     with pytest.raises(ValueError):
         TimeBucketTracker(Config(tick_time_ms=-1))
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    import bucketstore.timebucket
+
+    assert doctest.testmod(bucketstore.timebucket).failed == 0
