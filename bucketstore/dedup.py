@@ -32,7 +32,7 @@ from pyroaring import BitMap, BitMap64
 
 from .errors import CorruptLedgerError
 from .fs import REAL_FS
-from .ledger_file import LedgerReader, write_ledger
+from .ledger_file import HEADER_FIXED_SIZE, LedgerReader, write_ledger
 from .timebucket import check_uint64
 
 __all__ = ["Deduplicator", "SNAPSHOT_KIND", "SNAPSHOT_FORMAT"]
@@ -213,7 +213,8 @@ class Deduplicator:
     @classmethod
     def _from_reader(cls, reader: LedgerReader) -> "Deduplicator":
         def damage(entry: int | None, reason: str) -> CorruptLedgerError:
-            offset = 0 if entry is None else reader.entry_offset(entry)
+            # Without an entry, the fault is in the header's properties, which follow its fixed part.
+            offset = HEADER_FIXED_SIZE if entry is None else reader.entry_offset(entry)
             return CorruptLedgerError(reader.path, offset, reason)
 
         props = reader.properties
