@@ -8,6 +8,7 @@ its last commit).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from typing import Any
@@ -29,18 +30,20 @@ def is_store(path: str | os.PathLike[str]) -> bool:
 
 
 def _lock_holder(path: str) -> str | None:
+    """The pid recorded by the process holding the store's write lock, or None if unlocked."""
     try:
-        with open(os.path.join(path, "LOCK"), "rb") as f:
-            holder = f.read(64).decode("ascii", "replace").strip()
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDONLY)
     except OSError:
         return None
-    if not holder.isdigit():
-        return None
     try:
-        os.kill(int(holder), 0)
-    except (ProcessLookupError, PermissionError, ValueError):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
         return None
-    return holder
+    finally:
+        os.close(fd)
 
 
 def describe_store(path: str | os.PathLike[str], *, read_files: bool = True) -> dict[str, Any]:

@@ -1,0 +1,181 @@
+"""The store: locking, recovery from damage, orphans, tracker lifecycle, and its CLI commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import FakeClock
+
+import bucketstore
+from bucketstore import CatalogError, CorruptLedgerError, StoreLockedError, TrackerConfig
+from bucketstore.cli import main
+from bucketstore.simulate import SimulationConfig, run_simulation
+
+SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=4)
+
+
+def _fill(tracker, ledgers=3, per_ledger=12, base=1000):
+    for ledger in range(ledgers):
+        for entry in range(per_ledger):
+            tracker.add_message(ledger, entry, base + 10 * entry + ledger)
+    tracker.add_message(ledgers, 0, base + 5000)  # roll: seal the last full ledger range
+
+
+def _ledger_files(path):
+    return sorted(f for f in os.listdir(path / "ledgers"))
+
+
+def test_second_open_in_same_process_is_refused(tmp_path):
+    with bucketstore.open(tmp_path / "s"):
+        with pytest.raises(StoreLockedError, match="this process"):
+            bucketstore.open(tmp_path / "s")
+    with bucketstore.open(tmp_path / "s"):  # released on close
+        pass
+
+
+def test_second_process_is_refused_and_lock_dies_with_holder(tmp_path):
+    path = tmp_path / "s"
+    code = ("import bucketstore, sys, time; s = bucketstore.open(sys.argv[1]); "
+            "print('ready', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreLockedError, match=f"process {holder.pid}"):
+            bucketstore.open(path)
+    finally:
+        holder.kill()
+        holder.wait()
+    with bucketstore.open(path):  # a killed holder's flock is gone with it
+        pass
+
+
+def test_sealed_buckets_survive_reopen(tmp_path):
+    clock = FakeClock(0)
+    with bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("sub", SMALL, clock)
+        _fill(t)
+        sealed = t.stats()["immutable_buckets"]
+        assert sealed >= 1
+        held = t.number_of_delayed_messages
+    with bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("sub", SMALL, clock)
+        assert t.stats()["immutable_buckets"] == sealed
+        # the mutable bucket (the last ledger) is gone in sealed mode, as in Pulsar
+        assert t.number_of_delayed_messages == held - 1
+        assert store.trackers() == ["sub"]
+
+
+def test_damaged_bucket_file_is_a_typed_error_and_repair_drops_it(tmp_path):
+    clock = FakeClock(0)
+    with bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("sub", SMALL, clock)
+        _fill(t)
+        sealed = t.stats()["immutable_buckets"]
+    victim = tmp_path / "s" / "ledgers" / _ledger_files(tmp_path / "s")[0]
+    data = bytearray(victim.read_bytes())
+    data[40] ^= 0xFF  # inside the header properties: the header CRC fails
+    victim.write_bytes(bytes(data))
+    with bucketstore.open(tmp_path / "s") as store:
+        with pytest.raises(CorruptLedgerError) as info:
+            store.tracker("sub", SMALL, clock)
+        assert info.value.path == str(victim) and info.value.offset == 0
+    with bucketstore.open(tmp_path / "s", repair=True) as store:
+        t = store.tracker("sub", SMALL, clock)
+        assert len(t.recovery_report["dropped"]) == 1
+        assert t.stats()["immutable_buckets"] == sealed - 1
+    assert main(["verify", str(tmp_path / "s")]) == 1  # the damaged file is now an orphan
+
+
+def test_missing_bucket_file_is_a_catalog_error(tmp_path):
+    clock = FakeClock(0)
+    with bucketstore.open(tmp_path / "s") as store:
+        _fill(store.tracker("sub", SMALL, clock))
+    path = tmp_path / "s"
+    assert main(["verify", str(path)]) == 0
+    os.unlink(path / "ledgers" / _ledger_files(path)[0])
+    assert main(["verify", str(path)]) == 1
+    with bucketstore.open(path) as store:
+        with pytest.raises(CatalogError, match="missing"):
+            store.tracker("sub", SMALL, clock)
+
+
+def test_orphans_and_temporaries_are_removed_on_open(tmp_path):
+    path = tmp_path / "s"
+    with bucketstore.open(path) as store:
+        _fill(store.tracker("sub", SMALL, FakeClock(0)))
+    kept = _ledger_files(path)
+    (path / "ledgers" / f"{999:020d}.ledger").write_bytes(b"half a seal")
+    (path / "ledgers" / f"{998:020d}.ledger.tmp").write_bytes(b"torn")
+    (path / "ledgers" / "README").write_text("not ours")
+    with bucketstore.open(path) as store:
+        assert store.stats()["orphans_removed_on_open"] == 2
+        assert store.allocate_ledger_id() >= 1000  # never reuse an id a file had
+    assert _ledger_files(path) == sorted(kept + ["README"])
+
+
+def test_clear_and_delete_tracker_remove_files_and_keys(tmp_path):
+    path = tmp_path / "s"
+    clock = FakeClock(0)
+    with bucketstore.open(path) as store:
+        a = store.tracker("a", SMALL, clock)
+        b = store.tracker("b", SMALL, clock)
+        _fill(a)
+        _fill(b, base=2000)
+        assert len(_ledger_files(path)) >= 2
+        a.clear()
+        assert a.number_of_delayed_messages == 0 and store.catalog.buckets("a") == {}
+        store.delete_tracker("b")
+        assert store.trackers() == ["a"]
+        assert _ledger_files(path) == []
+        with pytest.raises(bucketstore.StoreClosedError):
+            b.add_message(1, 1, 10**6)
+
+
+def test_tracker_handle_is_shared_and_config_checked(tmp_path):
+    with bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("sub", SMALL)
+        assert store.tracker("sub", SMALL) is t
+        with pytest.raises(ValueError):
+            store.tracker("sub", TrackerConfig())
+        with pytest.raises(ValueError):
+            store.tracker("")
+        with pytest.raises(TypeError):
+            store.tracker("x", config={"tick_time_ms": 1})
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="max_indexes_per_segment"):
+        TrackerConfig(max_indexes_per_segment=0)
+    with pytest.raises(ValueError, match="max_num_buckets"):
+        TrackerConfig(max_num_buckets=0)
+    with pytest.raises(TypeError, match="tick_time_ms"):
+        TrackerConfig(tick_time_ms="1000")
+    assert TrackerConfig().min_index_count_per_bucket == 50000
+
+
+def test_cli_store_commands(tmp_path, capsys):
+    path = tmp_path / "s"
+    with bucketstore.open(path) as store:
+        _fill(store.tracker("sub", SMALL, FakeClock(0)))
+    assert main(["catalog", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "tracker 'sub'" in out and "[2, 2]" in out and "not open" in out
+    assert main(["stats", str(path), "--json"]) == 0
+    assert '"trackers"' in capsys.readouterr().out
+    assert main(["dump", str(path)]) == 0
+    assert main(["catalog", str(tmp_path / "nope")]) == 2
+    assert main(["catalog", str(tmp_path)]) == 2  # a directory that is not a store
+
+
+def test_simulate_small_run_has_no_violations(tmp_path):
+    cfg = SimulationConfig(messages=30_000, rate_per_s=2_000, delay_window_ms=120_000, entries_per_ledger=1_000,
+                           tracker=TrackerConfig(min_index_count_per_bucket=1_000, max_indexes_per_segment=300,
+                                                 max_time_step_per_segment_ms=20_000, max_num_buckets=3))
+    report = run_simulation(str(tmp_path / "sim"), cfg, progress=False)
+    assert report.violations == 0
+    assert report.delivered == report.published == 30_000
+    assert report.sealed > 3 and report.merged > 0 and report.deleted > 0
+    assert report.recovered_indexes > 0
