@@ -13,8 +13,12 @@ from __future__ import annotations
 from .config import TrackerConfig
 from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreClosedError,
                      StoreLockedError)
+from .dedup import Deduplicator
 from .inmemory import InMemoryTracker
+from .nack import MessageId, NackTracker
 from .store import Store, open_store
+from .timebucket import TimeBucketIndex
+from .timebucket_tracker import TimeBucketTracker
 from .tracker import BucketTracker
 
 #: ``bucketstore.open(path, durability="sealed")``: open or create a store.
@@ -28,6 +32,11 @@ __all__ = [
     "TrackerConfig",
     "BucketTracker",
     "InMemoryTracker",
+    "TimeBucketIndex",
+    "TimeBucketTracker",
+    "NackTracker",
+    "MessageId",
+    "Deduplicator",
     "BucketStoreError",
     "CorruptLedgerError",
     "CatalogError",

@@ -107,29 +107,29 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     for path in args.paths:
         _existing_path(path)
-    problems = files = segments = indexes = 0
+    files = segments = indexes = 0
+    findings_all = []
     plain = []
     for path in args.paths:
         if not is_store(path):
             plain.append(path)
             continue
         findings, counts = verify_store(path)
-        for finding in findings:
-            print(finding)
-        problems += len(findings)
+        findings_all += findings
         files += counts["files"]
         segments += counts["segments"]
         indexes += counts["indexes"]
     reports = verify_paths(plain) if plain else []
     for report in reports:
-        for finding in report.findings:
-            print(finding)
-            problems += 1
+        findings_all += report.findings
+    for finding in findings_all:
+        print(finding)
     files += len(reports)
+    damaged = len({finding.path for finding in findings_all})
     print(f"verified {files} file(s), {segments + sum(r.segments for r in reports)} segment(s), "
           f"{indexes + sum(r.indexes for r in reports)} index(es): "
-          + (f"{problems} problem(s)" if problems else "ok"))
-    return EXIT_DAMAGE if problems else EXIT_OK
+          + (f"{len(findings_all)} problem(s) in {damaged} file(s)" if findings_all else "ok"))
+    return EXIT_DAMAGE if findings_all else EXIT_OK
 
 
 def _non_negative(text: str) -> int:

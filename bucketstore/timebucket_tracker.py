@@ -11,38 +11,16 @@ delivered up to ``2**precision_bits - 1`` ms before their time, never after.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
+from .config import TrackerConfig
+from .cutoff import Clock, Cutoff, check_max
 from .errors import StoreClosedError
 from .timebucket import TimeBucketIndex, check_uint64
+from .tracker import as_columns
 
-__all__ = ["TimeBucketTracker", "TimeBucketSettings"]
-
-Clock = Callable[[], int]
-
-
-class TimeBucketSettings(Protocol):
-    """The configuration fields this tracker reads (``TrackerConfig`` has them all)."""
-
-    tick_time_ms: int
-    deliver_at_time_strict: bool
-    precision_bits: int
-
-
-@dataclass(frozen=True)
-class _DefaultSettings:
-    # Pulsar's defaults (tick 1 s, non-strict) with exact timestamps.
-    tick_time_ms: int = 1000
-    deliver_at_time_strict: bool = False
-    precision_bits: int = 0
-
-
-def _system_clock() -> int:
-    return int(time.time() * 1000)
+__all__ = ["TimeBucketTracker"]
 
 
 class TimeBucketTracker:
@@ -59,25 +37,20 @@ class TimeBucketTracker:
     be delivered twice. Adding a tracked position with a later time returns
     ``True`` and keeps the first time.
 
-    :param config: any object with ``tick_time_ms``, ``deliver_at_time_strict``
-        and ``precision_bits`` (a ``bucketstore.TrackerConfig``); defaults to
-        1000 / False / 0.
+    :param config: a :class:`~bucketstore.TrackerConfig`; it reads ``tick_time_ms``,
+        ``deliver_at_time_strict`` and ``precision_bits`` (default: ``TrackerConfig()``).
     :param clock: a callable returning epoch milliseconds; defaults to the system clock.
     """
 
-    def __init__(self, config: TimeBucketSettings | None = None, clock: Clock | None = None) -> None:
-        self.config: TimeBucketSettings = config if config is not None else _DefaultSettings()
-        tick = self.config.tick_time_ms
-        if isinstance(tick, bool) or not isinstance(tick, int):
-            raise TypeError("tick_time_ms must be an int")
-        if tick < 0:
-            raise ValueError(f"tick_time_ms must be >= 0, got {tick}")
-        if clock is not None and not callable(clock):
-            raise TypeError("clock must be a callable returning epoch milliseconds")
-        self._clock: Clock = clock or _system_clock
-        self._lead = 0 if self.config.deliver_at_time_strict else tick
-        self._index = TimeBucketIndex(self.config.precision_bits)
-        self._cutoff = -1
+    def __init__(self, config: TrackerConfig | None = None, clock: Clock | None = None) -> None:
+        if config is None:
+            config = TrackerConfig()
+        elif not isinstance(config, TrackerConfig):
+            raise TypeError("config must be a bucketstore.TrackerConfig")
+        self.config = config
+        self._cutoff = Cutoff(config, clock)
+        self._cutoff.advance()  # the cutoff starts when the tracker is created, as for every tracker
+        self._index = TimeBucketIndex(config.precision_bits)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -87,11 +60,7 @@ class TimeBucketTracker:
             raise StoreClosedError("tracker is closed")
 
     def _advance(self) -> int:
-        now = self._clock()
-        if isinstance(now, bool) or not isinstance(now, int):
-            now = int(now)
-        self._cutoff = max(self._cutoff, now + self._lead)
-        return self._cutoff
+        return self._cutoff.advance()
 
     # -- the tracker API -------------------------------------------------------------------------
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
@@ -117,16 +86,22 @@ class TimeBucketTracker:
             self._index.add(deliver_at, ledger_id, entry_id)
             return True
 
+    def add_messages(self, indexes: Any) -> int:
+        """Track a batch of ``(ledger_id, entry_id, deliver_at)``; return how many are tracked.
+
+        Same outcome as calling :meth:`add_message` row by row.
+        """
+        ledgers, entries, deliver_at = as_columns(indexes)
+        return sum(self.add_message(l, e, t)
+                   for l, e, t in zip(ledgers.tolist(), entries.tolist(), deliver_at.tolist()))
+
     def get_scheduled_messages(self, max_messages: int) -> list[tuple[int, int]]:
         """Remove and return up to ``max_messages`` due positions, sorted by ``(ledger, entry)``.
 
         The earliest due indexes (in index order) are taken first.
         Runtime complexity: O(m log(m)) for ``m`` positions returned.
         """
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
-            raise TypeError("max_messages must be an int")
-        if max_messages < 0:
-            raise ValueError(f"max_messages must be >= 0, got {max_messages}")
+        max_messages = check_max(max_messages)
         with self._lock:
             self._check_open()
             cutoff = self._advance()

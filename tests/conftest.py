@@ -24,7 +24,7 @@ def store(tmp_path):
     s.close()
 
 
-@pytest.fixture(params=["bucket", "memory"])
+@pytest.fixture(params=["bucket", "memory", "timebucket"])
 def make_tracker(request, tmp_path):
     """A factory ``make_tracker(config, clock)`` for each tracker implementation."""
     stores = []
@@ -32,6 +32,8 @@ def make_tracker(request, tmp_path):
     def make(config=None, clock=None):
         if request.param == "memory":
             return bucketstore.InMemoryTracker(config, clock)
+        if request.param == "timebucket":  # precision 0: exact, so every scenario applies
+            return bucketstore.TimeBucketTracker(config, clock)
         s = bucketstore.open(tmp_path / f"store{len(stores)}")
         stores.append(s)
         return s.tracker("sub", config, clock)

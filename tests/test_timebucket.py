@@ -9,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from pyroaring import BitMap, BitMap64
 
 from bucketstore.errors import StoreClosedError
+from bucketstore.config import TrackerConfig
 from bucketstore.timebucket import OPTIMIZE_EVERY, TimeBucketIndex
 from bucketstore.timebucket_tracker import TimeBucketTracker
 
@@ -199,12 +200,7 @@ class FakeClock:
         return self.now
 
 
-class Config:
-    def __init__(self, tick_time_ms: int = 1000, deliver_at_time_strict: bool = False,
-                 precision_bits: int = 0) -> None:
-        self.tick_time_ms = tick_time_ms
-        self.deliver_at_time_strict = deliver_at_time_strict
-        self.precision_bits = precision_bits
+Config = TrackerConfig
 
 
 def test_tracker_pulsar_shared_scenario() -> None:
