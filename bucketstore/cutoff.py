@@ -37,7 +37,7 @@ class Cutoff:
 
     def now(self) -> int:
         value = self._clock()
-        if isinstance(value, bool) or not isinstance(value, int):
+        if type(value) is not int:
             if isinstance(value, float):
                 value = int(value)
             else:
@@ -59,6 +59,9 @@ class Cutoff:
 
 def check_position(ledger_id: object, entry_id: object) -> None:
     """Raise TypeError/ValueError unless both are unsigned 64-bit ints."""
+    if type(ledger_id) is int and type(entry_id) is int and 0 <= ledger_id < _U64_LIMIT \
+            and 0 <= entry_id < _U64_LIMIT:
+        return  # the hot path: plain ints in range
     for name, value in (("ledger_id", ledger_id), ("entry_id", entry_id)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -68,6 +71,8 @@ def check_position(ledger_id: object, entry_id: object) -> None:
 
 def check_timestamp(deliver_at: object) -> None:
     """Raise TypeError unless ``deliver_at`` is an int (negative values are allowed: they are due)."""
+    if type(deliver_at) is int and deliver_at < _U64_LIMIT:
+        return
     if isinstance(deliver_at, bool) or not isinstance(deliver_at, int):
         raise TypeError(f"deliver_at must be an int (epoch ms), not {type(deliver_at).__name__}")
     if deliver_at >= _U64_LIMIT:

@@ -145,6 +145,23 @@ class DelayedIndexSet:
             added += self.add_bitmap(ledger, bitmap_of(ents))
         return added
 
+    def overlaps(self, ledger_id: int, entries: Bitmap) -> bool:
+        """True if any of ``entries`` (one ledger) is tracked."""
+        bm = self._ledgers.get(ledger_id)
+        if bm is None:
+            return False
+        if type(bm) is type(entries):
+            return bm.intersection_cardinality(entries) > 0
+        return any(self.contains(ledger_id, e) for e in entries)
+
+    def add_new(self, ledger_id: int, entries: Bitmap, entry_ids: np.ndarray, ts: np.ndarray) -> None:
+        """Track positions known to be untracked and distinct (``entries`` as a bitmap,
+        ``entry_ids``/``ts`` as columns, for positions that were expired before)."""
+        if self._expired:
+            self.add_many(np.full(len(entry_ids), ledger_id, dtype=np.uint64), entry_ids, ts)
+            return
+        self.add_bitmap(ledger_id, entries)
+
     def is_live(self, ledger_id: int, entry_id: int, ts: int) -> bool:
         """True if the row ``(ts, ledger_id, entry_id)`` would be delivered now."""
         if not self.contains(ledger_id, entry_id):

@@ -36,8 +36,12 @@ class MutableBucket:
         self.end_ledger = max(self.end_ledger, last)
 
     def add(self, ts: int, ledger_id: int, entry_id: int) -> None:
-        self._buffer.append(ts, ledger_id, entry_id)
-        self._widen(ledger_id, ledger_id)
+        buf = self._buffer
+        buf.ts.append(ts)
+        buf.ledgers.append(ledger_id)
+        buf.entries.append(entry_id)
+        if ledger_id > self.end_ledger:
+            self._widen(ledger_id, ledger_id)
 
     def add_run(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> Run:
         """Add a batch as one sorted run; the caller pushes it into the shared queue."""

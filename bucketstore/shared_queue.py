@@ -142,7 +142,15 @@ class RunBuffer:
 def sorted_run(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, owner: SegmentSource | None = None) -> Run:
     """A :class:`Run` of the given columns, sorted by (timestamp, ledger, entry)."""
     if len(ts) > 1:
-        order = np.lexsort((entries, ledgers, ts))
+        if ledgers[0] == ledgers[-1] and (ledgers == ledgers[0]).all():
+            # One ledger (a producer's batch): order by time, then entry. Entries
+            # usually arrive ascending, and then a stable sort on time alone does it.
+            if (entries[1:] > entries[:-1]).all():
+                order = np.argsort(ts, kind="stable")
+            else:
+                order = np.lexsort((entries, ts))
+        else:
+            order = np.lexsort((entries, ledgers, ts))
         ts, ledgers, entries = ts[order], ledgers[order], entries[order]
     return Run(ts, ledgers, entries, owner)
 
@@ -256,7 +264,7 @@ class SharedQueue:
                 # A run whose every row is due may be followed, in its bucket, by a
                 # segment that is due too: read it now so the selection below sees
                 # every due row that could sort before the ones it picks.
-                while (due == run.remaining and owner is not None and not owner.dead
+                while (due == run.remaining < need and owner is not None and not owner.dead
                        and owner.has_next_segment() and owner.next_segment_min_ts() <= cutoff):
                     run.extend(owner.load_next_segment())
                     due = run.due_count(cutoff)
@@ -285,23 +293,32 @@ class SharedQueue:
 def _select_first(runs: list[Run], counts: list[int], need: int
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
     """The first ``need`` rows, in index order, of the candidate prefixes of several runs,
-    and how many rows each run gives up."""
-    parts_t, parts_l, parts_e, source = [], [], [], []
-    for i, (run, k) in enumerate(zip(runs, counts)):
-        ts, ledgers, entries = run.rest()
-        parts_t.append(ts[:k])
-        parts_l.append(ledgers[:k])
-        parts_e.append(entries[:k])
-        source.append(np.full(k, i, dtype=np.int32))
-    ts = np.concatenate(parts_t)
-    ledgers = np.concatenate(parts_l)
-    entries = np.concatenate(parts_e)
-    src = np.concatenate(source)
-    if len(ts) > need:
-        order = np.lexsort((entries, ledgers, ts))[:need]
-        ts, ledgers, entries, src = ts[order], ledgers[order], entries[order], src[order]
-    taken = np.bincount(src, minlength=len(runs)).tolist()
-    return ts, ledgers, entries, taken
+    and how many rows each run gives up (always a prefix of each run).
+
+    Rather than sorting every candidate, find the timestamp ``T`` of the
+    ``need``-th smallest candidate with a linear-time partition: every row
+    before ``T`` is taken, and only the rows *at* ``T`` are ordered, by
+    (ledger, entry), to settle the tie.
+    """
+    prefixes = [run.rest() for run in runs]
+    if sum(counts) <= need:
+        taken = counts
+    else:
+        ts_all = np.concatenate([p[0][:k] for p, k in zip(prefixes, counts)])
+        boundary = np.partition(ts_all, need - 1)[need - 1]
+        below = [int(np.searchsorted(p[0][:k], boundary, side="left")) for p, k in zip(prefixes, counts)]
+        upto = [int(np.searchsorted(p[0][:k], boundary, side="right")) for p, k in zip(prefixes, counts)]
+        left = need - sum(below)
+        tie_l = np.concatenate([p[1][a:b] for p, a, b in zip(prefixes, below, upto)])
+        tie_e = np.concatenate([p[2][a:b] for p, a, b in zip(prefixes, below, upto)])
+        tie_src = np.concatenate([np.full(b - a, i, dtype=np.int64) for i, (a, b) in enumerate(zip(below, upto))])
+        chosen = tie_src[np.lexsort((tie_e, tie_l))[:left]]
+        extra = np.bincount(chosen, minlength=len(runs)).tolist()
+        taken = [b + x for b, x in zip(below, extra)]
+    ts = np.concatenate([p[0][:k] for p, k in zip(prefixes, taken)])
+    ledgers = np.concatenate([p[1][:k] for p, k in zip(prefixes, taken)])
+    entries = np.concatenate([p[2][:k] for p, k in zip(prefixes, taken)])
+    return ts, ledgers, entries, list(taken)
 
 
 def _first_tracked(run: Run, index: DelayedIndexSet) -> int:

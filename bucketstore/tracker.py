@@ -30,7 +30,7 @@ from sortedcontainers import SortedDict
 from .config import TrackerConfig
 from .cutoff import Clock, Cutoff, check_max, check_position, check_timestamp
 from .errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
-from .index_set import DelayedIndexSet
+from .index_set import DelayedIndexSet, bitmap_of
 from .merge import choose_merge_window, live_rows
 from .ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
@@ -117,6 +117,8 @@ class BucketTracker:
 
     def _covering(self, ledger_id: int) -> SealedBucket | None:
         buckets = self._buckets
+        if not buckets or ledger_id > buckets.peekitem(-1)[1].end_ledger:
+            return None  # the common case: a ledger newer than every sealed bucket
         i = buckets.bisect_right(ledger_id) - 1
         if i < 0:
             return None
@@ -156,10 +158,11 @@ class BucketTracker:
             if deliver_at <= cutoff:
                 self._index.expire(ledger_id, entry_id)
                 return False
-            if self._index.contains(ledger_id, entry_id):
+            # Track first (one lookup for the membership test and the insert); a
+            # seal triggered by routing only looks at rows already in the mutable bucket.
+            if not self._index.add(ledger_id, entry_id, deliver_at):
                 return True
             self._route(ledger_id, cutoff)(deliver_at, ledger_id, entry_id)
-            self._index.add(ledger_id, entry_id, deliver_at)
             return True
 
     def _route(self, ledger_id: int, cutoff: int):
@@ -212,19 +215,27 @@ class BucketTracker:
         if not len(live_e):
             return 0
         ledgers = np.full(len(live_e), ledger_id, dtype=_U64)
-        new = ~self._index.present_mask(ledgers, live_e)
-        # Within the batch, the first row of a position wins (later ones see it tracked).
-        _, first = np.unique(live_e, return_index=True)
-        keep = np.zeros(len(live_e), bool)
-        keep[first] = True
-        new &= keep
-        if new.any():
-            target = self._route(ledger_id, cutoff)
-            ts, ls, es = live_t[new], ledgers[new], live_e[new]
-            if target == self._mutable.add:
-                self._queue.push(self._mutable.add_run(ts, ls, es))
-            else:
-                self._queue.push(sorted_run(ts, ls, es))
+        batch = bitmap_of(live_e)
+        if len(batch) == len(live_e) and not self._index.overlaps(ledger_id, batch):
+            new = None  # the common case: all distinct, none tracked yet
+        else:
+            new = ~self._index.present_mask(ledgers, live_e)
+            # Within the batch, the first row of a position wins (later ones see it tracked).
+            _, first = np.unique(live_e, return_index=True)
+            keep = np.zeros(len(live_e), bool)
+            keep[first] = True
+            new &= keep
+            if not new.any():
+                return len(live_e)
+        target = self._route(ledger_id, cutoff)
+        ts, ls, es = (live_t, ledgers, live_e) if new is None else (live_t[new], ledgers[new], live_e[new])
+        if target == self._mutable.add:
+            self._queue.push(self._mutable.add_run(ts, ls, es))
+        else:
+            self._queue.push(sorted_run(ts, ls, es))
+        if new is None:
+            self._index.add_new(ledger_id, batch, es, ts)
+        else:
             self._index.add_many(ls, es, ts)
         return len(live_e)
 
