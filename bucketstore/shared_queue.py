@@ -240,7 +240,8 @@ class SharedQueue:
                 self._retire(item)
         return None
 
-    def pop_due(self, cutoff: int, max_items: int, index: DelayedIndexSet) -> dict[int, list]:
+    def pop_due(self, cutoff: int, max_items: int, index: DelayedIndexSet
+                ) -> tuple[dict[int, list], tuple[int, int, int] | None]:
         """Deliver up to ``max_items`` due indexes in index order.
 
         Each delivered position is removed from ``index``; rows that are not in
@@ -249,9 +250,12 @@ class SharedQueue:
         they may hold due indexes, so the call never comes back short while
         something due is left.
 
-        :return: ledger id -> list of bitmaps of delivered entry ids.
+        :return: ledger id -> list of bitmaps of delivered entry ids, and the
+            largest (timestamp, ledger, entry) key taken from the queue (every
+            live index at or before it has now been delivered), or None.
         """
         delivered: dict[int, list] = {}
+        last_key: tuple[int, int, int] | None = None
         need = max_items
         while need > 0:
             runs = self._pop_due_items(cutoff)
@@ -276,6 +280,9 @@ class SharedQueue:
                 taken = [k]
             else:
                 sel_t, sel_l, sel_e, taken = _select_first(runs, counts, need)
+            if len(sel_t):
+                key = _max_key(sel_t, sel_l, sel_e)
+                last_key = key if last_key is None or key > last_key else last_key
             for ledger, rows in _group_by_ledger(sel_l, np.arange(len(sel_l))):
                 hits = index.take(ledger, sel_e[rows], sel_t[rows])
                 if hits:
@@ -287,7 +294,17 @@ class SharedQueue:
                     self.push(run)
                 else:
                     self._retire(run)
-        return delivered
+        return delivered, last_key
+
+
+def _max_key(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> tuple[int, int, int]:
+    """The largest (timestamp, ledger, entry) among rows (in no particular order)."""
+    top = ts.max()
+    rows = np.flatnonzero(ts == top)
+    if len(rows) > 1:
+        rows = rows[np.lexsort((entries[rows], ledgers[rows]))]
+    r = rows[-1]
+    return int(top), int(ledgers[r]), int(entries[r])
 
 
 def _select_first(runs: list[Run], counts: list[int], need: int

@@ -28,6 +28,7 @@ from .config import TrackerConfig
 from .cutoff import Clock
 from .errors import StoreClosedError, StoreLockedError
 from .fs import REAL_FS, FileSystem
+from .journal import journal_directory
 from .ledger_file import ledger_file_name
 from .tracker import BucketTracker
 
@@ -44,14 +45,18 @@ class Store:
     :ivar durability: ``"sealed"`` or ``"journal"``.
     :ivar repair: when True, catalog keys whose ledger file is missing or damaged
         are dropped on recovery (and reported) instead of raising.
+    :ivar sync_interval_ms: journal mode's group commit: 0 makes every call
+        durable before it returns; N > 0 commits at most every N ms (and at
+        :meth:`BucketTracker.flush`), trading that window for throughput.
     """
 
     def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
-                 fs: FileSystem = REAL_FS) -> None:
+                 sync_interval_ms: int = 0, fs: FileSystem = REAL_FS) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
-        if durability == "journal":
-            raise ValueError("durability='journal' is not available in this version; use 'sealed'")
+        if isinstance(sync_interval_ms, bool) or not isinstance(sync_interval_ms, int) or sync_interval_ms < 0:
+            raise ValueError("sync_interval_ms must be an int >= 0")
+        self.sync_interval_ms = sync_interval_ms
         self.path = os.path.abspath(os.fspath(path))
         self.durability = durability
         self.repair = repair
@@ -168,6 +173,14 @@ class Store:
             self.catalog.delete_tracker(name)
             for lid in ledger_ids:
                 self.remove_ledger_file(self.ledger_path(lid))
+            if live is not None and live._journal is not None:
+                live._journal.close()
+            journal_dir = journal_directory(self.path, name)
+            if os.path.isdir(journal_dir):
+                for f in os.listdir(journal_dir):
+                    self.fs.unlink(os.path.join(journal_dir, f))
+                os.rmdir(journal_dir)
+                self.fs.fsync_dir(os.path.dirname(journal_dir))
 
     def stats(self) -> dict[str, Any]:
         """Store-level figures: trackers, buckets, bytes on disk, orphans removed on open."""
@@ -225,13 +238,17 @@ def _acquire_lock(path: str) -> int:
     return fd
 
 
-def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False) -> Store:
+def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
+               sync_interval_ms: int = 0) -> Store:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
-        (Pulsar's model; the embedder replays its log after a crash).
+        (Pulsar's model; the embedder replays its log after a crash); ``"journal"`` —
+        every add, untrack and delivery is written to a write-ahead journal, durable
+        when the call returns (or within ``sync_interval_ms``, and at ``flush()``).
+    :param sync_interval_ms: journal group-commit interval (0: every call is durable).
     :param repair: drop catalog keys whose ledger file is missing or damaged, and
         report them in the tracker's ``recovery_report``, instead of raising.
     :raises StoreLockedError: another process or handle has the store open.
     """
-    return Store(path, durability, repair=repair)
+    return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms)

@@ -31,6 +31,7 @@ from .config import TrackerConfig
 from .cutoff import Clock, Cutoff, check_max, check_position, check_timestamp
 from .errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
 from .index_set import DelayedIndexSet, bitmap_of
+from .journal import Journal, journal_directory
 from .merge import choose_merge_window, live_rows
 from .ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
@@ -106,6 +107,13 @@ class BucketTracker:
         self._ops = OpStats()
         self._mark_delete: tuple[int, int] | None = None
         self._closed = False
+        #: The largest (timestamp, ledger, entry) delivered: every live index at or before it is delivered.
+        self._frontier: tuple[int, int, int] | None = None
+        self._journal: Journal | None = None
+        self._replaying = False
+        self._last_sync = time.monotonic()
+        if store.durability == "journal":
+            self._journal = Journal(journal_directory(store.path, name), store.fs)
         self.recovery_seconds = 0.0
         self.recovery_report: dict[str, Any] = {}
         self._recover()
@@ -155,14 +163,22 @@ class BucketTracker:
             cutoff = self._cutoff.advance()
             # Expiry before membership: an expired re-add must dispatch now, not be
             # skipped because an undelivered copy is still tracked (Pulsar #26230).
+            journal = self._journal
             if deliver_at <= cutoff:
-                self._index.expire(ledger_id, entry_id)
+                if self._index.expire(ledger_id, entry_id) and journal is not None:
+                    journal.untrack(ledger_id, entry_id)
+                    self._sync()
                 return False
             # Track first (one lookup for the membership test and the insert); a
             # seal triggered by routing only looks at rows already in the mutable bucket.
             if not self._index.add(ledger_id, entry_id, deliver_at):
                 return True
             self._route(ledger_id, cutoff)(deliver_at, ledger_id, entry_id)
+            if journal is not None:
+                # Journaled after routing: a seal that routing triggers checkpoints the
+                # journal, and this index must land after that checkpoint.
+                journal.add_one(ledger_id, entry_id, deliver_at)
+                self._sync()
             return True
 
     def _route(self, ledger_id: int, cutoff: int):
@@ -197,9 +213,12 @@ class BucketTracker:
             bounds = zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(ledgers)])).tolist())
             for lo, hi in bounds:
                 tracked += self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], deliver_at[lo:hi], cutoff)
+            if self._journal is not None:
+                self._sync()
             return tracked
 
-    def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int) -> int:
+    def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
+                        journal: bool = True) -> int:
         if np.issubdtype(deliver_at.dtype, np.signedinteger):
             expired = deliver_at <= cutoff
         else:
@@ -209,7 +228,8 @@ class BucketTracker:
             # batch hold both an expired and a live row of one position, the live
             # row wins whatever their order.)
             for e in np.unique(entries[expired]).tolist():
-                self._index.expire(ledger_id, e)
+                if self._index.expire(ledger_id, e) and self._journal is not None:
+                    self._journal.untrack(ledger_id, e)
         live_e = entries[~expired]
         live_t = deliver_at[~expired].astype(_U64)
         if not len(live_e):
@@ -227,12 +247,14 @@ class BucketTracker:
             new &= keep
             if not new.any():
                 return len(live_e)
-        target = self._route(ledger_id, cutoff)
         ts, ls, es = (live_t, ledgers, live_e) if new is None else (live_t[new], ledgers[new], live_e[new])
+        target = self._route(ledger_id, cutoff)
         if target == self._mutable.add:
             self._queue.push(self._mutable.add_run(ts, ls, es))
         else:
             self._queue.push(sorted_run(ts, ls, es))
+        if self._journal is not None and journal:
+            self._journal.add_rows(ls, es, ts)  # after routing, as in add_message
         if new is None:
             self._index.add_new(ledger_id, batch, es, ts)
         else:
@@ -282,6 +304,8 @@ class BucketTracker:
         bucket.current = 1
         self._queue.push(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
         self._ops.record("create", time.perf_counter() - started, True)
+        if self._journal is not None and not self._replaying:
+            self._checkpoint()  # the sealed indexes need the journal no more
         self._merge_while_too_many()
 
     # -- merging --------------------------------------------------------------------------------
@@ -386,7 +410,12 @@ class BucketTracker:
             if max_messages == 0:
                 return []
             self._sync_queue()
-            delivered = self._queue.pop_due(cutoff, max_messages, self._index)
+            delivered, last_key = self._queue.pop_due(cutoff, max_messages, self._index)
+            if last_key is not None and (self._frontier is None or last_key > self._frontier):
+                self._frontier = last_key
+                if self._journal is not None:
+                    self._journal.frontier(last_key)
+                    self._sync()
         return _positions(delivered)
 
     def has_message_available(self) -> bool:
@@ -452,13 +481,44 @@ class BucketTracker:
 
     # -- durability and lifecycle ---------------------------------------------------------------
     def flush(self) -> None:
-        """Make everything acknowledged durable for the tracker's durability mode.
+        """Make everything added, untracked and delivered so far durable.
 
-        In ``sealed`` mode an index is durable once its bucket is sealed, which
-        happens as ledgers roll; ``flush`` has nothing more to write.
+        In ``journal`` mode this commits (writes and fsyncs) the journal's pending
+        group. In ``sealed`` mode an index is durable once its bucket is sealed,
+        which happens as ledgers roll; ``flush`` has nothing more to write.
         """
         with self._lock:
             self._check_open()
+            if self._journal is not None:
+                self._journal.commit()
+                self._last_sync = time.monotonic()
+
+    def _sync(self) -> None:
+        """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed."""
+        interval = self._store.sync_interval_ms
+        if interval == 0 or (time.monotonic() - self._last_sync) * 1000 >= interval:
+            self._journal.commit()
+            self._last_sync = time.monotonic()
+
+    def _memory_only_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every live index held only in memory (mutable bucket, direct runs): what a journal
+        checkpoint must carry."""
+        self._sync_queue()
+        parts = []
+        for item in self._queue.items():
+            if isinstance(item, Run) and item.owner is None and not item.dead and item.remaining:
+                ts, ledgers, entries = item.rest()
+                keep = self._index.present_mask(ledgers, entries, ts)
+                parts.append((ledgers[keep], entries[keep], ts[keep]))
+        if not parts:
+            empty = np.zeros(0, dtype=_U64)
+            return empty, empty, empty
+        return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
+
+    def _checkpoint(self) -> None:
+        ledgers, entries, ts = self._memory_only_rows()
+        self._journal.checkpoint(ledgers, entries, ts, self._frontier)
+        self._last_sync = time.monotonic()
 
     def clear(self) -> None:
         """Forget every index and delete every bucket (files and keys), durably."""
@@ -471,6 +531,8 @@ class BucketTracker:
             self._mutable.clear()
             self._direct = RunBuffer()
             self._index.clear()
+            if self._journal is not None:
+                self._checkpoint()
 
     def close(self) -> None:
         """Release the tracker. Nothing is deleted; sealed buckets are recovered on the next open."""
@@ -478,6 +540,11 @@ class BucketTracker:
             if self._closed:
                 return
             self._closed = True
+            if self._journal is not None:
+                try:
+                    self._journal.commit()  # a clean close loses nothing that was added
+                finally:
+                    self._journal.close()
             self._queue.clear()
             self._mutable.clear()
             self._index.clear()
@@ -516,12 +583,16 @@ class BucketTracker:
 
     # -- recovery -------------------------------------------------------------------------------
     def _recover(self) -> None:
-        """Rebuild from the catalog and the ledger files (PIP-195 §3.9).
+        """Rebuild from the catalog, the ledger files and (journal mode) the journal.
 
-        Leading segments that are already due are skipped: in ``sealed`` mode the
-        embedder replays its log from the mark-delete position and re-adds them
-        (add_message returns False and they are dispatched). Only entry 0 of each
-        bucket is read; segments load lazily when the queue reaches them.
+        ``sealed`` mode follows PIP-195 §3.9: leading segments that are already
+        due are skipped, because the embedder replays its log from the
+        mark-delete position and re-adds them (add_message returns False and
+        they are dispatched). ``journal`` mode skips only what the durable
+        delivery frontier says was delivered, and replays the journal.
+        Only entry 0 of each bucket is read (plus, in journal mode, the one
+        segment the frontier falls in); segments load lazily when the queue
+        reaches them.
         """
         started = time.perf_counter()
         store = self._store
@@ -535,6 +606,8 @@ class BucketTracker:
         keys = store.catalog.buckets(self.name)
         ranges, stale_keys = _resolve_ranges(keys, self.name)
         cutoff = self._cutoff.advance()
+        replayed = self._journal.replay() if self._journal is not None else None
+        frontier = self._frontier = replayed.frontier if replayed is not None else None
         dropped: list[str] = []
         doomed: list[SealedBucket] = []
         first_live = self._mark_delete[0] if self._mark_delete else 0
@@ -558,8 +631,12 @@ class BucketTracker:
                 stale_keys.append(key)
                 continue
             skip = 0
-            while skip < len(meta.segments) and meta.segments[skip].max_timestamp <= cutoff:
-                skip += 1
+            if replayed is None:
+                while skip < len(meta.segments) and meta.segments[skip].max_timestamp <= cutoff:
+                    skip += 1
+            elif frontier is not None:
+                while skip < len(meta.segments) and meta.segments[skip].max_timestamp < frontier[0]:
+                    skip += 1
             bucket = SealedBucket(path, ledger_id, meta, size, first_segment=skip + 1, on_load=self._record_load)
             if skip == len(meta.segments) or end < first_live:
                 doomed.append(bucket)
@@ -567,17 +644,54 @@ class BucketTracker:
             for seg in meta.segments[skip:]:
                 for ledger, bm in seg.bitmaps.items():
                     self._index.add_bitmap(ledger, bm)
+            if frontier is not None:
+                self._untrack_delivered(bucket, skip, frontier)
             self._buckets[start] = bucket
             self._queue.push(Slot(bucket))
         if stale_keys:
             store.catalog.commit(self.name, remove=stale_keys)
         self._delete_buckets(doomed)
+        if replayed is not None:
+            self._replay(replayed.records, frontier)
         if self._mark_delete:
             self._index.drop_ledgers_below(self._mark_delete[0])
             self._index.drop_through(*self._mark_delete)
+        if self._journal is not None:
+            self._checkpoint()  # compact: one file holding exactly the recovered memory-only state
         self.recovery_seconds = time.perf_counter() - started
         self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
                                 "enclosed_removed": len(stale_keys) - len(dropped), "dropped": dropped}
+
+    def _untrack_delivered(self, bucket: SealedBucket, first: int, frontier: tuple[int, int, int]) -> None:
+        """Untrack a bucket's indexes at or before the frontier in the segments it falls in."""
+        for number in range(first + 1, bucket.segment_count + 1):
+            if int(bucket.min_ts[number - 1]) > frontier[0]:
+                break
+            run = bucket.read_segment(number)
+            done = ~_after(run.ts, run.ledgers, run.entries, frontier)
+            for ledger, entry in zip(run.ledgers[done].tolist(), run.entries[done].tolist()):
+                self._index.discard(ledger, entry)
+
+    def _replay(self, records: list[tuple], frontier: tuple[int, int, int] | None) -> None:
+        """Re-apply journaled adds and untracks, in order, without the expiry check (a due
+        index must now be delivered, not refused) and without journaling them again."""
+        replaying, self._replaying = self._replaying, True
+        try:
+            for rec in records:
+                if rec[0] == "x":
+                    self._index.expire(rec[1], rec[2])
+                    continue
+                ledgers, entries, ts = rec[1], rec[2], rec[3]
+                if frontier is not None:
+                    keep = _after(ts, ledgers, entries, frontier)
+                    ledgers, entries, ts = ledgers[keep], entries[keep], ts[keep]
+                if not len(ledgers):
+                    continue
+                cuts = np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1
+                for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(ledgers)])).tolist()):
+                    self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], ts[lo:hi], -1, journal=False)
+        finally:
+            self._replaying = replaying
 
     def _check(self) -> None:
         """Assert internal invariants (tests call this after every step)."""
@@ -618,6 +732,12 @@ def _resolve_ranges(keys: dict[str, int], tracker: str) -> tuple[list[tuple[tupl
                                "the other", key=key)
         kept.append(((start, end), ledger_id, key))
     return [(r, lid) for r, lid, _ in kept], stale
+
+
+def _after(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, key: tuple[int, int, int]) -> np.ndarray:
+    """Mask of rows whose (timestamp, ledger, entry) sorts after ``key``."""
+    t, l, e = (np.uint64(v) for v in key)
+    return (ts > t) | ((ts == t) & ((ledgers > l) | ((ledgers == l) & (entries > e))))
 
 
 def _positions(delivered: dict[int, list]) -> list[tuple[int, int]]:

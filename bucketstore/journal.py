@@ -1,0 +1,326 @@
+"""The write-ahead journal of one tracker (``durability="journal"``).
+
+Everything a tracker holds only in memory — indexes in the mutable bucket,
+indexes that went straight to the shared queue, untracking by expired
+re-adds — and its *delivery frontier* are appended here, so that a crash loses
+nothing that was acknowledged as durable.
+
+Layout: ``journal/<tracker name as hex>/<file number, 20 digits>.journal``::
+
+    file    := header group*
+    header  := magic "BKTJRNL\\n" | version u16 | reserved u16 | file number u64 | masked crc32c u32 (of the above)
+    group   := body length u32 | masked crc32c(file number u64 || body) u32 | body
+    body    := msgpack record, msgpack record, ...
+
+One *group* is written by one ``write`` and made durable by one ``fsync``
+(group commit): a group is all or nothing. The next group is written only
+after the previous fsync returned, so a crash can damage only the last group
+of the last file: a group whose frame runs past the end of the file, fails
+its CRC and is followed only by zeros, is a torn tail and is cut off. Damage
+followed by more data is not a torn tail: it raises
+:class:`~bucketstore.JournalError` naming the file and offset.
+
+A new file starts with a *checkpoint*: the tracker's whole in-memory-only
+state at that moment. Once it is durable, older files are deleted; on replay,
+files before the newest complete checkpoint are ignored (and removed).
+
+Records (msgpack arrays):
+
+``["a", ledgers, entries, timestamps]``
+    indexes tracked; three little-endian uint64 columns as bytes
+``["x", ledger_id, entry_id]``
+    a position untracked by an expired re-add
+``["f", timestamp, ledger_id, entry_id]``
+    the delivery frontier: every index at or before this key has been delivered
+``["c"]``
+    the start of a checkpoint (first record of a file); ``["e"]`` its end
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+from crc32c import crc32c as crc32c_of
+
+from .errors import JournalError
+from .fs import REAL_FS, FileSystem
+from .ledger_file import masked_crc32c
+
+__all__ = ["Journal", "JournalState", "journal_directory"]
+
+MAGIC = b"BKTJRNL\n"
+VERSION = 1
+_HEADER = struct.Struct("<8sHHQ")
+_HEADER_SIZE = _HEADER.size + 4
+_GROUP = struct.Struct("<II")
+_U64 = struct.Struct("<Q")
+_FILE_NAME = re.compile(r"^(\d{20})\.journal$")
+_MAX_GROUP = 1 << 30
+_LE = np.dtype("<u8")
+
+
+def journal_directory(store_path: str, tracker: str) -> str:
+    """Where a tracker's journal files live (the name is hex so any tracker name is a safe path)."""
+    return os.path.join(store_path, "journal", tracker.encode("utf-8").hex())
+
+
+@dataclass
+class JournalState:
+    """What a replay recovered: the frontier and the ordered add/untrack records."""
+
+    frontier: tuple[int, int, int] | None
+    records: list[tuple]
+    files: int
+    cut_bytes: int
+
+
+class Journal:
+    """Append-only, group-committed journal of one tracker.
+
+    Not thread-safe by itself: the tracker's lock guards it.
+    """
+
+    def __init__(self, directory: str, fs: FileSystem = REAL_FS) -> None:
+        self.directory = directory
+        self._fs = fs
+        fs.makedirs(directory)
+        self._pending: list[bytes] = []
+        self._fd = -1
+        self._number = -1
+        self._poisoned: str | None = None
+
+    # -- replay ---------------------------------------------------------------------------------
+    def _files(self) -> list[tuple[int, str]]:
+        out = []
+        for name in os.listdir(self.directory):
+            m = _FILE_NAME.match(name)
+            if m:
+                out.append((int(m.group(1)), os.path.join(self.directory, name)))
+            elif name.endswith(".journal.tmp"):
+                self._fs.unlink(os.path.join(self.directory, name))
+        return sorted(out)
+
+    def replay(self) -> JournalState:
+        """Read every file from the newest checkpoint on; cut a torn tail of the last file."""
+        files = self._files()
+        parsed: list[tuple[int, str, list[tuple]]] = []
+        cut = 0
+        for i, (number, path) in enumerate(files):
+            records, cut_here = self._read_file(path, number, last=(i == len(files) - 1))
+            cut += cut_here
+            parsed.append((number, path, records))
+        start = 0
+        for i, (_, _, records) in enumerate(parsed):
+            if records and records[0] == ("c",) and ("e",) in records:
+                start = i  # the newest complete checkpoint wins
+        frontier = None
+        out: list[tuple] = []
+        for _, _, records in parsed[start:]:
+            for rec in records:
+                if rec[0] == "f":
+                    frontier = max(frontier, rec[1:]) if frontier else rec[1:]
+                elif rec[0] in ("a", "x"):
+                    out.append(rec)
+        for _, path, _ in parsed[:start]:
+            self._fs.unlink(path)
+        self._number = files[-1][0] if files else -1
+        return JournalState(frontier, out, len(parsed) - start, cut)
+
+    def _read_file(self, path: str, number: int, *, last: bool) -> tuple[list[tuple], int]:
+        with open(path, "rb") as f:
+            data = f.read()
+        size = len(data)
+        if size < _HEADER_SIZE:
+            if last:  # a new file whose header never became durable
+                return self._cut(path, 0, size)
+            raise JournalError(path, 0, "journal file is shorter than its header")
+        magic, version, _, stored_number = _HEADER.unpack_from(data)
+        (crc,) = struct.unpack_from("<I", data, _HEADER.size)
+        if magic != MAGIC or masked_crc32c(data[:_HEADER.size]) != crc:
+            if last and not any(data[_HEADER.size:]) and magic != MAGIC:
+                return self._cut(path, 0, size)
+            raise JournalError(path, 0, "bad journal header (magic or CRC)")
+        if version != VERSION:
+            raise JournalError(path, 8, f"journal version {version} is not supported (this reader knows {VERSION})")
+        if stored_number != number:
+            raise JournalError(path, 12, f"header says file {stored_number}, name says {number}")
+        records: list[tuple] = []
+        pos = _HEADER_SIZE
+        prefix = _U64.pack(number)
+        while pos < size:
+            bad = None
+            if pos + _GROUP.size > size:
+                bad = "truncated group frame"
+            else:
+                length, crc = _GROUP.unpack_from(data, pos)
+                end = pos + _GROUP.size + length
+                if length == 0 and crc == 0:
+                    bad = "zeroed group frame"
+                elif length > _MAX_GROUP or end > size:
+                    bad = f"group of {length} bytes runs past the end of the file"
+                elif masked_crc32c(data[pos + _GROUP.size:end], crc32c_of(prefix)) != crc:
+                    bad = "group CRC mismatch"
+            if bad is not None:
+                # Only the last group of the last file can be torn: the next group
+                # is written only after the previous one's fsync returned. A bad
+                # group with data after it is damage, not a crash.
+                if bad == "group CRC mismatch":
+                    nothing_follows = not any(data[end:])
+                elif bad == "zeroed group frame":
+                    nothing_follows = not any(data[pos:])
+                else:
+                    nothing_follows = True
+                if last and nothing_follows:
+                    _, cut = self._cut(path, pos, size)
+                    return records, cut
+                raise JournalError(path, pos, f"{bad}, and more data follows: not a torn tail")
+            try:
+                for rec in _unpack_all(data[pos + _GROUP.size:end]):
+                    records.append(_validate(rec, path, pos))
+            except ValueError as exc:
+                raise JournalError(path, pos, f"group does not decode: {exc}") from None
+            pos = end
+        return records, 0
+
+    def _cut(self, path: str, at: int, size: int) -> tuple[list[tuple], int]:
+        if at == 0:  # nothing of this file ever became durable
+            self._fs.unlink(path)
+            return [], size
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            self._fs.truncate(fd, at)
+            self._fs.fsync(fd)
+        finally:
+            os.close(fd)
+        return [], size - at
+
+    # -- appending ------------------------------------------------------------------------------
+    def add_rows(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> None:
+        self._pending.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
+                                            np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))
+
+    def add_one(self, ledger_id: int, entry_id: int, ts: int) -> None:
+        self._pending.append(msgpack.packb(["a", _U64.pack(ledger_id), _U64.pack(entry_id), _U64.pack(ts)]))
+
+    def untrack(self, ledger_id: int, entry_id: int) -> None:
+        self._pending.append(msgpack.packb(["x", ledger_id, entry_id]))
+
+    def frontier(self, key: tuple[int, int, int]) -> None:
+        self._pending.append(msgpack.packb(["f", *key]))
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def commit(self) -> None:
+        """Write the pending records as one group and fsync it. A failure poisons the journal."""
+        if not self._pending:
+            return
+        if self._poisoned:
+            raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
+                                                        f"{self._poisoned}")
+        if self._fd < 0:
+            self._open_new(checkpoint=[])
+        body = b"".join(self._pending)
+        try:
+            self._fs.write(self._fd, _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(self._number))))
+                           + body)
+            # Never retried: after a failed fsync the kernel may have dropped the
+            # dirty pages, and a second fsync could report success for lost data.
+            self._fs.fsync(self._fd)
+        except OSError as exc:
+            self._poisoned = f"{type(exc).__name__}: {exc}"
+            raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
+        self._pending.clear()
+
+    def _current_path(self) -> str:
+        return os.path.join(self.directory, f"{self._number:020d}.journal")
+
+    def _open_new(self, checkpoint: list[bytes]) -> None:
+        """Start the next file with a checkpoint group, durable before anything else uses it."""
+        number = self._number + 1
+        path = os.path.join(self.directory, f"{number:020d}.journal")
+        tmp = path + ".tmp"
+        head = _HEADER.pack(MAGIC, VERSION, 0, number)
+        head += struct.pack("<I", masked_crc32c(head))
+        body = b"".join([msgpack.packb(["c"]), *checkpoint, msgpack.packb(["e"])])
+        fd = self._fs.create(tmp)
+        try:
+            self._fs.write(fd, head + _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(number))))
+                           + body)
+            self._fs.fsync(fd)
+            self._fs.rename(tmp, path)
+            self._fs.fsync_dir(self.directory)
+        except BaseException:
+            try:
+                self._fs.close(fd)
+            finally:
+                try:
+                    self._fs.unlink(tmp)
+                except OSError:
+                    pass
+            raise
+        old_fd, self._fd, self._number = self._fd, fd, number
+        if old_fd >= 0:
+            self._fs.close(old_fd)
+
+    def checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
+                   frontier: tuple[int, int, int] | None) -> None:
+        """Start a new file holding exactly this state, then delete every older file.
+
+        The new file is durable (fsync, rename, directory fsync) before any old
+        file is unlinked, so a crash in between leaves both, and replay starts
+        from the newest complete checkpoint.
+        """
+        if self._poisoned:
+            raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
+                                                        f"{self._poisoned}")
+        records = []
+        if len(ledgers):
+            records.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
+                                          np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))
+        if frontier is not None:
+            records.append(msgpack.packb(["f", *frontier]))
+        self._pending.clear()
+        self._open_new(records)
+        for number, path in self._files():
+            if number < self._number:
+                self._fs.unlink(path)
+        self._fs.fsync_dir(self.directory)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._fs.close(self._fd)
+            self._fd = -1
+
+
+def _unpack_all(body: bytes) -> Iterator[object]:
+    unpacker = msgpack.Unpacker(raw=False, use_list=False, max_buffer_size=max(len(body), 1))
+    unpacker.feed(body)
+    try:
+        yield from unpacker
+    except Exception as exc:  # msgpack raises several types on garbage
+        raise ValueError(str(exc)) from None
+
+
+def _validate(rec: object, path: str, at: int) -> tuple:
+    if not isinstance(rec, tuple) or not rec or not isinstance(rec[0], str):
+        raise JournalError(path, at, "journal record is not a tagged array")
+    kind = rec[0]
+    if kind == "a" and len(rec) == 4 and all(isinstance(c, bytes) and len(c) % 8 == 0 for c in rec[1:]) \
+            and len(rec[1]) == len(rec[2]) == len(rec[3]):
+        cols = [np.frombuffer(c, dtype=_LE) for c in rec[1:]]
+        return ("a", *cols)
+    if kind == "x" and len(rec) == 3 and all(isinstance(v, int) and v >= 0 for v in rec[1:]):
+        return rec
+    if kind == "f" and len(rec) == 4 and all(isinstance(v, int) and v >= 0 for v in rec[1:]):
+        return rec
+    if kind in ("c", "e") and len(rec) == 1:
+        return rec
+    raise JournalError(path, at, f"malformed journal record of kind {kind!r}")
