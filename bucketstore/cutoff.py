@@ -51,6 +51,11 @@ class Cutoff:
             self._value = candidate
         return self._value
 
+    def raise_to(self, floor: int) -> None:
+        """Never let the cutoff fall below ``floor`` (a cutoff reached before a restart)."""
+        if floor > self._value:
+            self._value = floor
+
     @property
     def value(self) -> int:
         """The last cutoff computed, without reading the clock."""

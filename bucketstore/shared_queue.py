@@ -79,6 +79,8 @@ class Run:
 
     def due_count(self, cutoff: int) -> int:
         """How many unread rows have a timestamp at or before ``cutoff``."""
+        if cutoff < 0:
+            return 0
         return int(np.searchsorted(self.ts[self.pos:], np.uint64(cutoff), side="right"))
 
     def rest(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

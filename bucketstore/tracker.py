@@ -182,13 +182,23 @@ class BucketTracker:
             return True
 
     def _route(self, ledger_id: int, cutoff: int):
-        """Seal if this ledger rolls the mutable bucket over, then pick where the index goes."""
-        covered = self._covering(ledger_id) is not None
+        """Seal if this ledger rolls the mutable bucket over, then pick where the index goes.
+
+        The mutable bucket takes only ledgers newer than every sealed bucket. Pulsar's
+        rule ("not covered and >= the mutable end") lets an old ledger that falls in a
+        gap between sealed ranges start a fresh mutable bucket after a seal; newer
+        ledgers then stretch it over sealed ranges, and the next seal writes a bucket
+        that overlaps them, which recovery would then resolve by deleting the one
+        enclosed. Such old ledgers go straight to the shared queue instead.
+        """
+        newest = self._buckets.peekitem(-1)[1].end_ledger if self._buckets else -1
+        if ledger_id <= newest:
+            return self._direct.append  # covered by a sealed bucket, or in a gap before the newest
         mutable = self._mutable
-        if not covered and ledger_id > mutable.end_ledger and not mutable.is_empty() \
+        if ledger_id > mutable.end_ledger and not mutable.is_empty() \
                 and mutable.pending_count(cutoff) >= self.config.min_index_count_per_bucket:
             self._seal(cutoff)
-        if not covered and ledger_id >= mutable.end_ledger:
+        if ledger_id >= mutable.end_ledger:
             return mutable.add
         return self._direct.append
 
@@ -218,8 +228,10 @@ class BucketTracker:
             return tracked
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
-                        journal: bool = True) -> int:
-        if np.issubdtype(deliver_at.dtype, np.signedinteger):
+                        journal: bool = True, expire: bool = True) -> int:
+        if not expire:  # journal replay: a due index must be delivered now, not refused
+            expired = np.zeros(len(deliver_at), dtype=bool)
+        elif np.issubdtype(deliver_at.dtype, np.signedinteger):
             expired = deliver_at <= cutoff
         else:
             expired = deliver_at <= np.uint64(max(cutoff, 0)) if cutoff >= 0 else np.zeros(len(deliver_at), bool)
@@ -608,6 +620,12 @@ class BucketTracker:
         cutoff = self._cutoff.advance()
         replayed = self._journal.replay() if self._journal is not None else None
         frontier = self._frontier = replayed.frontier if replayed is not None else None
+        if frontier is not None:
+            # The cutoff was at least the frontier's time when that index was delivered.
+            # Keeping it there across the restart (whatever the clock says now) keeps every
+            # new index after the frontier, which is what makes the frontier sufficient.
+            self._cutoff.raise_to(frontier[0])
+            cutoff = self._cutoff.value
         dropped: list[str] = []
         doomed: list[SealedBucket] = []
         first_live = self._mark_delete[0] if self._mark_delete else 0
@@ -689,7 +707,8 @@ class BucketTracker:
                     continue
                 cuts = np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1
                 for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(ledgers)])).tolist()):
-                    self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], ts[lo:hi], -1, journal=False)
+                    self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], ts[lo:hi], self._cutoff.value,
+                                         journal=False, expire=False)
         finally:
             self._replaying = replaying
 

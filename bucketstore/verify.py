@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CorruptLedgerError
-from .ledger_file import LedgerReader
+from .ledger_file import HEADER_FIXED_SIZE, LedgerReader
 from .segment_codec import SegmentCodecError, check_sorted, decode_segment
 from .snapshot import MetadataCodecError, decode_metadata
 
@@ -118,9 +118,14 @@ def check_file(path: str | os.PathLike[str]) -> FileReport:
             except OSError as exc:
                 report.add(reader.entry_offset(entry_id), f"entry {entry_id}: cannot read: {exc.strerror or exc}")
                 payloads.append(None)
-        checker = KIND_CHECKERS.get(str(reader.properties.get("kind")))
+        kind = reader.properties.get("kind")
+        checker = KIND_CHECKERS.get(str(kind))
         if checker is not None:
             checker(reader, payloads, report)
+        else:
+            # Every ledger bucketstore writes says what it is; one that does not
+            # cannot be opened by any reader of the engine.
+            report.add(HEADER_FIXED_SIZE, f"unknown ledger kind {kind!r} (known: {', '.join(sorted(KIND_CHECKERS))})")
     return report
 
 
@@ -245,3 +250,18 @@ def _check_bitmaps(number: int, at: int, meta_at: int, ledgers: np.ndarray, entr
 
 
 KIND_CHECKERS["bucket"] = _check_bucket
+
+
+def _check_dedup_snapshot(reader: LedgerReader, payloads: list[bytes | None], report: FileReport) -> None:
+    """A de-duplicator snapshot is checked by loading it, as Deduplicator.load does."""
+    from .dedup import Deduplicator  # imported here: dedup is an optional structure, not a reader dependency
+
+    if any(p is None for p in payloads):
+        return  # the CRC failures are already reported
+    try:
+        Deduplicator._from_reader(reader)
+    except CorruptLedgerError as exc:
+        report.add(exc.offset, exc.reason)
+
+
+KIND_CHECKERS["dedup-snapshot"] = _check_dedup_snapshot
