@@ -12,6 +12,7 @@ import re
 from ..catalog import Catalog
 from ..errors import CatalogError, CorruptLedgerError
 from ..ledger_file import LedgerReader
+from .abort_marker import mark_aborted
 from .build_job import BuildJob
 from .build_task import JOB_PROPERTY, BuiltBucket, remove_file
 from .lock import writer_lock
@@ -96,6 +97,7 @@ def discard_build(job: BuildJob, buckets: list[BuiltBucket]) -> int:
     Returns how many files were removed. Files this sweep cannot attribute
     (a ``.ledger.tmp`` of a killed attempt) stay for the next ``bucketstore.open``.
     """
+    mark_aborted(job.store, job.job_id)  # before the listing: see abort_marker for why
     removed = 0
     for bucket in buckets:
         if os.path.exists(bucket.path):

@@ -25,6 +25,7 @@ from ..config import TrackerConfig
 from ..errors import CatalogError
 from ..snapshot import parse_bucket_key
 from ..store import open_store
+from .abort_marker import remove_stale_marks
 from .lock import check_writable
 from .store_access import first_free_ledger_id, open_catalog_readonly
 
@@ -92,6 +93,7 @@ def plan_build(store: str | os.PathLike[str], tracker: str, config: TrackerConfi
     if not os.path.exists(path) or (os.path.isdir(path) and not os.listdir(path)):
         open_store(path).close()  # a build into a new directory creates the store, as bucketstore.open does
     catalog = open_catalog_readonly(path)
+    remove_stale_marks(path)
     try:
         check_writable(path, lock_holder_pid)
         buckets = catalog.buckets(tracker)

@@ -19,6 +19,7 @@ import pyarrow as pa
 from ..errors import CorruptLedgerError
 from ..ledger_file import LedgerReader
 from ..snapshot import build_bucket, write_bucket
+from .abort_marker import JobAborted, is_aborted
 from .bucketing import Rows, cut_buckets, order_positions, time_order
 from .build_job import BuildJob
 from .store_access import ledger_path, ledgers_dir
@@ -95,13 +96,17 @@ def _claim(job: BuildJob, ledger_id: int) -> str:
 def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltBucket]:
     """Write one task's rows as sealed bucket files and describe them for the commit.
 
-    On any failure, the files this call wrote are removed before the error propagates.
+    On any failure, or when the job has been aborted meanwhile (see
+    :mod:`~bucketstore.spark.abort_marker`), the files this call wrote are
+    removed before the error propagates.
     """
     rows = order_positions(rows)
     slices = cut_buckets(rows.ledgers, job.config.min_index_count_per_bucket, job.forbidden_ranges)
     written: list[BuiltBucket] = []
     try:
         for n, cut in enumerate(slices):
+            if is_aborted(job.store, job.job_id):
+                raise JobAborted(f"build {job.job_id} was aborted")
             ledger_id = job.ledger_id(partition_id, n)
             _claim(job, ledger_id)
             part = time_order(rows.take(slice(cut.lo, cut.hi)))
@@ -111,6 +116,8 @@ def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltB
             path = write_bucket(ledgers_dir(job.store), ledger_id, meta, payloads,
                                 {"tracker": job.tracker, JOB_PROPERTY: job.job_id})
             written.append(BuiltBucket(meta.key, ledger_id, cut.start_ledger, cut.end_ledger, meta.count, path))
+        if is_aborted(job.store, job.job_id):
+            raise JobAborted(f"build {job.job_id} was aborted")
     except BaseException:
         for bucket in written:
             remove_file(bucket.path)

@@ -32,5 +32,7 @@ class StoreReader(DataSourceReader):
         return [SegmentRangePartition(r) for r in plan_scan(self.store, self.trackers, self.segments_per_partition)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentRangePartition)
-        yield from read_segment_range(partition.segments)
+        # With no ranges planned, Spark still runs one task on a placeholder
+        # partition of its own: that task has nothing to read.
+        if isinstance(partition, SegmentRangePartition):
+            yield from read_segment_range(partition.segments)
