@@ -209,8 +209,8 @@ def test_reader_round_trips_every_index_of_every_bucket_file(spark, tracker_stor
 
 def test_reader_splits_big_buckets_and_selects_trackers(spark, tracker_store):
     df = (spark.read.format("bucketstore").option("trackers", "beta")
-          .option("segments_per_partition", "2").load(tracker_store))
-    assert df.rdd.getNumPartitions() == 3  # 250 indexes in segments of 50: five segments
+          .option("partition_bytes", "1").load(tracker_store))
+    assert df.rdd.getNumPartitions() == 5  # one byte a partition: each of the five segments alone
     assert {r.tracker for r in df.select("tracker").distinct().collect()} == {"beta"}
     assert df.count() == 250
     with pytest.raises(Exception, match="no tracker named 'gamma'"):

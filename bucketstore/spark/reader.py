@@ -15,24 +15,25 @@ __all__ = ["SegmentRangePartition", "StoreReader"]
 
 @dataclass
 class SegmentRangePartition(InputPartition):
-    """One input partition: a range of segments of one bucket file (pickled to a task)."""
+    """One input partition: ranges of segments of one or more bucket files (pickled to a task)."""
 
-    segments: SegmentRange
+    ranges: list[SegmentRange]
 
 
 class StoreReader(DataSourceReader):
-    """Plans one partition per bucket, or per segment range of a big bucket, and reads them as Arrow batches."""
+    """Plans partitions of whole buckets or segment ranges of about ``partition_bytes`` each; reads Arrow batches."""
 
-    def __init__(self, store: str, trackers: Sequence[str] | None, segments_per_partition: int) -> None:
+    def __init__(self, store: str, trackers: Sequence[str] | None, partition_bytes: int) -> None:
         self.store = store
         self.trackers = trackers
-        self.segments_per_partition = segments_per_partition
+        self.partition_bytes = partition_bytes
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [SegmentRangePartition(r) for r in plan_scan(self.store, self.trackers, self.segments_per_partition)]
+        return [SegmentRangePartition(p) for p in plan_scan(self.store, self.trackers, self.partition_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # With no ranges planned, Spark still runs one task on a placeholder
         # partition of its own: that task has nothing to read.
         if isinstance(partition, SegmentRangePartition):
-            yield from read_segment_range(partition.segments)
+            for segments in partition.ranges:
+                yield from read_segment_range(segments)

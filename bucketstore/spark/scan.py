@@ -19,11 +19,12 @@ from ..snapshot import BucketFile, parse_bucket_key
 from .schema import READ_ARROW_SCHEMA, signed_view, to_signed
 from .store_access import ledger_path, open_catalog_readonly
 
-__all__ = ["SegmentRange", "plan_scan", "read_segment_range", "DEFAULT_SEGMENTS_PER_PARTITION",
-           "DEFAULT_BATCH_ROWS"]
+__all__ = ["SegmentRange", "plan_scan", "read_segment_range", "DEFAULT_PARTITION_BYTES", "DEFAULT_BATCH_ROWS"]
 
-#: Segments per input partition: a bucket with more is read by several tasks.
-DEFAULT_SEGMENTS_PER_PARTITION = 64
+#: Bytes of segments per input partition. Tasks cost a fixed overhead each, so
+#: small buckets share a partition and a big bucket is split across several;
+#: segment bytes stand in for index counts, which only entry 0 records.
+DEFAULT_PARTITION_BYTES = 2 << 20
 #: Rows per Arrow batch (segments are concatenated up to about this many).
 DEFAULT_BATCH_ROWS = 1 << 16
 
@@ -41,18 +42,19 @@ class SegmentRange:
 
 
 def plan_scan(store: str, trackers: Sequence[str] | None = None,
-              segments_per_partition: int = DEFAULT_SEGMENTS_PER_PARTITION) -> list[SegmentRange]:
-    """List the segment ranges to read, in tracker then ledger order.
+              partition_bytes: int = DEFAULT_PARTITION_BYTES) -> list[list[SegmentRange]]:
+    """Group the segments to read into partitions of about ``partition_bytes``, in tracker then ledger order.
 
-    Reads the catalog read-only (no store lock) and each file's trailer for its
-    segment count, so a file damaged there is reported now, at planning.
+    Reads the catalog read-only (no store lock) and each file's header and
+    trailer for its segment sizes, so a file damaged there is reported now, at
+    planning.
 
     :param trackers: the trackers to read (default: every one); an unknown name is an error.
     :raises CatalogError: not a store, an unknown tracker, a key naming a missing file.
     :raises CorruptLedgerError: a bucket file's header or trailer is damaged.
     """
-    if segments_per_partition < 1:
-        raise ValueError("segments_per_partition must be at least 1")
+    if partition_bytes < 1:
+        raise ValueError("partition_bytes must be at least 1")
     store = os.path.abspath(store)
     catalog = open_catalog_readonly(store)
     try:
@@ -65,22 +67,32 @@ def plan_scan(store: str, trackers: Sequence[str] | None = None,
         keyed = [(name, catalog.buckets(name)) for name in names]
     finally:
         catalog.close()
-    ranges: list[SegmentRange] = []
+    partitions: list[list[SegmentRange]] = []
+    current: list[SegmentRange] = []
+    filled = 0
     for name, buckets in keyed:
         for key, ledger_id in sorted(buckets.items(), key=lambda kv: parse_bucket_key(kv[0])):
             start, end = parse_bucket_key(key)
             path = ledger_path(store, ledger_id)
-            segments = _segment_count(path, name, key)
-            for first in range(1, segments + 1, segments_per_partition):
-                last = min(first + segments_per_partition - 1, segments)
-                ranges.append(SegmentRange(name, start, end, path, first, last))
-    return ranges
+            sizes = _segment_sizes(path, name, key)
+            first = 1
+            for number, size in enumerate(sizes, start=1):
+                filled += size
+                if filled >= partition_bytes:
+                    current.append(SegmentRange(name, start, end, path, first, number))
+                    partitions.append(current)
+                    current, filled, first = [], 0, number + 1
+            if first <= len(sizes):
+                current.append(SegmentRange(name, start, end, path, first, len(sizes)))
+    if current:
+        partitions.append(current)
+    return partitions
 
 
-def _segment_count(path: str, tracker: str, key: str) -> int:
+def _segment_sizes(path: str, tracker: str, key: str) -> list[int]:
     try:
         with LedgerReader(path) as reader:
-            return reader.entry_count - 1
+            return [reader.entry_size(k) for k in range(1, reader.entry_count)]
     except FileNotFoundError:
         raise CatalogError(f"tracker {tracker!r}: catalog key {key} names {path}, which is missing",
                            path=path, key=key) from None
@@ -114,8 +126,9 @@ def read_segment_range(part: SegmentRange, batch_rows: int = DEFAULT_BATCH_ROWS)
 
 
 def _batch(part: SegmentRange, segments: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> pa.RecordBatch:
-    n = sum(len(ts) for _, ts, _, _ in segments)
-    numbers = np.concatenate([np.full(len(ts), number, dtype=np.int32) for number, ts, _, _ in segments])
+    counts = [len(ts) for _, ts, _, _ in segments]
+    n = sum(counts)
+    numbers = np.repeat(np.array([number for number, _, _, _ in segments], dtype=np.int32), counts)
     columns = [
         _repeated(part.tracker, n),
         pa.array(np.full(n, to_signed(part.start_ledger), dtype=np.int64)),

@@ -1,7 +1,8 @@
 """The ``bucketstore`` Python data source: options in, a reader or a writer out.
 
 Reader options: ``path`` (the store, from ``load(path)``), ``trackers``
-(comma-separated names; default all), ``segments_per_partition``.
+(comma-separated names; default all), ``partition_bytes`` (segment bytes per
+input partition).
 
 Writer options: ``path`` (from ``save(path)``), ``tracker`` (required),
 ``min_index_count_per_bucket``, ``max_time_step_per_segment_ms``,
@@ -19,7 +20,7 @@ from ..config import TrackerConfig
 from .build_job import DEFAULT_ID_STRIDE, plan_build
 from .build_task import BUILD_COLUMNS
 from .reader import StoreReader
-from .scan import DEFAULT_SEGMENTS_PER_PARTITION
+from .scan import DEFAULT_PARTITION_BYTES
 from .schema import READ_DDL
 from .writer import StoreWriter
 
@@ -58,7 +59,7 @@ class BucketStoreDataSource(DataSource):
         raw = self.options.get("trackers")
         trackers = [t.strip() for t in raw.split(",") if t.strip()] if raw else None
         return StoreReader(self._store(), trackers,
-                           self._int_option("segments_per_partition", DEFAULT_SEGMENTS_PER_PARTITION))
+                           self._int_option("partition_bytes", DEFAULT_PARTITION_BYTES))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         _check_build_schema(schema)
