@@ -37,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
                                        max_time_step_per_segment_ms=args.time_step_ms)
 
     spark = start(args.master, "bucketstore-rebuild")
-    import bucketstore.spark
+    from bucketstore.spark import build_store
 
     try:
         df = spark.read.parquet(args.export)
-        report = bucketstore.spark.build_store(df, args.store, args.tracker, config,
+        report = build_store(df, args.store, args.tracker, config,
                                                mode="append" if args.append else "overwrite")
     finally:
         spark.stop()
