@@ -1,0 +1,125 @@
+"""One task of a bulk build: its partition's rows in, sealed ledger files out.
+
+Files are written straight into ``ledgers/`` under their final names (through
+the ledger layer's temporary name, fsync and rename), but no catalog key
+references them until the job commits. Until then they are orphans: a failed
+task removes its own, ``abort`` removes those of the tasks that finished, and
+whatever a crash leaves is removed by the next ``bucketstore.open``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import CorruptLedgerError
+from ..ledger_file import LedgerReader
+from ..snapshot import build_bucket, write_bucket
+from .abort_marker import JobAborted, is_aborted
+from .bucketing import Rows, cut_buckets, order_positions, time_order
+from .build_job import BuildJob
+from .store_access import ledger_path, ledgers_dir
+
+__all__ = ["BuiltBucket", "BUILD_COLUMNS", "rows_from_batches", "write_partition", "JOB_PROPERTY",
+           "remove_file"]
+
+#: The columns a bulk build reads; any other columns are ignored.
+BUILD_COLUMNS = ("ledger_id", "entry_id", "deliver_at")
+#: Ledger header property naming the build that wrote a file.
+JOB_PROPERTY = "build_job"
+_U64 = np.dtype("<u8")
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltBucket:
+    """A sealed, not yet registered bucket file."""
+
+    key: str
+    ledger_id: int
+    start_ledger: int
+    end_ledger: int
+    count: int
+    path: str
+
+
+def rows_from_batches(batches: Iterable[pa.RecordBatch]) -> Rows:
+    """Gather the build columns of Arrow batches into uint64 columns.
+
+    Ids arrive as Spark BIGINTs: a negative value is the two's-complement
+    spelling of an id of 2**63 or more (the reader writes them that way) and is
+    reinterpreted, not rejected. ``deliver_at`` must be non-negative: a bulk
+    build keeps every row, and a negative time has no unsigned meaning.
+    """
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in BUILD_COLUMNS}
+    for batch in batches:
+        for name in BUILD_COLUMNS:
+            column = batch.column(name)
+            if column.null_count:
+                raise ValueError(f"column {name} holds nulls; every row needs a ledger_id, entry_id and deliver_at")
+            parts[name].append(column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+    cols = {name: (np.concatenate(chunks) if chunks else np.zeros(0, np.int64)) for name, chunks in parts.items()}
+    deliver_at = cols["deliver_at"]
+    if len(deliver_at) and int(deliver_at.min()) < 0:
+        raise ValueError("deliver_at holds a negative value; delivery times are epoch milliseconds >= 0")
+    return Rows(cols["ledger_id"].view(_U64), cols["entry_id"].view(_U64), deliver_at.view(_U64))
+
+
+def remove_file(path: str) -> None:
+    """Unlink a file if it exists."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _claim(job: BuildJob, ledger_id: int) -> str:
+    """Make way for this job's ledger ``ledger_id``: clear what an earlier attempt of the same task left there."""
+    path = ledger_path(job.store, ledger_id)
+    remove_file(path + ".tmp")  # ids of this block are this job's alone
+    if os.path.exists(path):
+        try:
+            with LedgerReader(path) as reader:
+                owner = reader.properties.get(JOB_PROPERTY)
+        except CorruptLedgerError:
+            owner = None
+        if owner != job.job_id:
+            raise FileExistsError(f"{path} exists and was not written by this build; "
+                                  "the store allocated ledger ids while the build was running")
+        remove_file(path)
+    return path
+
+
+def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltBucket]:
+    """Write one task's rows as sealed bucket files and describe them for the commit.
+
+    On any failure, or when the job has been aborted meanwhile (see
+    :mod:`~bucketstore.spark.abort_marker`), the files this call wrote are
+    removed before the error propagates.
+    """
+    rows = order_positions(rows)
+    slices = cut_buckets(rows.ledgers, job.config.min_index_count_per_bucket, job.forbidden_ranges)
+    written: list[BuiltBucket] = []
+    try:
+        for n, cut in enumerate(slices):
+            if is_aborted(job.store, job.job_id):
+                raise JobAborted(f"build {job.job_id} was aborted")
+            ledger_id = job.ledger_id(partition_id, n)
+            _claim(job, ledger_id)
+            part = time_order(rows.take(slice(cut.lo, cut.hi)))
+            meta, payloads = build_bucket(cut.start_ledger, cut.end_ledger, part.timestamps, part.ledgers,
+                                          part.entries, time_step_ms=job.config.max_time_step_per_segment_ms,
+                                          max_indexes_per_segment=job.config.max_indexes_per_segment)
+            path = write_bucket(ledgers_dir(job.store), ledger_id, meta, payloads,
+                                {"tracker": job.tracker, JOB_PROPERTY: job.job_id})
+            written.append(BuiltBucket(meta.key, ledger_id, cut.start_ledger, cut.end_ledger, meta.count, path))
+        if is_aborted(job.store, job.job_id):
+            raise JobAborted(f"build {job.job_id} was aborted")
+    except BaseException:
+        for bucket in written:
+            remove_file(bucket.path)
+        raise
+    return written

@@ -1,0 +1,39 @@
+"""``spark.read.format("bucketstore")``: the Spark side of :mod:`bucketstore.spark.scan`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from .scan import SegmentRange, plan_scan, read_segment_range
+
+__all__ = ["SegmentRangePartition", "StoreReader"]
+
+
+@dataclass
+class SegmentRangePartition(InputPartition):
+    """One input partition: ranges of segments of one or more bucket files (pickled to a task)."""
+
+    ranges: list[SegmentRange]
+
+
+class StoreReader(DataSourceReader):
+    """Plans partitions of whole buckets or segment ranges of about ``partition_bytes`` each; reads Arrow batches."""
+
+    def __init__(self, store: str, trackers: Sequence[str] | None, partition_bytes: int) -> None:
+        self.store = store
+        self.trackers = trackers
+        self.partition_bytes = partition_bytes
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [SegmentRangePartition(p) for p in plan_scan(self.store, self.trackers, self.partition_bytes)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # With no ranges planned, Spark still runs one task on a placeholder
+        # partition of its own: that task has nothing to read.
+        if isinstance(partition, SegmentRangePartition):
+            for segments in partition.ranges:
+                yield from read_segment_range(segments)

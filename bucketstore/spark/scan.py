@@ -1,0 +1,150 @@
+"""Reading a store as rows: which bucket files to read, and their rows as Arrow batches.
+
+No Spark here; :mod:`bucketstore.spark.reader` wraps it as a data source. The
+catalog is opened read-only and only while planning; tasks read ledger files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import CatalogError
+from ..ledger_file import LedgerReader
+from ..snapshot import BucketFile, parse_bucket_key
+from .schema import READ_ARROW_SCHEMA, signed_view, to_signed
+from .store_access import ledger_path, open_catalog_readonly
+
+__all__ = ["SegmentRange", "plan_scan", "read_segment_range", "DEFAULT_PARTITION_BYTES", "DEFAULT_BATCH_ROWS"]
+
+#: Bytes of segments per input partition. Tasks cost a fixed overhead each, so
+#: small buckets share a partition and a big bucket is split across several;
+#: segment bytes stand in for index counts, which only entry 0 records.
+DEFAULT_PARTITION_BYTES = 2 << 20
+#: Rows per Arrow batch (segments are concatenated up to about this many).
+DEFAULT_BATCH_ROWS = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRange:
+    """Segments ``first..last`` (1-based, inclusive) of one bucket file."""
+
+    tracker: str
+    start_ledger: int
+    end_ledger: int
+    path: str
+    first: int
+    last: int
+
+
+def plan_scan(store: str, trackers: Sequence[str] | None = None,
+              partition_bytes: int = DEFAULT_PARTITION_BYTES) -> list[list[SegmentRange]]:
+    """Group the segments to read into partitions of about ``partition_bytes``, in tracker then ledger order.
+
+    Reads the catalog read-only (no store lock) and each file's header and
+    trailer for its segment sizes, so a file damaged there is reported now, at
+    planning.
+
+    :param trackers: the trackers to read (default: every one); an unknown name is an error.
+    :raises CatalogError: not a store, an unknown tracker, a key naming a missing file.
+    :raises CorruptLedgerError: a bucket file's header or trailer is damaged.
+    """
+    if partition_bytes < 1:
+        raise ValueError("partition_bytes must be at least 1")
+    store = os.path.abspath(store)
+    catalog = open_catalog_readonly(store)
+    try:
+        known = catalog.tracker_names()
+        names = list(known) if trackers is None else list(trackers)
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise CatalogError(f"{store}: no tracker named {', '.join(map(repr, unknown))} "
+                               f"(the store has {', '.join(map(repr, known)) or 'none'})", path=store)
+        keyed = [(name, catalog.buckets(name)) for name in names]
+    finally:
+        catalog.close()
+    partitions: list[list[SegmentRange]] = []
+    current: list[SegmentRange] = []
+    filled = 0
+    for name, buckets in keyed:
+        for key, ledger_id in sorted(buckets.items(), key=lambda kv: parse_bucket_key(kv[0])):
+            start, end = parse_bucket_key(key)
+            path = ledger_path(store, ledger_id)
+            sizes = _segment_sizes(path, name, key)
+            first = 1
+            for number, size in enumerate(sizes, start=1):
+                filled += size
+                if filled >= partition_bytes:
+                    current.append(SegmentRange(name, start, end, path, first, number))
+                    partitions.append(current)
+                    current, filled, first = [], 0, number + 1
+            if first <= len(sizes):
+                current.append(SegmentRange(name, start, end, path, first, len(sizes)))
+    if current:
+        partitions.append(current)
+    return partitions
+
+
+def _segment_sizes(path: str, tracker: str, key: str) -> list[int]:
+    try:
+        with LedgerReader(path) as reader:
+            return [reader.entry_size(k) for k in range(1, reader.entry_count)]
+    except FileNotFoundError:
+        raise CatalogError(f"tracker {tracker!r}: catalog key {key} names {path}, which is missing",
+                           path=path, key=key) from None
+
+
+def read_segment_range(part: SegmentRange, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Yield the rows of a segment range as Arrow batches of :data:`READ_ARROW_SCHEMA`.
+
+    :raises CorruptLedgerError: the file is damaged (naming the file and offset).
+    :raises CatalogError: the file holds another ledger range than its catalog key.
+    """
+    pending: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+    rows = 0
+    with BucketFile(part.path) as bucket:
+        meta = bucket.metadata
+        if (meta.start_ledger, meta.end_ledger) != (part.start_ledger, part.end_ledger):
+            raise CatalogError(f"{part.path} holds ledgers [{meta.start_ledger}, {meta.end_ledger}] but its catalog "
+                               f"key says [{part.start_ledger}, {part.end_ledger}]", path=part.path)
+        if part.last > bucket.segment_count:
+            raise CatalogError(f"{part.path} has {bucket.segment_count} segments, fewer than planned "
+                               f"({part.last}); was it replaced while being read?", path=part.path)
+        for number in range(part.first, part.last + 1):
+            seg = bucket.read_segment(number)
+            pending.append((number, seg.timestamps, seg.ledger_ids, seg.entry_ids))
+            rows += len(seg)
+            if rows >= batch_rows:
+                yield _batch(part, pending)
+                pending, rows = [], 0
+    if pending:
+        yield _batch(part, pending)
+
+
+def _batch(part: SegmentRange, segments: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> pa.RecordBatch:
+    counts = [len(ts) for _, ts, _, _ in segments]
+    n = sum(counts)
+    numbers = np.repeat(np.array([number for number, _, _, _ in segments], dtype=np.int32), counts)
+    columns = [
+        _repeated(part.tracker, n),
+        pa.array(np.full(n, to_signed(part.start_ledger), dtype=np.int64)),
+        pa.array(np.full(n, to_signed(part.end_ledger), dtype=np.int64)),
+        _repeated(part.path, n),
+        pa.array(numbers),
+        pa.array(signed_view(np.concatenate([ts for _, ts, _, _ in segments]))),
+        pa.array(signed_view(np.concatenate([ls for _, _, ls, _ in segments]))),
+        pa.array(signed_view(np.concatenate([es for _, _, _, es in segments]))),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=READ_ARROW_SCHEMA)
+
+
+def _repeated(value: str, n: int) -> pa.Array:
+    """A string column holding ``value`` n times, built from buffers rather than n Python strings."""
+    raw = value.encode("utf-8")
+    offsets = np.arange(n + 1, dtype=np.int64) * len(raw)
+    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)]
+                                 ).cast(pa.string())

@@ -1,0 +1,330 @@
+"""bucketstore.spark: the data source's reader and bulk builder, in Spark local mode.
+
+One SparkSession serves the whole module (JVM start-up dominates). The tests
+that need no Spark (bucket cutting, task cleanup, orphans) run without it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install '.[spark]')")
+pytest.importorskip("pyarrow", reason="the spark extra is not installed (pip install '.[spark]')")
+
+import bucketstore  # noqa: E402
+import bucketstore.spark as bspark  # noqa: E402
+from bucketstore.catalog import Catalog  # noqa: E402
+from bucketstore.snapshot import BucketFile, parse_bucket_key  # noqa: E402
+from bucketstore.spark.bucketing import LedgerRangeConflict, Rows, cut_buckets, order_positions  # noqa: E402
+from bucketstore.spark.build_job import plan_build  # noqa: E402
+from bucketstore.spark.build_task import write_partition  # noqa: E402
+from helpers import FakeClock  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+U64 = np.uint64
+CFG = bucketstore.TrackerConfig(min_index_count_per_bucket=200, max_indexes_per_segment=50,
+                                max_time_step_per_segment_ms=1000)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.fail("the Spark tests need Java 17 or newer on PATH or in JAVA_HOME")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    session = (SparkSession.builder.master("local[2]").appName("bucketstore-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.memory", "1g")
+               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    bspark.register(session)
+    yield session
+    session.stop()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def rows_frame(spark, rows):
+    return spark.createDataFrame([(bspark.to_signed(l), bspark.to_signed(e), t) for l, e, t in rows],
+                                 "ledger_id BIGINT, entry_id BIGINT, deliver_at BIGINT")
+
+
+def random_rows(seed, ledgers, per_ledger, duplicates=0):
+    rng = np.random.default_rng(seed)
+    rows = [(l, e, int(rng.integers(10_000, 60_000))) for l in ledgers for e in range(per_ledger)]
+    # Repeat some positions with another time: the build keeps the earliest.
+    for i in rng.choice(len(rows), duplicates, replace=False):
+        l, e, _ = rows[i]
+        rows.append((l, e, int(rng.integers(10_000, 60_000))))
+    rng.shuffle(rows)
+    return rows
+
+
+def ledger_files(store):
+    return sorted(os.listdir(os.path.join(store, "ledgers")))
+
+
+def settled_files(store, expected, timeout=10.0):
+    """The ledger files once tasks Spark cancelled have stopped: they may finish a seal after the
+    job failed, then see the abort mark and remove their file (see abort_marker)."""
+    deadline = time.monotonic() + timeout
+    while ledger_files(store) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ledger_files(store)
+
+
+def catalog_buckets(store, tracker):
+    with Catalog(os.path.join(store, "catalog"), readonly=True) as cat:
+        return cat.buckets(tracker)
+
+
+def file_rows(store):
+    """Every index of every bucket file the catalog references, read with BucketFile."""
+    out = []
+    with Catalog(os.path.join(store, "catalog"), readonly=True) as cat:
+        for tracker, keys in cat.all_buckets().items():
+            for key, lid in keys.items():
+                start, end = parse_bucket_key(key)
+                path = os.path.join(store, "ledgers", f"{lid:020d}.ledger")
+                with BucketFile(path) as bf:
+                    for k in range(1, bf.segment_count + 1):
+                        seg = bf.read_segment(k)
+                        out += [(tracker, start, end, path, k, int(t), int(l), int(e))
+                                for t, l, e in zip(seg.timestamps, seg.ledger_ids, seg.entry_ids)]
+    return sorted(out)
+
+
+def frame_rows(df):
+    return sorted((r.tracker, bspark.to_unsigned(r.bucket_start_ledger), bspark.to_unsigned(r.bucket_end_ledger),
+                   r.ledger_file, r.segment, bspark.to_unsigned(r.timestamp), bspark.to_unsigned(r.ledger_id),
+                   bspark.to_unsigned(r.entry_id)) for r in df.collect())
+
+
+def deliveries(tracker, clock, until, step=500):
+    """Everything a tracker delivers as the clock walks to ``until``: [(time, positions)]."""
+    out = []
+    for now in range(0, until + step, step):
+        clock.now = now
+        got = tracker.get_scheduled_messages(10**9)
+        if got:
+            out.append((now, got))
+    return out
+
+
+# -- bucket cutting (no Spark) -------------------------------------------------------------------
+def test_cut_buckets_closes_at_min_count_and_before_existing_ranges():
+    ledgers = np.repeat(np.array([1, 2, 3, 10, 11, 20], dtype=U64), [3, 3, 3, 3, 3, 3])
+    cuts = cut_buckets(ledgers, 5, existing=[(5, 8)])
+    assert [(c.start_ledger, c.end_ledger, c.hi - c.lo) for c in cuts] == [(1, 2, 6), (3, 3, 3), (10, 11, 6),
+                                                                           (20, 20, 3)]
+    with pytest.raises(LedgerRangeConflict, match="ledger 6 fall inside the existing bucket \\[5, 8\\]"):
+        cut_buckets(np.array([1, 6], dtype=U64), 5, existing=[(5, 8)])
+
+
+def test_order_positions_keeps_the_earliest_time_of_a_repeated_position():
+    rows = Rows(np.array([7, 3, 7, 3], dtype=U64), np.array([1, 2, 1, 2], dtype=U64),
+                np.array([50, 9, 40, 90], dtype=U64))
+    out = order_positions(rows)
+    assert list(zip(out.ledgers.tolist(), out.entries.tolist(), out.timestamps.tolist())) == [(3, 2, 9), (7, 1, 40)]
+    wide = Rows(np.array([2**64 - 1, 5], dtype=U64), np.array([2**40, 1], dtype=U64), np.array([1, 2], dtype=U64))
+    assert order_positions(wide).ledgers.tolist() == [5, 2**64 - 1]
+
+
+def test_a_failing_task_removes_its_files_and_a_crash_leaves_only_orphans(tmp_path, monkeypatch):
+    store = str(tmp_path / "store")
+    bucketstore.open(store).close()
+    job = plan_build(store, "t", CFG)
+    ledgers = np.repeat(np.arange(10, dtype=U64), 100)
+    rows = Rows(ledgers, np.tile(np.arange(100, dtype=U64), 10), np.arange(1000, dtype=U64) + 1)
+    import bucketstore.spark.build_task as task
+    real, calls = task.write_bucket, []
+
+    def failing_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(task, "write_bucket", failing_third)
+    with pytest.raises(OSError, match="disk full"):
+        write_partition(job, rows, 0)
+    assert ledger_files(store) == []
+    monkeypatch.setattr(task, "write_bucket", real)
+    # A task still running after its job was aborted removes what it writes.
+    from bucketstore.spark.abort_marker import JobAborted, mark_aborted
+    mark_aborted(store, job.job_id)
+    with pytest.raises(JobAborted):
+        write_partition(job, rows, 0)
+    assert ledger_files(store) == []
+    job = plan_build(store, "t", CFG)
+    # A driver that dies after its tasks wrote leaves unregistered files: orphans the next open removes.
+    assert len(write_partition(job, rows, 0)) == 5
+    with bucketstore.open(store) as s:
+        assert s.orphans_removed == 5
+    assert ledger_files(store) == []
+
+
+# -- reader ------------------------------------------------------------------------------------
+@pytest.fixture
+def tracker_store(tmp_path):
+    """A store written by trackers, with ids at both ends of the unsigned range."""
+    path = str(tmp_path / "store")
+    clock = FakeClock(0)
+    big = 2**63 + 7
+    with bucketstore.open(path) as store:
+        a = store.tracker("alpha", CFG, clock)
+        a.add_messages(([l for l in range(6) for _ in range(150)], [e for _ in range(6) for e in range(150)],
+                        [10_000 + (l * 37 + e * 11) % 9000 for l in range(6) for e in range(150)]))
+        a.add_message(100, 0, 20_000)  # rolls the last ledger range over: seals it
+        b = store.tracker("beta", CFG, clock)
+        b.add_messages(([big] * 250, [2**40 + e for e in range(250)], [2**63 + 5 + e for e in range(250)]))
+        b.add_message(2**64 - 1, 0, 20_000)
+        assert a.stats()["immutable_buckets"] >= 2 and b.stats()["immutable_buckets"] == 1
+    return path
+
+
+def test_reader_round_trips_every_index_of_every_bucket_file(spark, tracker_store):
+    df = spark.read.format("bucketstore").load(tracker_store)
+    assert df.schema.simpleString() == ("struct<tracker:string,bucket_start_ledger:bigint,bucket_end_ledger:bigint,"
+                                        "ledger_file:string,segment:int,timestamp:bigint,ledger_id:bigint,"
+                                        "entry_id:bigint>")
+    expected = file_rows(tracker_store)
+    assert len(expected) == 6 * 150 + 250
+    assert frame_rows(df) == expected
+    # uint64 values >= 2**63 arrive as their two's-complement BIGINT.
+    beta = df.where("tracker = 'beta'").select("ledger_id", "entry_id", "timestamp").first()
+    assert beta.ledger_id == 2**63 + 7 - 2**64 < 0 and beta.entry_id >= 2**40 and beta.timestamp < 0
+
+
+def test_reader_splits_big_buckets_and_selects_trackers(spark, tracker_store):
+    df = (spark.read.format("bucketstore").option("trackers", "beta")
+          .option("partition_bytes", "1").load(tracker_store))
+    assert df.rdd.getNumPartitions() == 5  # one byte a partition: each of the five segments alone
+    assert {r.tracker for r in df.select("tracker").distinct().collect()} == {"beta"}
+    assert df.count() == 250
+    with pytest.raises(Exception, match="no tracker named 'gamma'"):
+        spark.read.format("bucketstore").option("trackers", "alpha,gamma").load(tracker_store).count()
+
+
+def test_reader_of_an_empty_store_has_no_rows(spark, tmp_path):
+    bucketstore.open(tmp_path / "empty").close()
+    df = spark.read.format("bucketstore").load(str(tmp_path / "empty"))
+    assert df.count() == 0 and len(df.columns) == 8
+
+
+def test_reader_refuses_a_path_that_is_not_a_store(spark, tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(Exception, match="is not a bucketstore store"):
+        spark.read.format("bucketstore").load(str(tmp_path / "plain")).count()
+
+
+def test_reader_reports_a_damaged_ledger_file_with_its_path_and_offset(spark, tracker_store):
+    lid = sorted(catalog_buckets(tracker_store, "beta").values())[0]
+    path = os.path.join(tracker_store, "ledgers", f"{lid:020d}.ledger")
+    with BucketFile(path) as bf:
+        at = bf.ledger.entry_payload_offset(3) + 4
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(Exception) as info:
+        spark.read.format("bucketstore").load(tracker_store).collect()
+    assert "CorruptLedgerError" in str(info.value) and path in str(info.value) and "offset" in str(info.value)
+
+
+# -- bulk builder ------------------------------------------------------------------------------
+def test_build_store_delivers_exactly_what_single_process_ingestion_delivers(spark, tmp_path):
+    rows = random_rows(1, range(40, 60), 60, duplicates=50)
+    report = bspark.build_store(rows_frame(spark, rows), tmp_path / "store", "sub", CFG)
+    assert report.input_rows == len(rows) and report.buckets_before == 0 and report.buckets_after >= 4
+    keys = catalog_buckets(str(tmp_path / "store"), "sub")
+    ranges = sorted(parse_bucket_key(k) for k in keys)
+    assert all(e1 < s2 for (_, e1), (s2, _) in zip(ranges, ranges[1:])), "bucket ranges overlap"
+
+    reference_clock, clock = FakeClock(0), FakeClock(0)
+    reference = bucketstore.InMemoryTracker(CFG, reference_clock)
+    for l, e, t in sorted(rows, key=lambda r: r[2]):  # earliest first: the first add of a position wins
+        reference.add_message(l, e, t)
+    with bucketstore.open(tmp_path / "store") as store:
+        built = store.tracker("sub", CFG, clock)
+        assert built.number_of_delayed_messages == reference.number_of_delayed_messages == 20 * 60
+        assert deliveries(built, clock, 70_000) == deliveries(reference, reference_clock, 70_000)
+
+
+def test_append_adds_buckets_beside_existing_ones_and_refuses_their_ranges(spark, tmp_path):
+    store = str(tmp_path / "store")
+    bspark.build_store(rows_frame(spark, random_rows(2, range(100, 110), 50)), store, "sub", CFG)
+    first = catalog_buckets(store, "sub")
+    bspark.build_store(rows_frame(spark, random_rows(3, [*range(10, 20), *range(200, 210)], 50)), store, "sub", CFG)
+    second = catalog_buckets(store, "sub")
+    assert set(first.items()) < set(second.items())
+    files = ledger_files(store)
+    with pytest.raises(Exception, match="fall inside the existing bucket"):
+        bspark.build_store(rows_frame(spark, random_rows(4, [1, 2, 3, 104, 300, 301], 100)), store, "sub", CFG)
+    assert catalog_buckets(store, "sub") == second and settled_files(store, files) == files
+
+
+def test_a_task_failure_mid_job_registers_nothing_and_leaves_no_file(spark, tmp_path):
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    @F.udf(LongType())
+    def explode_on_ledger_900(ledger_id):
+        if ledger_id == 900:
+            raise RuntimeError("injected task failure")
+        return ledger_id
+
+    store = str(tmp_path / "store")
+    bucketstore.open(store).close()
+    df = rows_frame(spark, random_rows(5, range(0, 1000, 50), 40))
+    # Two range partitions: ledgers below 500 build and succeed, the other task dies.
+    df = df.repartitionByRange(2, "ledger_id").withColumn("ledger_id", explode_on_ledger_900("ledger_id"))
+    with pytest.raises(Exception, match="injected task failure"):
+        df.write.format("bucketstore").option("tracker", "sub").option("min_index_count_per_bucket", 100) \
+            .mode("append").save(store)
+    assert catalog_buckets(store, "sub") == {} and settled_files(store, []) == []
+
+
+def test_plain_write_with_overlapping_partitions_fails_cleanly(spark, tmp_path):
+    store = str(tmp_path / "store")
+    rows = [(l, e, 1000 + e) for l in range(10) for e in range(30)]
+    # Round-robin partitions both hold every ledger: the ranges of their buckets overlap.
+    df = rows_frame(spark, rows).repartition(2)
+    with pytest.raises(Exception, match="overlapping ledger ranges"):
+        df.write.format("bucketstore").option("tracker", "sub").mode("append").save(store)
+    assert catalog_buckets(store, "sub") == {} and settled_files(store, []) == []
+
+
+def test_overwrite_replaces_the_trackers_buckets_in_one_commit(spark, tmp_path):
+    store = str(tmp_path / "store")
+    bspark.build_store(rows_frame(spark, random_rows(6, range(0, 8), 50)), store, "sub", CFG)
+    old = catalog_buckets(store, "sub")
+    rows = random_rows(7, range(4, 12), 50)
+    bspark.build_store(rows_frame(spark, rows), store, "sub", CFG, mode="overwrite")
+    new = catalog_buckets(store, "sub")
+    assert not set(new.values()) & set(old.values())
+    assert len(ledger_files(store)) == len(new)
+    assert sorted((l, e) for _, _, _, _, _, _, l, e in file_rows(store)) == sorted((l, e) for l, e, _ in rows)
+
+
+def test_a_build_refuses_a_store_open_for_writing(spark, tmp_path):
+    store = str(tmp_path / "store")
+    df = rows_frame(spark, random_rows(8, range(3), 10))
+    with bucketstore.open(store):
+        with pytest.raises(bucketstore.StoreLockedError):
+            bspark.build_store(df, store, "sub", CFG)
+        with pytest.raises(Exception, match="is open for writing by process"):
+            df.write.format("bucketstore").option("tracker", "sub").mode("append").save(store)
+    assert catalog_buckets(store, "sub") == {}

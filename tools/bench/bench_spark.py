@@ -1,0 +1,136 @@
+"""Spark reader and bulk builder against the single-process path, in one run.
+
+    python tools/bench/bench_spark.py [--rows 10000000] [--cores 2] [--dir /tmp/bench-spark]
+
+Input: ``rows`` delayed indexes in log order (ledgers of 10,000 entries, as an
+export from a topic arrives) with delivery times spread over a day. Measured:
+
+* bulk build, Spark: ``build_store`` from a DataFrame generated in the JVM
+  (so the input is not the bottleneck), end to end: count, range shuffle,
+  Arrow transfer, sealing, one catalog commit;
+* bulk build, one process: the same rows cut into the same buckets with
+  ``build_bucket`` + ``write_bucket`` (numpy in, no Spark);
+* reading, Spark: ``spark.read.format("bucketstore")`` of the built store, every
+  column consumed (a sum per column, so nothing is pruned);
+* reading, one process: every segment of every bucket with ``BucketFile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+import bucketstore
+from bucketstore.snapshot import BucketFile, build_bucket, write_bucket
+from bucketstore.spark.bucketing import Rows, cut_buckets, order_positions, time_order
+
+ENTRIES_PER_LEDGER = 10_000
+DAY_MS = 86_400_000
+T0 = 1_700_000_000_000
+
+
+def single_process_build(rows: int, directory: str, config: bucketstore.TrackerConfig) -> float:
+    """Seconds to seal ``rows`` indexes in this process, cut exactly as the Spark tasks cut them."""
+    ids = np.arange(rows, dtype=np.uint64)
+    data = Rows(ids // np.uint64(ENTRIES_PER_LEDGER), ids % np.uint64(ENTRIES_PER_LEDGER),
+                np.uint64(T0) + (ids * np.uint64(2_654_435_761)) % np.uint64(DAY_MS))
+    os.makedirs(directory)
+    started = time.perf_counter()
+    data = order_positions(data)
+    for n, cut in enumerate(cut_buckets(data.ledgers, config.min_index_count_per_bucket)):
+        part = time_order(data.take(slice(cut.lo, cut.hi)))
+        meta, payloads = build_bucket(cut.start_ledger, cut.end_ledger, part.timestamps, part.ledgers, part.entries,
+                                      time_step_ms=config.max_time_step_per_segment_ms,
+                                      max_indexes_per_segment=config.max_indexes_per_segment)
+        write_bucket(directory, n, meta, payloads)
+    return time.perf_counter() - started
+
+
+def single_process_read(directory: str) -> tuple[int, float]:
+    started = time.perf_counter()
+    total = 0
+    for name in sorted(os.listdir(directory)):
+        with BucketFile(os.path.join(directory, name)) as bf:
+            for k in range(1, bf.segment_count + 1):
+                seg = bf.read_segment(k)
+                total += len(seg)
+                # Touch every column, as the Spark reader does when it converts them.
+                seg.timestamps.view(np.int64).sum(), seg.ledger_ids.view(np.int64).sum()
+                seg.entry_ids.view(np.int64).sum()
+    return total, time.perf_counter() - started
+
+
+def session(cores: int):
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName("bench_spark")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(cores)).config("spark.driver.memory", "4g")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--cores", type=int, default=2, help="Spark local[N] (default 2)")
+    ap.add_argument("--dir", default="/tmp/bench-spark")
+    args = ap.parse_args(argv)
+    print("command:", " ".join([os.path.basename(sys.executable), *sys.argv]))
+    shutil.rmtree(args.dir, ignore_errors=True)
+    config = bucketstore.TrackerConfig()
+    n = args.rows
+
+    single_dir = os.path.join(args.dir, "single")
+    build_s = single_process_build(n, single_dir, config)
+    read_n, read_s = single_process_read(single_dir)
+    assert read_n == n
+
+    import bucketstore.spark as bspark
+    from pyspark.sql import functions as F
+    spark = session(args.cores)
+    bspark.register(spark)
+    # Warm-up jobs (a build and a read) start the JVM's and the Python workers' caches; they are not timed.
+    warmup = os.path.join(args.dir, "warmup")
+    bspark.build_store(spark.range(200_000).select((F.col("id") / ENTRIES_PER_LEDGER).cast("long").alias("ledger_id"),
+                                                   (F.col("id") % ENTRIES_PER_LEDGER).alias("entry_id"),
+                                                   F.lit(T0).alias("deliver_at")),
+                       warmup, "warmup", config)
+    spark.read.format("bucketstore").load(warmup).agg(F.max("timestamp")).first()
+    df = spark.range(n).select((F.col("id") / ENTRIES_PER_LEDGER).cast("long").alias("ledger_id"),
+                               (F.col("id") % ENTRIES_PER_LEDGER).alias("entry_id"),
+                               (F.lit(T0) + (F.col("id") * 2_654_435_761) % DAY_MS).alias("deliver_at"))
+    store = os.path.join(args.dir, "store")
+    report = bspark.build_store(df, store, "bench", config)
+    started = time.perf_counter()
+    sums = spark.read.format("bucketstore").load(store).agg(
+        F.count("*").alias("n"), F.sum(F.col("timestamp") - T0), F.sum("ledger_id"), F.sum("entry_id"), F.sum("segment"),
+        F.max("tracker"), F.max("ledger_file")).first()
+    spark_read_s = time.perf_counter() - started
+    assert sums.n == n, sums
+    spark.stop()
+
+    def line(what: str, rows: int, seconds: float, cores: int) -> None:
+        rate = rows / seconds
+        print(f"{what:<34} {rows:>12,} rows {seconds:8.2f} s {rate / 1e6:7.2f} M/s {rate / cores / 1e6:7.2f} M/s/core")
+
+    print(f"rows={n:,}  buckets={report.buckets_after}  partitions={report.partitions}  "
+          f"min_index_count_per_bucket={config.min_index_count_per_bucket}  "
+          f"max_indexes_per_segment={config.max_indexes_per_segment}")
+    line("bulk build, one process", n, build_s, 1)
+    line(f"bulk build, Spark local[{args.cores}]", n, report.seconds, args.cores)
+    line("read, one process (BucketFile)", n, read_s, 1)
+    line(f"read, Spark local[{args.cores}]", n, spark_read_s, args.cores)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
