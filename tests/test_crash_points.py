@@ -64,7 +64,8 @@ class Workload:
         clock = FakeClock(1_000)
         tracker = bucketstore.InMemoryTracker(self.config, clock)
         for _, step in self.steps:
-            step(_RecordingTracker(tracker, recorder), clock)
+            if step is not REOPEN:
+                step(_RecordingTracker(tracker, recorder), clock)
         return recorder.positions
 
 
@@ -118,6 +119,11 @@ def _single_adds(tracker, clock) -> None:
     tracker.add_message(11, 7, clock.now + 250)
 
 
+def REOPEN(tracker, clock) -> None:  # noqa: N802 - a marker, run by _Run itself
+    """Marker step: close the store cleanly and open it again (a recovery mid-workload)."""
+    raise AssertionError("REOPEN is handled by the runner")
+
+
 SMALL = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexes_per_segment=3,
                       max_time_step_per_segment_ms=100)
 
@@ -139,6 +145,9 @@ WORKLOADS = [
     # seal; one that does not still runs the same seals, deletes and trims.
     Workload("merging", TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexes_per_segment=3,
                                       max_time_step_per_segment_ms=100, max_num_buckets=2), _STEPS),
+    # A clean close and reopen after the trim: the recovery (due buckets deleted,
+    # a durable mark-delete applied) is itself crashed at every call.
+    Workload("reopened", SMALL, _STEPS[:4] + (("reopen", REOPEN),) + _STEPS[4:]),
 ]
 
 
@@ -163,14 +172,23 @@ class _Run:
         self.store: Store | None = None
         self.crashed_in = "end"
 
+    def _open(self) -> object:
+        self.store = Store(self.path, fs=self.fs)
+        self.fs.attach(self.store.catalog)
+        return self.store.tracker(TRACKER, self.workload.config, self.clock)
+
     def go(self) -> None:
         try:
-            self.store = Store(self.path, fs=self.fs)
-            self.fs.attach(self.store.catalog)
-            tracker = self.store.tracker(TRACKER, self.workload.config, self.clock)
+            tracker = self._open()
             for name, step in self.workload.steps:
                 self.crashed_in = name
-                step(tracker, self.clock)
+                if step is REOPEN:
+                    assert self.store is not None
+                    self.store.close()
+                    self.clock.advance(20)
+                    tracker = self._open()
+                else:
+                    step(tracker, self.clock)
             self.crashed_in = "end"
         except SimulatedCrash:
             return
