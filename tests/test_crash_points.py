@@ -335,3 +335,25 @@ def test_every_crash_point_recovers(workload: Workload, tmp_path: Path) -> None:
           f"({skipped} duplicate images skipped) and {recovery_states} crashes during recovery "
           f"in {elapsed:.1f}s; states by last commit: {dict(per_kind)}")
     assert states >= n  # at least one distinct image per crash point
+
+
+def test_old_ledger_after_recovery_does_not_widen_the_mutable_bucket_over_a_sealed_one(tmp_path: Path) -> None:
+    """Found by the crash state machine. After a recovery the mutable bucket is empty;
+    an index for a ledger *below* a recovered bucket must go straight to the queue.
+    Put in the mutable bucket, it widened it across the sealed range [2, 2]; the
+    next seal registered [1, 4], and the following recovery took [2, 2] for a
+    merge leftover enclosed by [1, 4] and deleted it: six durable indexes lost."""
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path) as store:
+        tracker = store.tracker(TRACKER, SMALL, clock)
+        tracker.add_messages([(2, e, 5_000 + e) for e in range(6)])
+        tracker.add_messages([(3, e, 5_000 + e) for e in range(6)])  # seals [2, 2]
+    with bucketstore.open(tmp_path) as store:
+        tracker = store.tracker(TRACKER, SMALL, clock)
+        tracker.add_message(1, 0, 5_000)  # an old ledger, below the sealed bucket
+        tracker.add_messages([(4, e, 5_000 + e) for e in range(3)])
+        tracker.add_message(5, 0, 5_000)  # rolls over: seals the mutable bucket
+        tracker._check()
+    with bucketstore.open(tmp_path) as store:
+        tracker = store.tracker(TRACKER, SMALL, clock)
+        assert all(tracker.contains_message(2, e) for e in range(6)), "the sealed bucket [2, 2] was lost"
