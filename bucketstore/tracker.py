@@ -168,7 +168,13 @@ class BucketTracker:
         if not covered and ledger_id > mutable.end_ledger and not mutable.is_empty() \
                 and mutable.pending_count(cutoff) >= self.config.min_index_count_per_bucket:
             self._seal(cutoff)
-        if not covered and ledger_id >= mutable.end_ledger:
+        # The mutable bucket must never reach back over a sealed range: after a
+        # recovery it is empty (its range unset), and an old ledger below the
+        # sealed buckets would otherwise widen it across them, so the next seal
+        # would register a range enclosing a sealed one (which recovery then
+        # deletes as a merge leftover). Such ledgers go straight to the queue.
+        last_sealed_end = self._buckets.peekitem(-1)[1].end_ledger if self._buckets else -1
+        if not covered and ledger_id >= mutable.end_ledger and ledger_id > last_sealed_end:
             return mutable.add
         return self._direct.append
 
