@@ -150,6 +150,7 @@ class LedgerWriter:
         self._position = 0
         self._buffer = bytearray()
         self._state = "open"
+        self._renamed = False
         self._fd = fs.create(self.temp_path)
         self._put(head)
 
@@ -211,6 +212,7 @@ class LedgerWriter:
                 # A sealed ledger is immutable: never replace one silently.
                 raise FileExistsError(f"ledger file {self.path} already exists")
             self._fs.rename(self.temp_path, self.path)
+            self._renamed = True
             self._fs.fsync_dir(self.directory)
         except BaseException:
             self.abort()
@@ -219,7 +221,8 @@ class LedgerWriter:
         return self.path
 
     def abort(self) -> None:
-        """Give up on this ledger: close and remove the temporary file. Idempotent."""
+        """Give up on this ledger: close and remove the file (under its temporary name,
+        or its final one if the rename happened before the failure). Idempotent."""
         if self._state == "sealed":
             return
         self._state = "aborted"
@@ -230,7 +233,9 @@ class LedgerWriter:
                 pass
             self._fd = -1
         try:
-            self._fs.unlink(self.temp_path)
+            # A failed directory fsync comes after the rename: the file then sits
+            # under its final name, which no catalog key references yet.
+            self._fs.unlink(self.path if self._renamed else self.temp_path)
         except FileNotFoundError:
             pass
         except OSError:

@@ -186,7 +186,8 @@ class BucketTracker:
 
         The mutable bucket takes only ledgers newer than every sealed bucket. Pulsar's
         rule ("not covered and >= the mutable end") lets an old ledger that falls in a
-        gap between sealed ranges start a fresh mutable bucket after a seal; newer
+        gap between sealed ranges start a fresh mutable bucket when it is empty (after
+        a restart, while the embedder replays its log); newer
         ledgers then stretch it over sealed ranges, and the next seal writes a bucket
         that overlaps them, which recovery would then resolve by deleting the one
         enclosed. Such old ledgers go straight to the shared queue instead.
@@ -616,7 +617,8 @@ class BucketTracker:
         if isinstance(md, list) and len(md) == 2 and all(isinstance(v, int) for v in md):
             self._mark_delete = (md[0], md[1])
         keys = store.catalog.buckets(self.name)
-        ranges, stale_keys = _resolve_ranges(keys, self.name)
+        ranges, enclosed = _resolve_ranges(keys, self.name)
+        stale_keys = list(enclosed)
         cutoff = self._cutoff.advance()
         replayed = self._journal.replay() if self._journal is not None else None
         frontier = self._frontier = replayed.frontier if replayed is not None else None
@@ -668,6 +670,8 @@ class BucketTracker:
             self._queue.push(Slot(bucket))
         if stale_keys:
             store.catalog.commit(self.name, remove=stale_keys)
+            for key in enclosed:  # key first, then file: a crash here leaves only orphans
+                store.remove_ledger_file(os.path.join(store.ledgers_dir, ledger_file_name(keys[key])))
         self._delete_buckets(doomed)
         if replayed is not None:
             self._replay(replayed.records, frontier)
@@ -678,7 +682,7 @@ class BucketTracker:
             self._checkpoint()  # compact: one file holding exactly the recovered memory-only state
         self.recovery_seconds = time.perf_counter() - started
         self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
-                                "enclosed_removed": len(stale_keys) - len(dropped), "dropped": dropped}
+                                "enclosed_removed": len(enclosed), "dropped": dropped}
 
     def _untrack_delivered(self, bucket: SealedBucket, first: int, frontier: tuple[int, int, int]) -> None:
         """Untrack a bucket's indexes at or before the frontier in the segments it falls in."""

@@ -1,0 +1,139 @@
+"""A writer process for the SIGKILL tests: it works on a real store until it is killed.
+
+It adds batches of indexes across rolling ledgers (so small buckets seal),
+moves a logical clock, takes due indexes (so buckets are exhausted and
+deleted) and acknowledges now and then (so buckets are trimmed). Beside the
+store it keeps a *side log*, one JSON record per line, each fsynced before the
+writer goes on; it is the oracle the checker reads after the kill:
+
+``{"add": [[l, e, t], ...]}``
+    written *before* the batch is handed to the tracker: everything the store
+    could ever hold was announced first (the no-phantom bound);
+``{"sealed": key, "ledger": id, "rows": [[t, l, e], ...]}``
+    written *after* the seal's catalog commit, with the rows read back from
+    the sealed file: these are durable (the no-loss bound). A kill between the
+    commit and this record only makes the bound weaker, never wrong;
+``{"clock": t}``
+    written before the clock moves to ``t``;
+``{"ack": [l, e]}``
+    written *before* ``mark_delete``: those positions may be gone afterwards.
+
+Run as a script for a manual soak::
+
+    python tests/crash_writer.py STORE SIDE_LOG [--seed N] [--iterations N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import bucketstore
+from bucketstore import TrackerConfig
+from bucketstore.ledger_file import ledger_file_name
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from crash_oracle import read_bucket  # noqa: E402
+from helpers import FakeClock  # noqa: E402
+
+NAME = "sub"
+CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=8, max_indexes_per_segment=4,
+                       max_time_step_per_segment_ms=100)
+
+
+class SideLog:
+    """Append-only JSON lines, each made durable before :meth:`write` returns."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, record: dict[str, Any]) -> None:
+        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+        os.fsync(self._fd)
+
+
+def read_side_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a side log; a last line cut by the kill is ignored."""
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # only the last line can be torn
+    return out
+
+
+def resume_point(records: list[dict[str, Any]]) -> tuple[int, int]:
+    """Where a new writer continues: after the highest ledger and clock the log has seen."""
+    ledger, clock = 0, 1_000
+    for r in records:
+        if "add" in r and r["add"]:
+            ledger = max(ledger, max(row[0] for row in r["add"]))
+        if "clock" in r:
+            clock = max(clock, r["clock"])
+    return ledger + 1, clock
+
+
+def run_writer(store_path: str | os.PathLike[str], log_path: str | os.PathLike[str], seed: int,
+               iterations: int | None = None, ready: int | None = None) -> None:
+    """Work on the store until killed (or for ``iterations`` rounds).
+
+    :param ready: a pipe descriptor to write one byte to once the store is open,
+        so the killer can tell recovery from the work that follows.
+    """
+    rng = random.Random(seed)
+    ledger, now = resume_point(read_side_log(log_path))
+    side = SideLog(log_path)
+    clock = FakeClock(now)
+    store = bucketstore.open(store_path)
+    tracker = store.tracker(NAME, CONFIG, clock)
+    known = set(store.catalog.buckets(NAME))
+    if ready is not None:
+        os.write(ready, b"r")
+    i = 0
+    while iterations is None or i < iterations:
+        i += 1
+        rows = [(ledger, e, clock.now + 20 + rng.randrange(600)) for e in range(rng.randrange(4, 14))]
+        side.write({"add": rows})
+        tracker.add_messages(rows)
+        ledger += 1
+        keys = store.catalog.buckets(NAME)
+        for key in sorted(keys.keys() - known):
+            lid = keys[key]
+            contents = read_bucket(Path(store.ledgers_dir) / ledger_file_name(lid))
+            side.write({"sealed": key, "ledger": lid, "rows": contents})
+        known = set(keys)
+        if rng.random() < 0.5:
+            target = clock.now + rng.randrange(10, 120)
+            side.write({"clock": target})  # durable before the clock moves
+            clock.now = target
+            tracker.get_scheduled_messages(rng.randrange(1, 40))
+        if rng.random() < 0.05:
+            ack = [max(0, ledger - rng.randrange(3, 10)), rng.randrange(0, 8)]
+            side.write({"ack": ack})
+            tracker.mark_delete(*ack)
+    store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("store")
+    parser.add_argument("side_log")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--iterations", type=int, default=None)
+    args = parser.parse_args(argv)
+    print("ready", flush=True)
+    run_writer(args.store, args.side_log, args.seed, args.iterations)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

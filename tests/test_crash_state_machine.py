@@ -1,0 +1,238 @@
+"""A hypothesis state machine that crashes a sealed-mode tracker at random I/O calls.
+
+Rules add indexes (one by one and in batches, across rolling ledgers so that
+buckets seal), move the clock, take due indexes, acknowledge, flush, arm a
+crash at a random upcoming durable call (or crash right now) under a random
+damage mode, and reopen cleanly. The store runs on a
+:class:`~bucketstore.faults.FaultyFileSystem` throughout.
+
+Between restarts the tracker must match a plain model exactly. At a restart
+(crash or clean reopen) the recovered tracker must meet the bounds of
+``crash_oracle`` for the catalog state committed at that moment (no phantom,
+no durable undue index lost); the model is then reseeded with what was
+recovered, and a new lifetime begins.
+
+Invariants after every step: the count equals the model's, ``contains_message``
+agrees on every position ever added, the tracker's ``_check()`` holds, and no
+position is delivered twice within one lifetime.
+
+``BUCKETSTORE_EXAMPLES`` raises the example count (default 200).
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from bucketstore import TrackerConfig
+from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.store import Store
+
+from crash_oracle import CatalogState, check_recovered, expect
+from helpers import FakeClock, example_count
+
+T = TypeVar("T")
+NAME = "sub"
+CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexes_per_segment=3,
+                       max_time_step_per_segment_ms=100)
+
+
+class Model:
+    """The specification between two restarts: a sorted list of (ts, ledger, entry)."""
+
+    def __init__(self, clock: FakeClock, rows: dict[tuple[int, int], int], acked: tuple[int, int] | None) -> None:
+        self.clock = clock
+        self.where = dict(rows)
+        self.rows = sorted((ts, ledger, entry) for (ledger, entry), ts in rows.items())
+        self.acked = acked
+        self.cutoff = -1
+        self.advance()  # a tracker reads the clock when it is opened
+
+    def advance(self) -> int:
+        self.cutoff = max(self.cutoff, self.clock() + CONFIG.tick_time_ms)
+        return self.cutoff
+
+    def _remove(self, ledger: int, entry: int) -> None:
+        ts = self.where.pop((ledger, entry))
+        self.rows.remove((ts, ledger, entry))
+
+    def add(self, ledger: int, entry: int, at: int) -> bool:
+        if at <= self.advance():
+            if (ledger, entry) in self.where:
+                self._remove(ledger, entry)
+            return False
+        if (ledger, entry) not in self.where:
+            self.where[(ledger, entry)] = at
+            bisect.insort(self.rows, (at, ledger, entry))
+        return True
+
+    def pop(self, n: int) -> list[tuple[int, int]]:
+        cutoff = self.advance()
+        out = []
+        while self.rows and len(out) < n and self.rows[0][0] <= cutoff:
+            _, ledger, entry = self.rows[0]
+            self._remove(ledger, entry)
+            out.append((ledger, entry))
+        return sorted(out)
+
+    def mark_delete(self, ledger: int, entry: int) -> None:
+        if self.acked is not None and (ledger, entry) < self.acked:
+            return
+        self.acked = (ledger, entry)
+        for _, l2, e2 in [r for r in self.rows if (r[1], r[2]) <= (ledger, entry)]:
+            self._remove(l2, e2)
+
+
+class CrashMachine(RuleBasedStateMachine):
+    """Random operations, crashes and reopens of one sealed-mode tracker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="bucketstore-sm-"))
+        self.path = self.dir / "store"
+        self.clock = FakeClock(1_000)
+        self.base = 1  # the embedder's current ledger
+        self.universe: set[tuple[int, int]] = set()
+        self.damage: Damage = DAMAGES[0]
+        self.seed = 0
+        self.restarts = 0
+        self.crashes_in_ops = 0
+        self.seals = 0
+        self._open(FaultyFileSystem())
+        self.model = Model(self.clock, {}, None)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _open(self, fs: FaultyFileSystem) -> None:
+        self.fs = fs
+        self.store = Store(self.path, fs=fs)
+        fs.attach(self.store.catalog)
+        self.tracker = self.store.tracker(NAME, CONFIG, self.clock)
+        self.delivered: set[tuple[int, int]] = set()  # in this lifetime
+
+    def _seals(self) -> int:
+        return sum(1 for op, _ in self.fs.log if op == "rename")
+
+    def _restart(self, crashed: bool) -> None:
+        """Die (or close cleanly), reopen, check the recovery, reseed the model."""
+        self.seals += self._seals()
+        committed = CatalogState.read(self.store.catalog, NAME)
+        cutoff = self.clock.now + CONFIG.tick_time_ms
+        exp = expect(committed, self.path / "ledgers", cutoff)
+        context = f"restart {self.restarts} ({'crash, ' + str(self.damage) if crashed else 'clean'})"
+        if crashed:
+            abandon_store(self.store)
+            self.fs.materialize(self.damage, random.Random(self.seed))
+        else:
+            self.store.close()
+        self.restarts += 1
+        self._open(FaultyFileSystem())
+        got = check_recovered(self.tracker, exp, self.universe, context)
+        times = {(ledger, entry): ts for ts, ledger, entry in exp.triples}
+        self.model = Model(self.clock, {p: times[p] for p in got}, committed.mark_delete)
+
+    def _call(self, fn: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run a tracker call; on a simulated crash, restart and report that it did not complete."""
+        try:
+            return True, fn()
+        except SimulatedCrash:
+            self.crashes_in_ops += 1
+            self._restart(crashed=True)
+            return False, None
+
+    def teardown(self) -> None:
+        event(f"restarts: {min(self.restarts, 3)}+, crashes mid-operation: {min(self.crashes_in_ops, 2)}+, "
+              f"seals: {min(self.seals + self._seals(), 3)}+")
+        abandon_store(self.store)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- rules ---------------------------------------------------------------------------------
+    @initialize(ledgers=st.integers(0, 4), spread=st.integers(50, 800))
+    def start(self, ledgers: int, spread: int) -> None:
+        """Begin with a few sealed buckets (most examples), so crashes have files to hit."""
+        for _ in range(ledgers):
+            self.add_batch_next_ledger(0, 6, spread)
+
+    @rule(ledger=st.integers(-3, 2), entry=st.integers(0, 30), delay=st.integers(-20, 600))
+    def add(self, ledger: int, entry: int, delay: int) -> None:
+        position = (max(0, self.base + ledger), entry)
+        at = self.clock.now + delay
+        self.universe.add(position)
+        ok, result = self._call(lambda: self.tracker.add_message(*position, at))
+        if ok:
+            assert result == self.model.add(*position, at)
+
+    @rule(first=st.integers(0, 40), count=st.integers(1, 12), spread=st.integers(1, 800))
+    def add_batch_next_ledger(self, first: int, count: int, spread: int) -> None:
+        """A batch for the next ledger: the log rolls over, which seals the mutable bucket."""
+        self.base += 1
+        rows = [(self.base, first + i, self.clock.now + 15 + (i * 37) % spread) for i in range(count)]
+        self.universe.update((r[0], r[1]) for r in rows)
+        ok, result = self._call(lambda: self.tracker.add_messages(rows))
+        if ok:
+            assert result == sum(self.model.add(*r) for r in rows)
+
+    @rule(by=st.integers(1, 3))
+    def roll_ledger(self, by: int) -> None:
+        self.base += by
+
+    @rule(ms=st.integers(-30, 400))
+    def tick(self, ms: int) -> None:
+        self.clock.advance(ms)
+
+    @rule(n=st.integers(0, 20))
+    def get_scheduled(self, n: int) -> None:
+        ok, got = self._call(lambda: self.tracker.get_scheduled_messages(n))
+        if ok:
+            assert got == self.model.pop(n)
+            assert not self.delivered & set(got), "a position was delivered twice in one lifetime"
+            self.delivered |= set(got)
+
+    @rule(back=st.integers(0, 4), entry=st.integers(0, 30))
+    def mark_delete(self, back: int, entry: int) -> None:
+        position = (max(0, self.base - back), entry)
+        ok, _ = self._call(lambda: self.tracker.mark_delete(*position))
+        if ok:
+            self.model.mark_delete(*position)
+
+    @rule()
+    def flush(self) -> None:
+        self._call(self.tracker.flush)
+
+    @rule(after=st.integers(0, 12), damage=st.sampled_from(DAMAGES), seed=st.integers(0, 2**16))
+    def arm_crash(self, after: int, damage: Damage, seed: int) -> None:
+        """Die before the ``after``-th durable call from now (whichever operation makes it;
+        a seal makes six, a bucket delete three)."""
+        self.fs.crash_at = self.fs.calls + after
+        self.damage, self.seed = damage, seed
+
+    @rule(damage=st.sampled_from(DAMAGES), seed=st.integers(0, 2**16))
+    def crash_now(self, damage: Damage, seed: int) -> None:
+        self.fs.crash()
+        self.damage, self.seed = damage, seed
+        self._restart(crashed=True)
+
+    @rule()
+    def reopen(self) -> None:
+        self._restart(crashed=False)
+
+    # -- invariants ----------------------------------------------------------------------------
+    @invariant()
+    def matches_model(self) -> None:
+        self.tracker._check()
+        assert self.tracker.number_of_delayed_messages == len(self.model.where)
+        for position in self.universe:
+            assert self.tracker.contains_message(*position) == (position in self.model.where), position
+
+
+CrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
+TestCrashMachine = CrashMachine.TestCase

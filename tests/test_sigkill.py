@@ -1,0 +1,164 @@
+"""Real process kills: SIGKILL a writer (and a recovering opener) on a real store, then check it.
+
+The writer (``crash_writer.run_writer``) runs in a forked child process, so a
+kill costs no interpreter start-up and a hundred of them fit in seconds; the
+child is a real process with its own descriptors, flock and LMDB environment,
+killed with SIGKILL at a random moment. After each kill, a second child starts
+opening the store (a recovery) and is killed too at a random moment, some of
+the time mid-recovery. Then the test process opens the store and checks it
+against the writer's side log:
+
+* no orphan or ``*.tmp`` file is left, and every catalog key names a file that
+  verifies;
+* every index of a sealed bucket the side log records, not yet due at the
+  reopen cutoff and not acknowledged, is tracked (no loss);
+* every tracked position was announced in the side log (no phantom).
+
+``BUCKETSTORE_KILLS`` sets the number of writer kills (default 100).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import bucketstore
+from bucketstore.errors import StoreLockedError
+
+from crash_oracle import check_files
+from crash_writer import CONFIG, NAME, read_side_log, run_writer
+from helpers import FakeClock
+
+KILLS = int(os.environ.get("BUCKETSTORE_KILLS", "100"))
+HERE = Path(__file__).resolve().parent
+
+
+def _fork(target, *args: object) -> tuple[int, int]:
+    """Run ``target(*args, ready=w)`` in a forked child; return (pid, read end of its ready pipe).
+
+    The parent holds no store open across the fork (an LMDB environment must
+    not be inherited), and the child never returns into pytest.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(r)
+            target(*args, ready=w)
+        except BaseException:  # noqa: BLE001 - the child reports by exit code only
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _kill_after(pid: int, ready: int, delay: float) -> bool:
+    """SIGKILL the child ``delay`` seconds after it reports ready (or at once if it died).
+    Returns whether it was still running when killed."""
+    got = os.read(ready, 1)
+    os.close(ready)
+    if got:
+        time.sleep(delay)
+    alive = os.waitpid(pid, os.WNOHANG) == (0, 0)
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return alive
+
+
+def _recover(store_path: Path, now: int, ready: int) -> None:
+    """Child body: open the store and recover the tracker, then report and linger."""
+    os.write(ready, b"r")  # report first: the kill is meant to land inside the recovery
+    with bucketstore.open(store_path) as store:
+        store.tracker(NAME, CONFIG, FakeClock(now))
+    time.sleep(10)
+
+
+def check_store(store_path: Path, log_path: Path) -> int:
+    """Open the store in this process and check it against the side log. Returns tracked count."""
+    records = read_side_log(log_path)
+    announced = {(row[0], row[1]) for r in records if "add" in r for row in r["add"]}
+    now = max([1_000] + [r["clock"] for r in records if "clock" in r])
+    ack = max([tuple(r["ack"]) for r in records if "ack" in r], default=None)
+    cutoff = now + CONFIG.tick_time_ms
+    must = {(l, e) for r in records if "sealed" in r for t, l, e in r["rows"]
+            if t > cutoff and (ack is None or (l, e) > ack)}
+    with bucketstore.open(store_path) as store:
+        tracker = store.tracker(NAME, CONFIG, FakeClock(now))
+        tracker._check()
+        check_files(store, NAME, f"after kill ({store_path})")
+        tracked = {p for p in announced if tracker.contains_message(*p)}
+        assert tracker.number_of_delayed_messages == len(tracked), "a tracked position was never announced"
+        lost = must - tracked
+        assert not lost, f"lost {len(lost)} sealed, undue, unacknowledged indexes, e.g. {sorted(lost)[:5]}"
+        return len(tracked)
+
+
+def test_sigkill_writer_and_recovery(tmp_path: Path) -> None:
+    store_path, log_path = tmp_path / "store", tmp_path / "side.log"
+    rng = random.Random(1234)
+    started = time.perf_counter()
+    killed_writers = killed_recoveries = 0
+    for i in range(KILLS):
+        pid, ready = _fork(run_writer, store_path, log_path, i, None)
+        killed_writers += _kill_after(pid, ready, rng.uniform(0.0, 0.08))
+        now = max([1_000] + [r["clock"] for r in read_side_log(log_path) if "clock" in r])
+        pid, ready = _fork(_recover, store_path, now)
+        killed_recoveries += _kill_after(pid, ready, rng.uniform(0.0, 0.01))
+        check_store(store_path, log_path)
+    records = read_side_log(log_path)
+    sealed = sum(1 for r in records if "sealed" in r)
+    elapsed = time.perf_counter() - started
+    print(f"\nSIGKILL: {killed_writers} writers killed mid-work, {killed_recoveries} openers killed "
+          f"(during or right after recovery), {sealed} seals recorded, {len(records)} side-log records, "
+          f"in {elapsed:.1f}s")
+    assert killed_writers >= KILLS * 0.9, "most writers must still be running when killed"
+    assert sealed > 0
+
+
+def _hold(store_path: Path, ready: int) -> None:
+    """Child body: hold the store open until killed."""
+    with bucketstore.open(store_path):
+        os.write(ready, b"r")
+        time.sleep(60)
+
+
+def test_second_process_gets_store_locked_until_holder_is_killed(tmp_path: Path) -> None:
+    store_path = tmp_path / "store"
+    pid, ready = _fork(_hold, store_path)
+    assert os.read(ready, 1) == b"r"
+    os.close(ready)
+    try:
+        with pytest.raises(StoreLockedError, match=str(pid)):
+            bucketstore.open(store_path)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    # The kernel drops a dead process's flock: the store opens without a manual step.
+    with bucketstore.open(store_path) as store:
+        assert store.trackers() == []
+
+
+def test_writer_script_killed_by_signal(tmp_path: Path) -> None:
+    """The writer as a separate program (as in a manual soak), killed mid-run."""
+    store_path, log_path = tmp_path / "store", tmp_path / "side.log"
+    for seed in range(3):
+        proc = subprocess.Popen([sys.executable, str(HERE / "crash_writer.py"), str(store_path), str(log_path),
+                                 "--seed", str(seed)], stdout=subprocess.PIPE,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        time.sleep(0.3 + 0.1 * seed)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+        proc.stdout.close()
+        check_store(store_path, log_path)
+    assert any("sealed" in r for r in read_side_log(log_path))
