@@ -8,10 +8,12 @@ entry is never delivered twice), and ``number_of_delayed_messages`` is its
 cardinality, kept in a counter so reading it is O(1).
 
 A queue row ``(ts, ledger, entry)`` is *live* when its position is tracked. One
-case needs more: a position untracked by an expired re-add and then added again
-with a later time leaves its old row behind in the queue or in a sealed
-segment, and that row must not deliver the position early. Such positions are
-*retimed*: for them only the row carrying the current time is live.
+case needs more: a position untracked while a row of it may remain — by an
+expired re-add, or delivered while a sealed segment on disk still holds it —
+and then added again with another time must not be delivered early by that
+old row. Such positions are remembered as *ghosts* (per-ledger bitmaps); a
+ghost that is tracked again is *retimed*: only the row carrying its current
+time is live.
 """
 
 from __future__ import annotations
@@ -41,13 +43,13 @@ class DelayedIndexSet:
     Not thread-safe by itself: the owning tracker's lock guards it.
     """
 
-    __slots__ = ("_ledgers", "_count", "_expired", "_retimed")
+    __slots__ = ("_ledgers", "_count", "_ghosts", "_retimed")
 
     def __init__(self) -> None:
         self._ledgers: dict[int, Bitmap] = {}
         self._count = 0
-        # Positions untracked by an expired re-add: old rows of them may linger.
-        self._expired: set[tuple[int, int]] = set()
+        # ledger -> positions untracked while an old row of them may linger somewhere.
+        self._ghosts: dict[int, Bitmap] = {}
         # ledger -> entry -> the only live timestamp, for re-added expired positions.
         self._retimed: dict[int, dict[int, int]] = {}
 
@@ -79,7 +81,7 @@ class DelayedIndexSet:
             return False
         bm.add(entry_id)
         self._count += 1
-        if self._expired and (ledger_id, entry_id) in self._expired and ts is not None:
+        if self._ghosts and ts is not None and self._is_ghost(ledger_id, entry_id):
             self._retimed.setdefault(ledger_id, {})[entry_id] = ts
         return True
 
@@ -91,9 +93,26 @@ class DelayedIndexSet:
         """
         if not self.discard(ledger_id, entry_id):
             return False
-        self._expired.add((ledger_id, entry_id))
+        ghosts = self._ghosts.get(ledger_id)
+        if ghosts is None or (entry_id >= _U32_LIMIT and isinstance(ghosts, BitMap)):
+            ghosts = self._ghosts[ledger_id] = BitMap64(ghosts or ()) if entry_id >= _U32_LIMIT else BitMap()
+        ghosts.add(entry_id)
         self._forget_time(ledger_id, entry_id)
         return True
+
+    def add_ghosts(self, ledger_id: int, entries: Bitmap) -> None:
+        """Remember delivered positions whose rows remain in a sealed segment on disk."""
+        ghosts = self._ghosts.get(ledger_id)
+        if ghosts is None:
+            self._ghosts[ledger_id] = entries.copy()
+        elif type(ghosts) is type(entries):
+            ghosts |= entries
+        else:
+            self._ghosts[ledger_id] = BitMap64(ghosts) | BitMap64(entries)
+
+    def _is_ghost(self, ledger_id: int, entry_id: int) -> bool:
+        ghosts = self._ghosts.get(ledger_id)
+        return ghosts is not None and _fits(ghosts, entry_id) and entry_id in ghosts
 
     def _forget_time(self, ledger_id: int, entry_id: int) -> None:
         times = self._retimed.get(ledger_id)
@@ -136,9 +155,9 @@ class DelayedIndexSet:
 
     def add_many(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray | None = None) -> int:
         """Track many positions (uint64 columns, due at ``ts``); return how many were new."""
-        if self._expired and ts is not None:
+        if self._ghosts and ts is not None:
             for ledger, entry, at in zip(ledgers.tolist(), entries.tolist(), ts.tolist()):
-                if (ledger, entry) in self._expired and not self.contains(ledger, entry):
+                if self._is_ghost(ledger, entry) and not self.contains(ledger, entry):
                     self._retimed.setdefault(ledger, {})[entry] = at
         added = 0
         for ledger, ents in _group_by_ledger(ledgers, entries):
@@ -157,7 +176,7 @@ class DelayedIndexSet:
     def add_new(self, ledger_id: int, entries: Bitmap, entry_ids: np.ndarray, ts: np.ndarray) -> None:
         """Track positions known to be untracked and distinct (``entries`` as a bitmap,
         ``entry_ids``/``ts`` as columns, for positions that were expired before)."""
-        if self._expired:
+        if self._ghosts.get(ledger_id) is not None:
             self.add_many(np.full(len(entry_ids), ledger_id, dtype=np.uint64), entry_ids, ts)
             return
         self.add_bitmap(ledger_id, entries)
@@ -225,7 +244,8 @@ class DelayedIndexSet:
         for ledger in dead:
             dropped += len(self._ledgers.pop(ledger))
         self._count -= dropped
-        self._expired = {p for p in self._expired if p[0] >= first_live_ledger}
+        for ledger in [l for l in self._ghosts if l < first_live_ledger]:
+            del self._ghosts[ledger]
         for ledger in [l for l in self._retimed if l < first_live_ledger]:
             del self._retimed[ledger]
         return dropped
@@ -250,7 +270,7 @@ class DelayedIndexSet:
     def clear(self) -> None:
         self._ledgers.clear()
         self._count = 0
-        self._expired.clear()
+        self._ghosts.clear()
         self._retimed.clear()
 
     def memory_bytes(self) -> int:

@@ -54,6 +54,8 @@ class InMemoryTracker:
         check_timestamp(deliver_at)
         with self._lock:
             self._check_open()
+            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+                return False  # acknowledged already: nothing to track
             if deliver_at <= self._cutoff.advance():
                 self._tracked.pop((ledger_id, entry_id), None)
                 return False

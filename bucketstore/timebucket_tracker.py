@@ -51,6 +51,7 @@ class TimeBucketTracker:
         self._cutoff = Cutoff(config, clock)
         self._cutoff.advance()  # the cutoff starts when the tracker is created, as for every tracker
         self._index = TimeBucketIndex(config.precision_bits)
+        self._mark_delete: tuple[int, int] | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -80,6 +81,8 @@ class TimeBucketTracker:
             raise TypeError(f"deliver_at must be an int, not {type(deliver_at).__name__}")
         with self._lock:
             self._check_open()
+            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+                return False  # acknowledged already: nothing to track
             if deliver_at < 0 or deliver_at <= self._advance():
                 self._index.remove(ledger_id, entry_id)
                 return False
@@ -140,6 +143,9 @@ class TimeBucketTracker:
         """Acknowledge up to ``(ledger_id, entry_id)``: untrack every position at or before it."""
         with self._lock:
             self._check_open()
+            if self._mark_delete is not None and (ledger_id, entry_id) < self._mark_delete:
+                return  # acknowledgement never moves back
+            self._mark_delete = (ledger_id, entry_id)
             self._index.remove_through(ledger_id, entry_id)
 
     def flush(self) -> None:

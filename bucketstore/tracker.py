@@ -152,8 +152,10 @@ class BucketTracker:
 
         :return: False if ``deliver_at`` is already due (at or before the cutoff):
             the caller should dispatch the message now, and any earlier tracking of
-            the position is dropped. True if the index is tracked (newly, or
-            already) and the caller must skip the message for now.
+            the position is dropped; False too for a position at or before the
+            mark-delete position (acknowledged: nothing to track). True if the
+            index is tracked (newly, or already) and the caller must skip the
+            message for now.
         :raises TypeError, ValueError: ids that are not unsigned 64-bit ints.
         """
         check_position(ledger_id, entry_id)
@@ -164,6 +166,8 @@ class BucketTracker:
             # Expiry before membership: an expired re-add must dispatch now, not be
             # skipped because an undelivered copy is still tracked (Pulsar #26230).
             journal = self._journal
+            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+                return False  # acknowledged already: nothing to track
             if deliver_at <= cutoff:
                 if self._index.expire(ledger_id, entry_id) and journal is not None:
                     journal.untrack(ledger_id, entry_id)
@@ -243,8 +247,12 @@ class BucketTracker:
             for e in np.unique(entries[expired]).tolist():
                 if self._index.expire(ledger_id, e) and self._journal is not None:
                     self._journal.untrack(ledger_id, e)
-        live_e = entries[~expired]
-        live_t = deliver_at[~expired].astype(_U64)
+        live = ~expired
+        md = self._mark_delete
+        if md is not None and ledger_id <= md[0]:
+            live &= entries > np.uint64(md[1]) if ledger_id == md[0] else False  # acknowledged already
+        live_e = entries[live]
+        live_t = deliver_at[live].astype(_U64)
         if not len(live_e):
             return 0
         ledgers = np.full(len(live_e), ledger_id, dtype=_U64)
@@ -424,6 +432,12 @@ class BucketTracker:
                 return []
             self._sync_queue()
             delivered, last_key = self._queue.pop_due(cutoff, max_messages, self._index)
+            for ledger, hits in delivered.items():
+                if self._covering(ledger) is not None:
+                    # The bucket's file still holds these rows (a merge reads them): should a
+                    # position come back with another time, its old row must stay dead.
+                    for bm in hits:
+                        self._index.add_ghosts(ledger, bm)
             if last_key is not None and (self._frontier is None or last_key > self._frontier):
                 self._frontier = last_key
                 if self._journal is not None:

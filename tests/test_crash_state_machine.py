@@ -66,6 +66,8 @@ class Model:
         self.rows.remove((ts, ledger, entry))
 
     def add(self, ledger: int, entry: int, at: int) -> bool:
+        if self.acked is not None and (ledger, entry) <= self.acked:
+            return False  # acknowledged already
         if at <= self.advance():
             if (ledger, entry) in self.where:
                 self._remove(ledger, entry)
@@ -169,6 +171,8 @@ class CrashMachine(RuleBasedStateMachine):
         ok, result = self._call(lambda: self.tracker.add_message(*position, at))
         if ok:
             assert result == self.model.add(*position, at)
+            if result:
+                self.delivered.discard(position)  # tracked anew: delivering it again is right
 
     @rule(first=st.integers(0, 40), count=st.integers(1, 12), spread=st.integers(1, 800))
     def add_batch_next_ledger(self, first: int, count: int, spread: int) -> None:
@@ -179,6 +183,7 @@ class CrashMachine(RuleBasedStateMachine):
         ok, result = self._call(lambda: self.tracker.add_messages(rows))
         if ok:
             assert result == sum(self.model.add(*r) for r in rows)
+            self.delivered.difference_update((r[0], r[1]) for r in rows if (r[0], r[1]) in self.model.where)
 
     @rule(by=st.integers(1, 3))
     def roll_ledger(self, by: int) -> None:

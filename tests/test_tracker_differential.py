@@ -39,6 +39,8 @@ class SortedListModel:
         return self.cutoff
 
     def add(self, ledger: int, entry: int, at: int) -> bool:
+        if (ledger, entry) <= self.acked:
+            return False  # acknowledged already
         cutoff = self.advance()
         if at <= cutoff:
             if (ledger, entry) in self.where:
