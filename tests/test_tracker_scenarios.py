@@ -248,3 +248,27 @@ def test_old_ledger_in_a_gap_never_stretches_the_mutable_bucket_over_sealed_rang
         t = store.tracker("sub", cfg, clock)
         t._check()
         assert all(t.contains_message(*p) for p in sealed), "a sealed bucket was lost"
+
+
+def test_readded_position_is_not_delivered_early_by_a_merged_old_row(tmp_path):
+    """A position delivered from a sealed segment and then added again with a later time
+    must not come back at its old time when a merge rewrites that segment's file."""
+    clock = FakeClock(0)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=2, max_indexes_per_segment=1,
+                        max_num_buckets=1)
+    with bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("sub", cfg, clock)
+        t.add_message(1, 1, 100)
+        t.add_message(1, 2, 300)
+        t.add_message(2, 1, 400)  # seals ledger 1: segments {(100,1,1)} and {(300,1,2)}
+        t.add_message(2, 2, 500)
+        clock.now = 100
+        assert t.get_scheduled_messages(1) == [(1, 1)]  # delivered from bucket [1, 1]
+        assert t.add_message(1, 1, 1000)  # the same position again, due much later
+        t.add_message(3, 1, 600)  # seals ledger 2; two buckets > max 1: they are merged
+        assert t.stats()["merge"]["succeeded"] == 1
+        clock.now = 999
+        got = t.get_scheduled_messages(10)
+        assert (1, 1) not in got and got == [(1, 2), (2, 1), (2, 2), (3, 1)]
+        clock.now = 1000
+        assert t.get_scheduled_messages(10) == [(1, 1)]
