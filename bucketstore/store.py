@@ -67,12 +67,16 @@ class Store:
         self._closed = False
         fs.makedirs(self.path)
         self._lock_fd = _acquire_lock(os.path.join(self.path, "LOCK"))
+        catalog = None
         try:
             fs.makedirs(self.ledgers_dir)
-            self.catalog = Catalog(os.path.join(self.path, "catalog"))
+            catalog = self.catalog = Catalog(os.path.join(self.path, "catalog"))
             self._next_ledger_id = self.catalog.next_ledger_id()
             self.orphans_removed = self._remove_orphans()
         except BaseException:
+            # Release everything: LMDB refuses a second open of one environment in a process.
+            if catalog is not None:
+                catalog.close()
             os.close(self._lock_fd)
             raise
 
