@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["TrackerConfig"]
+__all__ = ["TrackerConfig", "config_or_default"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +60,12 @@ class TrackerConfig:
 def _require(ok: bool, name: str, what: str) -> None:
     if not ok:
         raise ValueError(f"TrackerConfig.{name} {what}")
+
+
+def config_or_default(config: object) -> TrackerConfig:
+    """``config`` itself if it is a :class:`TrackerConfig`, the defaults for None; TypeError otherwise."""
+    if config is None:
+        return TrackerConfig()
+    if not isinstance(config, TrackerConfig):
+        raise TypeError(f"config must be a bucketstore.TrackerConfig, not {type(config).__name__}")
+    return config

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any
 
-from .config import TrackerConfig
+from .config import TrackerConfig, config_or_default
 from .cutoff import Clock, Cutoff, check_max, check_position, check_timestamp
 from .errors import StoreClosedError
 from .tracker import as_columns
@@ -31,11 +31,7 @@ class InMemoryTracker:
     """
 
     def __init__(self, config: TrackerConfig | None = None, clock: Clock | None = None) -> None:
-        if config is None:
-            config = TrackerConfig()
-        elif not isinstance(config, TrackerConfig):
-            raise TypeError("config must be a bucketstore.TrackerConfig")
-        self.config = config
+        self.config = config = config_or_default(config)
         self._cutoff = Cutoff(config, clock)
         self._cutoff.advance()  # as a store tracker does on recovery: the cutoff starts at creation
         self._heap: list[tuple[int, int, int]] = []

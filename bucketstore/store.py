@@ -24,7 +24,7 @@ import threading
 from typing import Any
 
 from .catalog import Catalog, validate_tracker_name
-from .config import TrackerConfig
+from .config import TrackerConfig, config_or_default
 from .cutoff import Clock
 from .errors import StoreClosedError, StoreLockedError
 from .fs import REAL_FS, FileSystem
@@ -136,10 +136,7 @@ class Store:
         the same object (its config must match).
         """
         validate_tracker_name(name)
-        if config is None:
-            config = TrackerConfig()
-        elif not isinstance(config, TrackerConfig):
-            raise TypeError("config must be a bucketstore.TrackerConfig")
+        config = config_or_default(config)
         with self._lock:
             self._check_open()
             live = self._trackers.get(name)

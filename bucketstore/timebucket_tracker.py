@@ -14,7 +14,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from .config import TrackerConfig
+from .config import TrackerConfig, config_or_default
 from .cutoff import Clock, Cutoff, check_max
 from .errors import StoreClosedError
 from .timebucket import TimeBucketIndex, check_uint64
@@ -43,11 +43,7 @@ class TimeBucketTracker:
     """
 
     def __init__(self, config: TrackerConfig | None = None, clock: Clock | None = None) -> None:
-        if config is None:
-            config = TrackerConfig()
-        elif not isinstance(config, TrackerConfig):
-            raise TypeError("config must be a bucketstore.TrackerConfig")
-        self.config = config
+        self.config = config = config_or_default(config)
         self._cutoff = Cutoff(config, clock)
         self._cutoff.advance()  # the cutoff starts when the tracker is created, as for every tracker
         self._index = TimeBucketIndex(config.precision_bits)

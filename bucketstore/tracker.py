@@ -20,7 +20,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np

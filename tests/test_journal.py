@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import JournalError, TrackerConfig
-from bucketstore.journal import Journal, journal_directory
+from bucketstore.journal import Journal
 
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=6, max_indexes_per_segment=3,
                     max_time_step_per_segment_ms=300)
