@@ -35,18 +35,19 @@ class Cutoff:
         self._offset = 0 if config.deliver_at_time_strict else config.tick_time_ms
         self._value = -1
 
-    def now(self) -> int:
-        value = self._clock()
-        if type(value) is not int:
-            if isinstance(value, float):
-                value = int(value)
-            else:
-                raise TypeError(f"clock returned {type(value).__name__}, not int milliseconds")
-        return value
+    @staticmethod
+    def _coerce(value: object) -> int:
+        """Accept a float clock (``time.time() * 1000``); refuse anything else (bool included)."""
+        if isinstance(value, float):
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int(value)  # an int subclass, e.g. numpy's
+        raise TypeError(f"clock returned {type(value).__name__}, not int milliseconds")
 
     def advance(self) -> int:
         """Read the clock and return the (monotonic) cutoff."""
-        candidate = self.now() + self._offset
+        value = self._clock()
+        candidate = (value if type(value) is int else self._coerce(value)) + self._offset
         if candidate > self._value:
             self._value = candidate
         return self._value

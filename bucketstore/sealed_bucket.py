@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from sortedcontainers import SortedDict
 
 from .errors import CorruptLedgerError
 from .ledger_file import LedgerReader
@@ -21,7 +22,7 @@ from .segment_codec import SegmentCodecError, decode_segment
 from .shared_queue import Run
 from .snapshot import BucketMetadata, bucket_key
 
-__all__ = ["SealedBucket"]
+__all__ = ["SealedBucket", "BucketMap"]
 
 
 class SealedBucket:
@@ -109,3 +110,52 @@ class SealedBucket:
     def __repr__(self) -> str:
         return (f"SealedBucket([{self.start_ledger}, {self.end_ledger}], ledger {self.ledger_id}, "
                 f"segment {self.current}/{self.segment_count})")
+
+
+class BucketMap:
+    """A tracker's sealed buckets by ledger range: non-overlapping ``[start, end]`` ranges.
+
+    Keeps the newest range's end at hand, because every add asks "is this ledger
+    newer than every sealed bucket?" and that must cost an attribute read.
+    """
+
+    __slots__ = ("_by_start", "newest_end")
+
+    def __init__(self) -> None:
+        self._by_start: SortedDict = SortedDict()
+        #: The largest ``end_ledger`` of any bucket, -1 when there is none.
+        self.newest_end = -1
+
+    def __len__(self) -> int:
+        return len(self._by_start)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_start)
+
+    def add(self, bucket: SealedBucket) -> None:
+        self._by_start[bucket.start_ledger] = bucket
+        self.newest_end = max(self.newest_end, bucket.end_ledger)
+
+    def remove(self, bucket: SealedBucket) -> None:
+        """Forget ``bucket`` if it is the one registered at its start (idempotent)."""
+        if self._by_start.get(bucket.start_ledger) is bucket:
+            del self._by_start[bucket.start_ledger]
+            self.newest_end = self._by_start.peekitem(-1)[1].end_ledger if self._by_start else -1
+
+    def clear(self) -> None:
+        self._by_start.clear()
+        self.newest_end = -1
+
+    def covering(self, ledger_id: int) -> SealedBucket | None:
+        """The bucket whose range holds ``ledger_id``, or None. O(log n)."""
+        if ledger_id > self.newest_end:
+            return None  # the common case: a ledger newer than every sealed bucket
+        i = self._by_start.bisect_right(ledger_id) - 1
+        if i < 0:
+            return None
+        bucket = self._by_start.peekitem(i)[1]
+        return bucket if bucket.end_ledger >= ledger_id else None
+
+    def values(self) -> list[SealedBucket]:
+        """The buckets in ledger order."""
+        return list(self._by_start.values())

@@ -323,6 +323,7 @@ def _select_first(runs: list[Run], counts: list[int], need: int
     if sum(counts) <= need:
         taken = counts
     else:
+        counts = _narrow([p[0] for p in prefixes], counts, need)
         ts_all = np.concatenate([p[0][:k] for p, k in zip(prefixes, counts)])
         boundary = np.partition(ts_all, need - 1)[need - 1]
         below = [int(np.searchsorted(p[0][:k], boundary, side="left")) for p, k in zip(prefixes, counts)]
@@ -338,6 +339,35 @@ def _select_first(runs: list[Run], counts: list[int], need: int
     ledgers = np.concatenate([p[1][:k] for p, k in zip(prefixes, taken)])
     entries = np.concatenate([p[2][:k] for p, k in zip(prefixes, taken)])
     return ts, ledgers, entries, list(taken)
+
+
+_SAMPLES_PER_RUN = 32
+
+
+def _narrow(prefix_ts: list[np.ndarray], counts: list[int], need: int) -> list[int]:
+    """Shrink each run's candidate count without losing any of the ``need`` first rows.
+
+    Every ``stride``-th timestamp of a run's candidates is a point with at least
+    that many of the run's rows at or before it; the smallest such point at which
+    the rows vouched for add up to ``need`` bounds the ``need``-th smallest
+    timestamp from above. Rows after it cannot be selected, and with 32 samples
+    per run only about one stride per run is kept beyond what is needed, so the
+    partition that follows sees about ``need`` rows instead of ``runs * need``.
+    """
+    samples, weights = [], []
+    for ts, k in zip(prefix_ts, counts):
+        stride = max(1, k // _SAMPLES_PER_RUN)
+        points = ts[stride - 1:k:stride]
+        samples.append(points)
+        weights.append(np.full(len(points), stride, dtype=np.int64))
+    points = np.concatenate(samples)
+    order = np.argsort(points, kind="stable")
+    vouched = np.cumsum(np.concatenate(weights)[order])
+    at = int(np.searchsorted(vouched, need))
+    if at >= len(vouched):
+        return counts
+    bound = points[order[at]]
+    return [min(k, int(np.searchsorted(ts[:k], bound, side="right"))) for ts, k in zip(prefix_ts, counts)]
 
 
 def _first_tracked(run: Run, index: DelayedIndexSet) -> int:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pyroaring import BitMap
-from sortedcontainers import SortedDict
 
 from .config import TrackerConfig
 from .cutoff import Clock, Cutoff, check_max, check_position, check_timestamp
@@ -35,7 +34,7 @@ from .merge import choose_merge_window, live_rows
 from .ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
 from .op_stats import OpStats
-from .sealed_bucket import SealedBucket
+from .sealed_bucket import BucketMap, SealedBucket
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from .snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
 
@@ -102,7 +101,7 @@ class BucketTracker:
         self._queue = SharedQueue(self._bucket_exhausted)
         self._mutable = MutableBucket()
         self._direct = RunBuffer()
-        self._buckets: SortedDict = SortedDict()  # start ledger -> SealedBucket
+        self._buckets = BucketMap()
         self._ops = OpStats()
         self._mark_delete: tuple[int, int] | None = None
         self._closed = False
@@ -123,14 +122,7 @@ class BucketTracker:
             raise StoreClosedError(f"tracker {self.name!r} is closed")
 
     def _covering(self, ledger_id: int) -> SealedBucket | None:
-        buckets = self._buckets
-        if not buckets or ledger_id > buckets.peekitem(-1)[1].end_ledger:
-            return None  # the common case: a ledger newer than every sealed bucket
-        i = buckets.bisect_right(ledger_id) - 1
-        if i < 0:
-            return None
-        bucket = buckets.peekitem(i)[1]
-        return bucket if bucket.end_ledger >= ledger_id else None
+        return self._buckets.covering(ledger_id)
 
     def _sync_queue(self) -> None:
         """Turn buffered adds into runs in the shared queue."""
@@ -176,7 +168,11 @@ class BucketTracker:
             # seal triggered by routing only looks at rows already in the mutable bucket.
             if not self._index.add(ledger_id, entry_id, deliver_at):
                 return True
-            self._route(ledger_id, cutoff)(deliver_at, ledger_id, entry_id)
+            mutable = self._mutable
+            if ledger_id == mutable.end_ledger and ledger_id > self._buckets.newest_end:
+                mutable.add(deliver_at, ledger_id, entry_id)  # the ledger being written: no roll, no seal
+            else:
+                self._route(ledger_id, cutoff)(deliver_at, ledger_id, entry_id)
             if journal is not None:
                 # Journaled after routing: a seal that routing triggers checkpoints the
                 # journal, and this index must land after that checkpoint.
@@ -195,8 +191,7 @@ class BucketTracker:
         that overlaps them, which recovery would then resolve by deleting the one
         enclosed. Such old ledgers go straight to the shared queue instead.
         """
-        newest = self._buckets.peekitem(-1)[1].end_ledger if self._buckets else -1
-        if ledger_id <= newest:
+        if ledger_id <= self._buckets.newest_end:
             return self._direct.append  # covered by a sealed bucket, or in a gap before the newest
         mutable = self._mutable
         if ledger_id > mutable.end_ledger and not mutable.is_empty() \
@@ -318,7 +313,7 @@ class BucketTracker:
             return
         size = os.path.getsize(path)
         bucket = SealedBucket(path, ledger_id, meta, size, on_load=self._record_load)
-        self._buckets[start] = bucket
+        self._buckets.add(bucket)
         # Segment 1 is already in memory: hand it to the queue without reading it back.
         n1 = meta.segments[0].count
         bucket.current = 1
@@ -332,7 +327,7 @@ class BucketTracker:
     def _merge_while_too_many(self) -> None:
         limit = self.config.max_num_buckets
         while limit > 0 and len(self._buckets) > limit:
-            window = choose_merge_window(list(self._buckets.values()))
+            window = choose_merge_window(self._buckets.values())
             if window is None or not self._merge(window):
                 return
 
@@ -373,12 +368,12 @@ class BucketTracker:
             return False
         for b in window:
             b.dead = True  # their runs and slots in the queue die with them
-            del self._buckets[b.start_ledger]
+            self._buckets.remove(b)
         for b in window:
             store.remove_ledger_file(b.path)
         if meta is not None and path is not None:
             merged = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load)
-            self._buckets[start] = merged
+            self._buckets.add(merged)
             self._queue.push(Slot(merged))
         self._ops.record("merge", time.perf_counter() - started, True)
         return True
@@ -402,8 +397,7 @@ class BucketTracker:
         started = time.perf_counter()
         for b in buckets:
             b.dead = True
-            if self._buckets.get(b.start_ledger) is b:
-                del self._buckets[b.start_ledger]
+            self._buckets.remove(b)
         try:
             self._store.catalog.commit(self.name, remove=[b.key for b in buckets])
         except BucketStoreError as exc:
@@ -550,8 +544,7 @@ class BucketTracker:
         """Forget every index and delete every bucket (files and keys), durably."""
         with self._lock:
             self._check_open()
-            buckets = list(self._buckets.values())
-            self._delete_buckets(buckets)
+            self._delete_buckets(self._buckets.values())
             self._buckets.clear()
             self._queue.clear()
             self._mutable.clear()
@@ -605,7 +598,7 @@ class BucketTracker:
     def buckets(self) -> list[SealedBucket]:
         """The sealed buckets, in ledger order (for inspection)."""
         with self._lock:
-            return list(self._buckets.values())
+            return self._buckets.values()
 
     # -- recovery -------------------------------------------------------------------------------
     def _recover(self) -> None:
@@ -679,7 +672,7 @@ class BucketTracker:
                     self._index.add_bitmap(ledger, bm)
             if frontier is not None:
                 self._untrack_delivered(bucket, skip, frontier)
-            self._buckets[start] = bucket
+            self._buckets.add(bucket)
             self._queue.push(Slot(bucket))
         if stale_keys:
             store.catalog.commit(self.name, remove=stale_keys)
@@ -733,11 +726,12 @@ class BucketTracker:
         """Assert internal invariants (tests call this after every step)."""
         self._index._check()
         prev_end = -1
-        for start, b in self._buckets.items():
-            assert start == b.start_ledger and b.start_ledger <= b.end_ledger
+        for b in self._buckets.values():
+            assert b.start_ledger <= b.end_ledger
             assert b.start_ledger > prev_end, "sealed bucket ranges overlap"
             prev_end = b.end_ledger
             assert not b.dead
+        assert self._buckets.newest_end == prev_end, "newest bucket end is stale"
 
 
 def _resolve_ranges(keys: dict[str, int], tracker: str) -> tuple[list[tuple[tuple[int, int], int]], list[str]]:
