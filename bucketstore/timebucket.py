@@ -31,8 +31,11 @@ Two choices go beyond the seed:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Union
+
+import numpy as np
 
 from pyroaring import BitMap, BitMap64
 from sortedcontainers import SortedDict
@@ -335,10 +338,16 @@ class TimeBucketIndex:
                 raise TypeError("max_items must be an int or None")
             if max_items < 0:
                 raise ValueError(f"max_items must be >= 0, got {max_items}")
-        room = -1 if max_items is None else max_items
+        out: list[tuple[int, int]] = []
+        for _, ledger_id, taken in self._drain(cutoff, -1 if max_items is None else max_items):
+            out.extend([(ledger_id, entry) for entry in taken])
+        return out
+
+    def _drain(self, cutoff: int, room: int) -> Iterator[tuple[int, int, EntryBitmap]]:
+        """Remove due entries, at most ``room`` (-1: all), yielding ``(bucket key, ledger, entries)``
+        in (trimmed timestamp, ledger, entry) order."""
         last_due = cutoff >> self._bits
         buckets, ledgers = self._buckets, self._ledgers
-        out: list[tuple[int, int]] = []
         while buckets and room:
             key, bucket = buckets.peekitem(0)
             if key > last_due:
@@ -360,13 +369,39 @@ class TimeBucketIndex:
                 _subtract(ledger.present, taken)
                 if not ledger.present:
                     del ledgers[ledger_id]
-                out.extend([(ledger_id, entry) for entry in taken])
+                self._count -= len(taken)
                 if room > 0:
                     room -= len(taken)
+                yield key, ledger_id, taken
             if not bucket:
                 del buckets[key]
-        self._count -= len(out)
-        return out
+
+    def pop_due_columns(self, cutoff: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Remove every due index and return it as three uint64 columns (trimmed timestamp,
+        ledger, entry), sorted in that order: the batch form the bucket tracker feeds its
+        shared queue with. Timestamps are the buckets' starts (``key << precision_bits``)."""
+        cutoff = check_uint64("cutoff", cutoff)
+        return self._to_columns(list(self._drain(cutoff, -1)))
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every index as three uint64 columns (trimmed timestamp, ledger, entry), sorted,
+        without removing anything (a journal checkpoint reads them)."""
+        return self._to_columns([(key, ledger_id, bitmap) for key, bucket in self._buckets.items()
+                                 for ledger_id, bitmap in sorted(bucket.items())])
+
+    def _to_columns(self, parts: Iterable[tuple[int, int, EntryBitmap]]
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        parts_t, parts_l, parts_e = [], [], []
+        for key, ledger_id, bitmap in parts:
+            entries = (np.frombuffer(bitmap.to_array(), dtype=np.uint32).astype(np.uint64)
+                       if isinstance(bitmap, BitMap) else np.array(list(bitmap), dtype=np.uint64))
+            parts_e.append(entries)
+            parts_l.append(np.full(len(entries), ledger_id, dtype=np.uint64))
+            parts_t.append(np.full(len(entries), key << self._bits, dtype=np.uint64))
+        if not parts_e:
+            empty = np.zeros(0, dtype=np.uint64)
+            return empty, empty, empty
+        return np.concatenate(parts_t), np.concatenate(parts_l), np.concatenate(parts_e)
 
     def clear(self) -> None:
         """Remove every index. Runtime complexity: O(b + l)."""
