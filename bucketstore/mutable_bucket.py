@@ -50,8 +50,11 @@ class MutableBucket:
         self._widen(int(ledgers.min()), int(ledgers.max()))
         return run
 
-    def flush(self) -> list[Run]:
-        """Turn buffered adds into a run; compact when runs pile up. Returns runs to push."""
+    def flush(self, cutoff: int = -1) -> list[Run]:
+        """Turn buffered adds into a run; compact when runs pile up. Returns runs to push.
+
+        (The cutoff matters only to the TimeBucket variant, which holds back what is not due.)
+        """
         out = []
         run = self._buffer.flush()
         if run is not None:
@@ -75,6 +78,23 @@ class MutableBucket:
         merged = sorted_run(*(np.concatenate(cols) for cols in zip(*parts)))
         self._runs = [merged]
         return merged
+
+    def next_timestamp(self) -> int | None:
+        return None  # every index is in the shared queue already
+
+    def discard(self, ledger_id: int, entry_id: int) -> None:
+        """Nothing to do: a run row of an untracked position is skipped when met."""
+
+    def drop_through(self, ledger_id: int, entry_id: int) -> None:
+        """Nothing to do: run rows of acknowledged positions are skipped when met."""
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows held outside the shared queue: none (the runs are in it)."""
+        empty = np.zeros(0, dtype=np.uint64)
+        return empty, empty, empty
+
+    def memory_bytes(self) -> int:
+        return 24 * (len(self._buffer) + sum(r.remaining for r in self._runs if not r.dead))
 
     def is_empty(self) -> bool:
         return not len(self._buffer) and not any(r.remaining for r in self._runs if not r.dead)

@@ -144,9 +144,6 @@ class Store:
                 if live.config != config:
                     raise ValueError(f"tracker {name!r} is already open with a different config")
                 return live
-            if config.precision_bits:
-                raise ValueError("precision_bits > 0 is served by the in-memory time-bucketed tracker; "
-                                 "a store tracker keeps exact timestamps (precision_bits=0)")
             tracker = BucketTracker(self, name, config, clock)
             self._trackers[name] = tracker
             return tracker

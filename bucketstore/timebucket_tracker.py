@@ -112,8 +112,9 @@ class TimeBucketTracker:
         """Whether :meth:`get_scheduled_messages` would return something now. O(1)."""
         with self._lock:
             self._check_open()
+            cutoff = self._advance()  # read the clock on every call, as every tracker does
             start = self._index.next_timestamp()
-            return start is not None and start <= self._advance()
+            return start is not None and start <= cutoff
 
     def next_delivery_time(self) -> int | None:
         """When the earliest tracked index becomes deliverable, or ``None`` if none is tracked.

@@ -33,6 +33,7 @@ from .journal import Journal, journal_directory
 from .merge import choose_merge_window, live_rows
 from .ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
+from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
 from .sealed_bucket import BucketMap, SealedBucket
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
@@ -99,7 +100,11 @@ class BucketTracker:
         self._cutoff = Cutoff(config, clock)
         self._index = DelayedIndexSet()
         self._queue = SharedQueue(self._bucket_exhausted)
-        self._mutable = MutableBucket()
+        # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
+        # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
+        # 2**bits - 1 ms early, never late.
+        self._bits = config.precision_bits
+        self._mutable = TimeBucketMutable(self._bits) if self._bits else MutableBucket()
         self._direct = RunBuffer()
         self._buckets = BucketMap()
         self._ops = OpStats()
@@ -126,7 +131,7 @@ class BucketTracker:
 
     def _sync_queue(self) -> None:
         """Turn buffered adds into runs in the shared queue."""
-        for run in self._mutable.flush():
+        for run in self._mutable.flush(self._cutoff.value):
             self._queue.push(run)
         run = self._direct.flush()
         if run is not None:
@@ -160,10 +165,14 @@ class BucketTracker:
             if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
                 return False  # acknowledged already: nothing to track
             if deliver_at <= cutoff:
-                if self._index.expire(ledger_id, entry_id) and journal is not None:
-                    journal.untrack(ledger_id, entry_id)
-                    self._sync()
+                if self._index.expire(ledger_id, entry_id):
+                    self._mutable.discard(ledger_id, entry_id)
+                    if journal is not None:
+                        journal.untrack(ledger_id, entry_id)
+                        self._sync()
                 return False
+            if self._bits:
+                deliver_at = deliver_at >> self._bits << self._bits
             # Track first (one lookup for the membership test and the insert); a
             # seal triggered by routing only looks at rows already in the mutable bucket.
             if not self._index.add(ledger_id, entry_id, deliver_at):
@@ -239,14 +248,18 @@ class BucketTracker:
             # batch hold both an expired and a live row of one position, the live
             # row wins whatever their order.)
             for e in np.unique(entries[expired]).tolist():
-                if self._index.expire(ledger_id, e) and self._journal is not None:
-                    self._journal.untrack(ledger_id, e)
+                if self._index.expire(ledger_id, e):
+                    self._mutable.discard(ledger_id, e)
+                    if self._journal is not None:
+                        self._journal.untrack(ledger_id, e)
         live = ~expired
         md = self._mark_delete
         if md is not None and ledger_id <= md[0]:
             live &= entries > np.uint64(md[1]) if ledger_id == md[0] else False  # acknowledged already
         live_e = entries[live]
         live_t = deliver_at[live].astype(_U64)
+        if self._bits:
+            live_t = live_t >> np.uint64(self._bits) << np.uint64(self._bits)
         if not len(live_e):
             return 0
         ledgers = np.full(len(live_e), ledger_id, dtype=_U64)
@@ -265,7 +278,9 @@ class BucketTracker:
         ts, ls, es = (live_t, ledgers, live_e) if new is None else (live_t[new], ledgers[new], live_e[new])
         target = self._route(ledger_id, cutoff)
         if target == self._mutable.add:
-            self._queue.push(self._mutable.add_run(ts, ls, es))
+            run = self._mutable.add_run(ts, ls, es)
+            if run is not None:  # the TimeBucket variant keeps rows until they are due
+                self._queue.push(run)
         else:
             self._queue.push(sorted_run(ts, ls, es))
         if self._journal is not None and journal:
@@ -458,7 +473,9 @@ class BucketTracker:
 
     def _next_time(self) -> int | None:
         self._sync_queue()
-        return self._queue.next_timestamp(self._index)
+        queued = self._queue.next_timestamp(self._index)
+        held = self._mutable.next_timestamp()
+        return held if queued is None else queued if held is None else min(queued, held)
 
     def contains_message(self, ledger_id: int, entry_id: int) -> bool:
         """True if the position is tracked and not yet delivered."""
@@ -498,6 +515,7 @@ class BucketTracker:
         self._delete_buckets(dead)
         self._index.drop_ledgers_below(ledger_id)
         self._index.drop_through(ledger_id, entry_id)
+        self._mutable.drop_through(ledger_id, entry_id)
 
     # -- durability and lifecycle ---------------------------------------------------------------
     def flush(self) -> None:
@@ -530,6 +548,10 @@ class BucketTracker:
                 ts, ledgers, entries = item.rest()
                 keep = self._index.present_mask(ledgers, entries, ts)
                 parts.append((ledgers[keep], entries[keep], ts[keep]))
+        ts, ledgers, entries = self._mutable.rows()
+        if len(ts):
+            keep = self._index.present_mask(ledgers, entries, ts)
+            parts.append((ledgers[keep], entries[keep], ts[keep]))
         if not parts:
             empty = np.zeros(0, dtype=_U64)
             return empty, empty, empty
@@ -585,7 +607,8 @@ class BucketTracker:
                 "number_of_delayed_messages": len(self._index),
                 "loaded_indexes": loaded,
                 "snapshot_size_bytes": sum(b.size for b in self._buckets.values()),
-                "memory_bytes": loaded * 24 + self._index.memory_bytes() + 200 * len(self._buckets),
+                "memory_bytes": (loaded * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
+                                 + 200 * len(self._buckets)),
                 "mutable_bucket_range": [self._mutable.start_ledger, self._mutable.end_ledger],
                 "queue_entries": len(self._queue),
                 "cutoff": self._cutoff.value,

@@ -25,7 +25,8 @@ from helpers import FakeClock, example_count
 class SortedListModel:
     """The specification, as plainly as possible: a sorted list of (ts, ledger, entry)."""
 
-    def __init__(self, tick: int, clock: FakeClock) -> None:
+    def __init__(self, tick: int, clock: FakeClock, bits: int = 0) -> None:
+        self.bits = bits  # precision_bits: stored times are trimmed to multiples of 2**bits
         self.rows: list[tuple[int, int, int]] = []
         self.where: dict[tuple[int, int], int] = {}
         self.tick = tick
@@ -48,6 +49,7 @@ class SortedListModel:
             return False
         if (ledger, entry) in self.where:
             return True
+        at = at >> self.bits << self.bits
         self.where[(ledger, entry)] = at
         bisect.insort(self.rows, (at, ledger, entry))
         return True
@@ -162,6 +164,19 @@ def _sealed_contents(store_path, catalog_keys):
                 seg = bf.read_segment(k)
                 rows |= set(zip(seg.timestamps.tolist(), seg.ledger_ids.tolist(), seg.entry_ids.tolist()))
     return rows
+
+
+@settings(max_examples=example_count(100))
+@given(ops, st.sampled_from([3, 6]), st.sampled_from([-1, 2]))
+def test_time_bucketed_tracker_matches_model_and_time_bucket_tracker(tmp_path_factory, ops_list, bits, max_buckets):
+    """precision_bits > 0: the mutable bucket is a TimeBucket index and every time is trimmed
+    to a multiple of 2**bits; deliveries match a trimming model and TimeBucketTracker."""
+    config = dataclasses.replace(CONFIG, precision_bits=bits, max_num_buckets=max_buckets)
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path_factory.mktemp("s")) as store:
+        tracker = store.tracker("sub", config, clock)
+        baseline = bucketstore.TimeBucketTracker(config, clock)
+        _run(ops_list, tracker, baseline, SortedListModel(config.tick_time_ms, clock, bits), clock)
 
 
 @settings(max_examples=example_count(80))
