@@ -188,7 +188,18 @@ def test_threads_mixing_calls(make_tracker):
         except Exception as exc:  # pragma: no cover
             errors.append(exc)
 
-    threads = [threading.Thread(target=producer, args=(b,)) for b in (0, 100)] + [threading.Thread(target=consumer)]
+    def observer():
+        try:
+            for i in range(200):
+                t.add_messages([(1000 + i // 50, i, 1 + (i * 31) % 5000)])
+                t.stats()
+                t.flush()
+                t.contains_message(1000, i)
+        except Exception as exc:  # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=producer, args=(b,)) for b in (0, 100)] + [
+        threading.Thread(target=consumer), threading.Thread(target=observer)]
     for th in threads:
         th.start()
     for th in threads:
