@@ -14,9 +14,8 @@ import threading
 from typing import Any
 
 from .config import TrackerConfig, config_or_default
-from .cutoff import Clock, Cutoff, check_max, check_position, check_timestamp
+from .cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from .errors import StoreClosedError
-from .tracker import as_columns
 
 __all__ = ["InMemoryTracker"]
 

@@ -15,10 +15,9 @@ from types import TracebackType
 from typing import Any
 
 from .config import TrackerConfig, config_or_default
-from .cutoff import Clock, Cutoff, check_max
+from .cutoff import Clock, Cutoff, as_columns, check_max
 from .errors import StoreClosedError
 from .timebucket import TimeBucketIndex, check_uint64
-from .tracker import as_columns
 
 __all__ = ["TimeBucketTracker"]
 

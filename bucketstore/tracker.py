@@ -26,7 +26,7 @@ import numpy as np
 from pyroaring import BitMap
 
 from .config import TrackerConfig
-from .cutoff import Clock, Cutoff, check_max, check_position, check_timestamp
+from .cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from .errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
 from .index_set import DelayedIndexSet, bitmap_of
 from .journal import Journal, journal_directory
@@ -42,48 +42,10 @@ from .snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, wr
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["BucketTracker", "as_columns"]
+__all__ = ["BucketTracker"]
 
 log = logging.getLogger("bucketstore")
 _U64 = np.dtype("<u8")
-
-
-def as_columns(indexes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Normalise a batch to ``(ledger_ids, entry_ids, deliver_at)`` int64-checked uint64 columns.
-
-    Accepts a tuple of three array-likes ``(ledger_ids, entry_ids, deliver_at)``
-    or an iterable of ``(ledger_id, entry_id, deliver_at)`` triples.
-    """
-    if isinstance(indexes, tuple) and len(indexes) == 3 and all(hasattr(c, "__len__") and not isinstance(c, int)
-                                                                for c in indexes):
-        cols = [np.asarray(c) for c in indexes]
-    else:
-        rows = list(indexes)
-        if not rows:
-            return (np.zeros(0, _U64),) * 3  # type: ignore[return-value]
-        try:
-            cols = [np.asarray(c) for c in zip(*rows, strict=True)]
-        except (TypeError, ValueError):
-            raise TypeError("a batch is an iterable of (ledger_id, entry_id, deliver_at) triples") from None
-        if len(cols) != 3:
-            raise TypeError("a batch is an iterable of (ledger_id, entry_id, deliver_at) triples")
-    if not len(cols[0]) == len(cols[1]) == len(cols[2]):
-        raise ValueError("batch columns differ in length")
-    out = []
-    for name, col in zip(("ledger_id", "entry_id", "deliver_at"), cols):
-        if col.dtype == object or not (np.issubdtype(col.dtype, np.integer)):
-            if len(col) == 0:
-                col = col.astype(np.int64)
-            else:
-                raise TypeError(f"batch {name} values must be ints")
-        if np.issubdtype(col.dtype, np.signedinteger) and len(col) and int(col.min()) < 0:
-            if name != "deliver_at":
-                raise ValueError(f"batch {name} values must be unsigned 64-bit ints")
-        out.append(col)
-    ledgers = out[0].astype(_U64)
-    entries = out[1].astype(_U64)
-    deliver_at = out[2]
-    return ledgers, entries, deliver_at  # deliver_at keeps its sign: negative means due
 
 
 class BucketTracker:
