@@ -118,9 +118,9 @@ class MutableBucket:
         empty = np.zeros(0, dtype=np.uint64)
         if merged is None:
             return (empty, empty, empty), None
-        merged.kill()
-        self._runs = []
         ts, ledgers, entries = merged.rest()
+        merged.kill()  # its rows go to the snapshot and the due run below
+        self._runs = []
         keep = index.present_mask(ledgers, entries, ts)
         ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
         due = int(np.searchsorted(ts, np.uint64(cutoff), side="right"))

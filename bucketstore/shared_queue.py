@@ -27,6 +27,7 @@ from .index_set import DelayedIndexSet, _group_by_ledger
 __all__ = ["Run", "RunBuffer", "Slot", "SharedQueue", "SegmentSource"]
 
 _U64 = np.dtype("<u8")
+_EMPTY = np.zeros(0, dtype=_U64)
 
 
 class SegmentSource(Protocol):
@@ -66,8 +67,10 @@ class Run:
         return self._killed or (self.owner is not None and self.owner.dead)
 
     def kill(self) -> None:
-        """Mark the run replaced; the queue will drop it."""
+        """Mark the run replaced and let go of its rows (the queue drops the entry later)."""
         self._killed = True
+        self.ts = self.ledgers = self.entries = _EMPTY
+        self.pos = 0
 
     @property
     def remaining(self) -> int:
@@ -182,6 +185,14 @@ class SharedQueue:
 
     def clear(self) -> None:
         self._heap.clear()
+
+    def drop_dead(self) -> None:
+        """Remove entries of dead runs and slots now, rather than when they reach the front:
+        a replaced run whose head is an hour away would otherwise hold its rows for an hour."""
+        live = [entry for entry in self._heap if not entry[-1].dead]
+        if len(live) != len(self._heap):
+            heapq.heapify(live)
+            self._heap = live
 
     def items(self) -> list[Run | Slot]:
         return [entry[-1] for entry in self._heap]

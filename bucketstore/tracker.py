@@ -296,6 +296,7 @@ class BucketTracker:
         bucket.current = 1
         self._queue.push(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
         self._ops.record("create", time.perf_counter() - started, True)
+        self._queue.drop_dead()  # the mutable bucket's replaced runs
         if self._journal is not None and not self._replaying:
             self._checkpoint()  # the sealed indexes need the journal no more
         self._merge_while_too_many()
@@ -352,6 +353,7 @@ class BucketTracker:
             merged = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load)
             self._buckets.add(merged)
             self._queue.push(Slot(merged))
+        self._queue.drop_dead()  # the sources' loaded segments
         self._ops.record("merge", time.perf_counter() - started, True)
         return True
 
