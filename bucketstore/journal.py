@@ -314,7 +314,8 @@ def parse_file(data: bytes, path: str, number: int, *, last: bool) -> ParsedFile
 
 def _list_files(directory: str) -> tuple[list[tuple[int, str]], list[str]]:
     """The journal files as sorted (number, path), and the ``*.journal.tmp`` leftovers of an interrupted checkpoint."""
-    files, leftovers = [], []
+    files: list[tuple[int, str]] = []
+    leftovers: list[str] = []
     for name in os.listdir(directory):
         m = _FILE_NAME.match(name)
         if m:
