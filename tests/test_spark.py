@@ -20,10 +20,12 @@ pytest.importorskip("pyarrow", reason="the spark extra is not installed (pip ins
 import bucketstore  # noqa: E402
 import bucketstore.spark as bspark  # noqa: E402
 from bucketstore.catalog import Catalog  # noqa: E402
+from bucketstore.journal import read_frontier  # noqa: E402
 from bucketstore.snapshot import BucketFile, parse_bucket_key  # noqa: E402
 from bucketstore.spark.bucketing import LedgerRangeConflict, Rows, cut_buckets, order_positions  # noqa: E402
 from bucketstore.spark.build_job import plan_build  # noqa: E402
 from bucketstore.spark.build_task import write_partition  # noqa: E402
+from bucketstore.spark.scan import plan_scan  # noqa: E402
 from helpers import FakeClock  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -262,6 +264,17 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
     # Every delivery came out of the two sealed buckets; the frontier lies inside both.
     assert sum(r.delivered is True for r in rows) == 130 and sum(r.delivered is False for r in rows) == 400 - 130
     assert {n: open(os.path.join(journal, n), "rb").read() for n in os.listdir(journal)} == before
+
+    # Planning (no Spark): one frontier per tracker in every range; a tracker without buckets
+    # contributes no range and its journal is not read, so even a damaged one fails nothing.
+    fresh_journal = os.path.join(path, "journal", "fresh".encode().hex())
+    for name in os.listdir(fresh_journal):
+        with open(os.path.join(fresh_journal, name), "r+b") as f:
+            f.write(b"garbage!")
+    ranges = [r for part in plan_scan(path) for r in part]
+    assert {(r.tracker, r.journaled, r.frontier) for r in ranges} == {
+        ("sealed", False, None), ("journaled", True, read_frontier(path, "journaled"))}
+    assert read_frontier(path, "journaled") == (11_000, big + 3, 46)  # the 10th of its entries 1, 6, 11, ...
 
 
 def test_reader_refuses_a_path_that_is_not_a_store(spark, tmp_path):
