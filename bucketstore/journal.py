@@ -34,6 +34,9 @@ Records (msgpack arrays):
     the delivery frontier: every index at or before this key has been delivered
 ``["c"]``
     the start of a checkpoint (first record of a file); ``["e"]`` its end
+
+:func:`read_frontier` reads the frontier from another process (the Spark
+reader) with replay's parsing (:func:`parse_file`) but none of its repairs.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from .errors import JournalError
 from .fs import REAL_FS, FileSystem
 from .ledger_file import masked_crc32c
 
-__all__ = ["Journal", "JournalState", "journal_directory"]
+__all__ = ["Journal", "JournalState", "ParsedFile", "journal_directory", "has_journal", "parse_file", "read_frontier"]
 
 MAGIC = b"BKTJRNL\n"
 VERSION = 1
@@ -96,109 +99,45 @@ class Journal:
         self._poisoned: str | None = None
 
     # -- replay ---------------------------------------------------------------------------------
-    def _files(self) -> list[tuple[int, str]]:
-        out = []
-        for name in os.listdir(self.directory):
-            m = _FILE_NAME.match(name)
-            if m:
-                out.append((int(m.group(1)), os.path.join(self.directory, name)))
-            elif name.endswith(".journal.tmp"):
-                self._fs.unlink(os.path.join(self.directory, name))
-        return sorted(out)
-
     def replay(self) -> JournalState:
-        """Read every file from the newest checkpoint on; cut a torn tail of the last file."""
-        files = self._files()
-        parsed: list[tuple[int, str, list[tuple]]] = []
+        """Read every file from the newest checkpoint on; cut a torn tail of the last file.
+
+        Unlike :func:`read_frontier`, this repairs the directory for the writer
+        that will append to it: leftover ``*.journal.tmp`` files and superseded
+        files are removed and a torn tail is cut off (a new group must not land
+        after garbage).
+        """
+        files, leftovers = _list_files(self.directory)
+        for path in leftovers:
+            self._fs.unlink(path)
+        parsed: list[tuple[int, str, ParsedFile]] = []
         cut = 0
         for i, (number, path) in enumerate(files):
-            records, cut_here = self._read_file(path, number, last=(i == len(files) - 1))
-            cut += cut_here
-            parsed.append((number, path, records))
-        start = 0
-        for i, (_, _, records) in enumerate(parsed):
-            if records and records[0] == ("c",) and ("e",) in records:
-                start = i  # the newest complete checkpoint wins
-        frontier = None
-        out: list[tuple] = []
-        for _, _, records in parsed[start:]:
-            for rec in records:
-                if rec[0] == "f":
-                    frontier = max(frontier, rec[1:]) if frontier else rec[1:]
-                elif rec[0] in ("a", "x"):
-                    out.append(rec)
+            with open(path, "rb") as f:
+                data = f.read()
+            result = parse_file(data, path, number, last=(i == len(files) - 1))
+            if result.torn_at is not None:
+                self._cut(path, result.torn_at)
+                cut += len(data) - result.torn_at
+            parsed.append((number, path, result))
+        start = _newest_checkpoint([p.records for _, _, p in parsed])
+        frontier, out = _fold([p.records for _, _, p in parsed[start:]])
         for _, path, _ in parsed[:start]:
             self._fs.unlink(path)
         self._number = files[-1][0] if files else -1
         return JournalState(frontier, out, len(parsed) - start, cut)
 
-    def _read_file(self, path: str, number: int, *, last: bool) -> tuple[list[tuple], int]:
-        with open(path, "rb") as f:
-            data = f.read()
-        size = len(data)
-        if size < _HEADER_SIZE:
-            if last:  # a new file whose header never became durable
-                return self._cut(path, 0, size)
-            raise JournalError(path, 0, "journal file is shorter than its header")
-        magic, version, _, stored_number = _HEADER.unpack_from(data)
-        (crc,) = struct.unpack_from("<I", data, _HEADER.size)
-        if magic != MAGIC or masked_crc32c(data[:_HEADER.size]) != crc:
-            if last and not any(data[_HEADER.size:]) and magic != MAGIC:
-                return self._cut(path, 0, size)
-            raise JournalError(path, 0, "bad journal header (magic or CRC)")
-        if version != VERSION:
-            raise JournalError(path, 8, f"journal version {version} is not supported (this reader knows {VERSION})")
-        if stored_number != number:
-            raise JournalError(path, 12, f"header says file {stored_number}, name says {number}")
-        records: list[tuple] = []
-        pos = _HEADER_SIZE
-        prefix = _U64.pack(number)
-        while pos < size:
-            bad = None
-            if pos + _GROUP.size > size:
-                bad = "truncated group frame"
-            else:
-                length, crc = _GROUP.unpack_from(data, pos)
-                end = pos + _GROUP.size + length
-                if length == 0 and crc == 0:
-                    bad = "zeroed group frame"
-                elif length > _MAX_GROUP or end > size:
-                    bad = f"group of {length} bytes runs past the end of the file"
-                elif masked_crc32c(data[pos + _GROUP.size:end], crc32c_of(prefix)) != crc:
-                    bad = "group CRC mismatch"
-            if bad is not None:
-                # Only the last group of the last file can be torn: the next group
-                # is written only after the previous one's fsync returned. A bad
-                # group with data after it is damage, not a crash.
-                if bad == "group CRC mismatch":
-                    nothing_follows = not any(data[end:])
-                elif bad == "zeroed group frame":
-                    nothing_follows = not any(data[pos:])
-                else:
-                    nothing_follows = True
-                if last and nothing_follows:
-                    _, cut = self._cut(path, pos, size)
-                    return records, cut
-                raise JournalError(path, pos, f"{bad}, and more data follows: not a torn tail")
-            try:
-                for rec in _unpack_all(data[pos + _GROUP.size:end]):
-                    records.append(_validate(rec, path, pos))
-            except ValueError as exc:
-                raise JournalError(path, pos, f"group does not decode: {exc}") from None
-            pos = end
-        return records, 0
-
-    def _cut(self, path: str, at: int, size: int) -> tuple[list[tuple], int]:
-        if at == 0:  # nothing of this file ever became durable
+    def _cut(self, path: str, at: int) -> None:
+        """Remove a torn tail: the whole file when nothing of it became durable, else truncate at ``at``."""
+        if at == 0:
             self._fs.unlink(path)
-            return [], size
+            return
         fd = os.open(path, os.O_WRONLY)
         try:
             self._fs.truncate(fd, at)
             self._fs.fsync(fd)
         finally:
             os.close(fd)
-        return [], size - at
 
     # -- appending ------------------------------------------------------------------------------
     def add_rows(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> None:
@@ -289,7 +228,7 @@ class Journal:
             records.append(msgpack.packb(["f", *frontier]))
         self._pending.clear()
         self._open_new(records)
-        for number, path in self._files():
+        for number, path in _list_files(self.directory)[0]:
             if number < self._number:
                 self._fs.unlink(path)
         self._fs.fsync_dir(self.directory)
@@ -298,6 +237,155 @@ class Journal:
         if self._fd >= 0:
             self._fs.close(self._fd)
             self._fd = -1
+
+
+@dataclass(frozen=True)
+class ParsedFile:
+    """One journal file, parsed: its whole groups' records, and where a torn tail starts.
+
+    :ivar torn_at: the offset from which the file is a torn tail (0: the whole
+        file, whose header never became durable), or None when it ends cleanly.
+    """
+
+    records: list[tuple]
+    torn_at: int | None
+
+
+def parse_file(data: bytes, path: str, number: int, *, last: bool) -> ParsedFile:
+    """Parse one journal file's bytes; a pure function (the caller decides what to do with a torn tail).
+
+    :param path: named in errors only.
+    :param number: the file number its name gives (the header must agree; it also seeds group CRCs).
+    :param last: whether it is the newest file: only that one may have a torn tail.
+    :raises JournalError: damage that is not a torn tail, naming the file and offset.
+    """
+    size = len(data)
+    if size < _HEADER_SIZE:
+        if last:  # a new file whose header never became durable
+            return ParsedFile([], 0)
+        raise JournalError(path, 0, "journal file is shorter than its header")
+    magic, version, _, stored_number = _HEADER.unpack_from(data)
+    (crc,) = struct.unpack_from("<I", data, _HEADER.size)
+    if magic != MAGIC or masked_crc32c(data[:_HEADER.size]) != crc:
+        if last and not any(data[_HEADER.size:]) and magic != MAGIC:
+            return ParsedFile([], 0)
+        raise JournalError(path, 0, "bad journal header (magic or CRC)")
+    if version != VERSION:
+        raise JournalError(path, 8, f"journal version {version} is not supported (this reader knows {VERSION})")
+    if stored_number != number:
+        raise JournalError(path, 12, f"header says file {stored_number}, name says {number}")
+    records: list[tuple] = []
+    pos = _HEADER_SIZE
+    prefix = _U64.pack(number)
+    while pos < size:
+        bad = None
+        if pos + _GROUP.size > size:
+            bad = "truncated group frame"
+        else:
+            length, crc = _GROUP.unpack_from(data, pos)
+            end = pos + _GROUP.size + length
+            if length == 0 and crc == 0:
+                bad = "zeroed group frame"
+            elif length > _MAX_GROUP or end > size:
+                bad = f"group of {length} bytes runs past the end of the file"
+            elif masked_crc32c(data[pos + _GROUP.size:end], crc32c_of(prefix)) != crc:
+                bad = "group CRC mismatch"
+        if bad is not None:
+            # Only the last group of the last file can be torn: the next group
+            # is written only after the previous one's fsync returned. A bad
+            # group with data after it is damage, not a crash.
+            if bad == "group CRC mismatch":
+                nothing_follows = not any(data[end:])
+            elif bad == "zeroed group frame":
+                nothing_follows = not any(data[pos:])
+            else:
+                nothing_follows = True
+            if last and nothing_follows:
+                return ParsedFile(records, pos)
+            raise JournalError(path, pos, f"{bad}, and more data follows: not a torn tail")
+        try:
+            for rec in _unpack_all(data[pos + _GROUP.size:end]):
+                records.append(_validate(rec, path, pos))
+        except ValueError as exc:
+            raise JournalError(path, pos, f"group does not decode: {exc}") from None
+        pos = end
+    return ParsedFile(records, None)
+
+
+def _list_files(directory: str) -> tuple[list[tuple[int, str]], list[str]]:
+    """The journal files as sorted (number, path), and the ``*.journal.tmp`` leftovers of an interrupted checkpoint."""
+    files: list[tuple[int, str]] = []
+    leftovers: list[str] = []
+    for name in os.listdir(directory):
+        m = _FILE_NAME.match(name)
+        if m:
+            files.append((int(m.group(1)), os.path.join(directory, name)))
+        elif name.endswith(".journal.tmp"):
+            leftovers.append(os.path.join(directory, name))
+    return sorted(files), leftovers
+
+
+def _newest_checkpoint(files: list[list[tuple]]) -> int:
+    """Index of the newest file that starts with a complete checkpoint (0 if none): replay starts there."""
+    start = 0
+    for i, records in enumerate(files):
+        if records and records[0] == ("c",) and ("e",) in records:
+            start = i
+    return start
+
+
+def _fold(files: list[list[tuple]]) -> tuple[tuple[int, int, int] | None, list[tuple]]:
+    """The largest frontier and the ordered add/untrack records of the files replay keeps."""
+    frontier: tuple[int, int, int] | None = None
+    out: list[tuple] = []
+    for records in files:
+        for rec in records:
+            if rec[0] == "f":
+                frontier = max(frontier, rec[1:]) if frontier else rec[1:]
+            elif rec[0] in ("a", "x"):
+                out.append(rec)
+    return frontier, out
+
+
+def has_journal(store_path: str, tracker: str) -> bool:
+    """Whether the tracker has a journal directory, i.e. has been opened in journal mode."""
+    return os.path.isdir(journal_directory(store_path, tracker))
+
+
+def read_frontier(store_path: str, tracker: str, *, attempts: int = 5) -> tuple[int, int, int] | None:
+    """The tracker's durable delivery frontier, read without modifying anything.
+
+    Replay's rules, without its repairs: files before the newest complete
+    checkpoint are ignored (not removed), a torn tail of the last file is
+    ignored (not cut), ``*.journal.tmp`` files are ignored (not removed). So a
+    store in use, or one left by a crash, can be read by another process
+    without the store lock, and its writer later repairs it as usual.
+
+    :returns: the largest durable ``(timestamp, ledger_id, entry_id)`` delivered,
+        or None when the tracker has no journal (sealed mode; see
+        :func:`has_journal`) or its journal records no delivery yet.
+    :param attempts: listings to try when a file vanishes while being read.
+    :raises JournalError: damage that is not a torn tail, or files that keep vanishing.
+    """
+    directory = journal_directory(store_path, tracker)
+    for _ in range(attempts):
+        try:
+            files, _ = _list_files(directory)
+        except FileNotFoundError:
+            return None  # no journal: sealed mode (or the tracker was deleted meanwhile)
+        parsed: list[list[tuple]] = []
+        try:
+            for i, (number, path) in enumerate(files):
+                with open(path, "rb") as f:
+                    data = f.read()
+                parsed.append(parse_file(data, path, number, last=(i == len(files) - 1)).records)
+        except FileNotFoundError:
+            # A live writer checkpointed between the listing and the read and removed
+            # the superseded files: list again, the new checkpoint holds the frontier.
+            continue
+        frontier, _ = _fold(parsed[_newest_checkpoint(parsed):])
+        return frontier
+    raise JournalError(directory, 0, f"journal files kept vanishing while being read ({attempts} attempts)")
 
 
 def _unpack_all(body: bytes) -> Iterator[object]:

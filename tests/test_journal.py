@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import JournalError, TrackerConfig
-from bucketstore.journal import Journal
+from bucketstore.journal import Journal, has_journal, journal_directory, read_frontier
 
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=6, max_indexes_per_segment=3,
                     max_time_step_per_segment_ms=300)
@@ -90,6 +90,72 @@ def test_checkpoint_supersedes_older_files_even_if_they_survive(tmp_path):
     assert [(int(r[1][0]), int(r[3][0])) for r in state.records] == [(2, 20)]
     assert state.frontier == (5, 0, 0)
     assert len(os.listdir(tmp_path)) == 1  # the superseded file is removed by the replay
+
+
+def _snapshot(directory):
+    return {name: open(os.path.join(directory, name), "rb").read() for name in sorted(os.listdir(directory))}
+
+
+def test_read_frontier_reads_a_torn_journal_without_touching_it(tmp_path):
+    store = str(tmp_path)
+    directory = journal_directory(store, "t\u00e9")
+    j = Journal(directory)
+    j.add_one(1, 1, 10)
+    j.frontier((10, 1, 1))
+    j.commit()
+    j.frontier((20, 2**63 + 5, 7))
+    j.commit()
+    j.close()
+    (name,) = os.listdir(directory)
+    with open(os.path.join(directory, name), "ab") as f:  # a group whose write never completed
+        f.write(bytes.fromhex("40000000deadbeef") + b"partial")
+    with open(os.path.join(directory, "00000000000000000009.journal.tmp"), "wb") as f:
+        f.write(b"an interrupted checkpoint")
+    before = _snapshot(directory)
+    assert read_frontier(store, "t\u00e9") == (20, 2**63 + 5, 7)
+    assert _snapshot(directory) == before  # nothing cut, nothing removed
+    # The writer's replay agrees on the frontier and does repair: the tail was torn indeed.
+    state = Journal(directory).replay()
+    assert state.frontier == (20, 2**63 + 5, 7) and state.cut_bytes == len(bytes.fromhex("40000000deadbeef")) + 7
+    assert _snapshot(directory) != before
+
+
+def test_read_frontier_ignores_files_a_checkpoint_superseded(tmp_path):
+    store = str(tmp_path)
+    directory = journal_directory(store, "t")
+    j = Journal(directory)
+    # A frontier no checkpoint would carry over, so that counting the superseded file shows.
+    j.frontier((50, 0, 0))
+    j.commit()
+    old = _snapshot(directory)
+    j.checkpoint(np.array([], np.uint64), np.array([], np.uint64), np.array([], np.uint64), (5, 0, 0))
+    j.close()
+    for name, data in old.items():  # a crash before the old file's unlink became durable
+        (tmp_path / "journal" / "74" / name).write_bytes(data)
+    before = _snapshot(directory)
+    assert len(before) == 2
+    assert read_frontier(store, "t") == (5, 0, 0)
+    assert _snapshot(directory) == before  # the superseded file is left for the writer to remove
+
+
+def test_read_frontier_without_a_journal_or_a_delivery_is_none(tmp_path):
+    store = str(tmp_path)
+    assert read_frontier(store, "t") is None and not has_journal(store, "t")  # sealed mode
+    j = Journal(journal_directory(store, "t"))
+    j.add_one(1, 1, 10)
+    j.commit()
+    j.close()
+    assert read_frontier(store, "t") is None and has_journal(store, "t")  # journal mode, nothing delivered
+
+
+def test_read_frontier_reports_damage_that_is_not_a_torn_tail(tmp_path):
+    full = _journal_with_groups(journal_directory(str(tmp_path), "t"), 3)
+    data = bytearray(open(full, "rb").read())
+    data[50] ^= 0x55
+    open(full, "wb").write(bytes(data))
+    with pytest.raises(JournalError) as info:
+        read_frontier(str(tmp_path), "t")
+    assert info.value.path == full
 
 
 class Oracle:

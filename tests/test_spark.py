@@ -20,10 +20,12 @@ pytest.importorskip("pyarrow", reason="the spark extra is not installed (pip ins
 import bucketstore  # noqa: E402
 import bucketstore.spark as bspark  # noqa: E402
 from bucketstore.catalog import Catalog  # noqa: E402
+from bucketstore.journal import read_frontier  # noqa: E402
 from bucketstore.snapshot import BucketFile, parse_bucket_key  # noqa: E402
 from bucketstore.spark.bucketing import LedgerRangeConflict, Rows, cut_buckets, order_positions  # noqa: E402
 from bucketstore.spark.build_job import plan_build  # noqa: E402
 from bucketstore.spark.build_task import write_partition  # noqa: E402
+from bucketstore.spark.scan import plan_scan  # noqa: E402
 from helpers import FakeClock  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -105,10 +107,11 @@ def file_rows(store):
     return sorted(out)
 
 
-def frame_rows(df):
+def frame_rows(rows, delivered=False):
+    """Collected rows as file_rows spells them; with ``delivered``, the column appended."""
     return sorted((r.tracker, bspark.to_unsigned(r.bucket_start_ledger), bspark.to_unsigned(r.bucket_end_ledger),
                    r.ledger_file, r.segment, bspark.to_unsigned(r.timestamp), bspark.to_unsigned(r.ledger_id),
-                   bspark.to_unsigned(r.entry_id)) for r in df.collect())
+                   bspark.to_unsigned(r.entry_id), *([r.delivered] if delivered else [])) for r in rows)
 
 
 def deliveries(tracker, clock, until, step=500):
@@ -198,10 +201,13 @@ def test_reader_round_trips_every_index_of_every_bucket_file(spark, tracker_stor
     df = spark.read.format("bucketstore").load(tracker_store)
     assert df.schema.simpleString() == ("struct<tracker:string,bucket_start_ledger:bigint,bucket_end_ledger:bigint,"
                                         "ledger_file:string,segment:int,timestamp:bigint,ledger_id:bigint,"
-                                        "entry_id:bigint>")
+                                        "entry_id:bigint,delivered:boolean>")
     expected = file_rows(tracker_store)
     assert len(expected) == 6 * 150 + 250
-    assert frame_rows(df) == expected
+    rows = df.collect()
+    assert frame_rows(rows) == expected
+    # A sealed-mode store keeps no delivery frontier: whether a row was delivered is unknown.
+    assert {r.delivered for r in rows} == {None}
     # uint64 values >= 2**63 arrive as their two's-complement BIGINT.
     beta = df.where("tracker = 'beta'").select("ledger_id", "entry_id", "timestamp").first()
     assert beta.ledger_id == 2**63 + 7 - 2**64 < 0 and beta.entry_id >= 2**40 and beta.timestamp < 0
@@ -220,7 +226,55 @@ def test_reader_splits_big_buckets_and_selects_trackers(spark, tracker_store):
 def test_reader_of_an_empty_store_has_no_rows(spark, tmp_path):
     bucketstore.open(tmp_path / "empty").close()
     df = spark.read.format("bucketstore").load(str(tmp_path / "empty"))
-    assert df.count() == 0 and len(df.columns) == 8
+    assert df.count() == 0 and len(df.columns) == 9
+
+
+def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spark, tmp_path):
+    """Sealed and journal trackers side by side: null, exact prefix, no rows (a journal, no bucket)."""
+    path = str(tmp_path / "store")
+    clock = FakeClock(0)
+    with bucketstore.open(path) as store:  # sealed mode: this tracker never gets a journal
+        s = store.tracker("sealed", CFG, clock)
+        s.add_messages(([5] * 250, list(range(250)), [10_000 + e for e in range(250)]))
+        s.add_message(6, 0, 90_000)
+        assert s.stats()["immutable_buckets"] == 1
+    big = 2**63
+    ledgers = [1, 2, big + 3, big + 4]
+    with bucketstore.open(path, durability="journal") as store:
+        j = store.tracker("journaled", CFG, clock)
+        # Five timestamps shared by every ledger, so the frontier falls among rows of equal
+        # time and only (ledger, entry) decides; ledgers of 2**63 and more need an unsigned order.
+        j.add_messages((np.repeat(np.array(ledgers, dtype=U64), 100), np.tile(np.arange(100, dtype=U64), 4),
+                        np.tile(10_000 + (np.arange(100, dtype=U64) % 5) * 1000, 4)))
+        j.add_message(2**64 - 1, 0, 90_000)  # rolls over: seals the second 200 indexes
+        assert j.stats()["immutable_buckets"] == 2  # ledgers 1-2 and 2**63 + 3-4
+        clock.now = 11_500
+        # 80 rows at 10 000, then 50 of the 80 at 11 000: ledgers 1 and 2 and half of 2**63 + 3.
+        delivered = set(j.get_scheduled_messages(130))
+        assert len(delivered) == 130
+        fresh = store.tracker("fresh", CFG, clock)  # created in journal mode, never seals
+        fresh.add_message(1, 1, 50_000)
+    journal = os.path.join(path, "journal", "journaled".encode().hex())
+    before = {n: open(os.path.join(journal, n), "rb").read() for n in os.listdir(journal)}
+
+    rows = spark.read.format("bucketstore").load(path).collect()
+    assert {r.tracker for r in rows} == {"sealed", "journaled"}
+    expected = [(*row, None if row[0] == "sealed" else (row[6], row[7]) in delivered) for row in file_rows(path)]
+    assert frame_rows(rows, delivered=True) == sorted(expected)
+    # Every delivery came out of the two sealed buckets; the frontier lies inside both.
+    assert sum(r.delivered is True for r in rows) == 130 and sum(r.delivered is False for r in rows) == 400 - 130
+    assert {n: open(os.path.join(journal, n), "rb").read() for n in os.listdir(journal)} == before
+
+    # Planning (no Spark): one frontier per tracker in every range; a tracker without buckets
+    # contributes no range and its journal is not read, so even a damaged one fails nothing.
+    fresh_journal = os.path.join(path, "journal", "fresh".encode().hex())
+    for name in os.listdir(fresh_journal):
+        with open(os.path.join(fresh_journal, name), "r+b") as f:
+            f.write(b"garbage!")
+    ranges = [r for part in plan_scan(path) for r in part]
+    assert {(r.tracker, r.journaled, r.frontier) for r in ranges} == {
+        ("sealed", False, None), ("journaled", True, read_frontier(path, "journaled"))}
+    assert read_frontier(path, "journaled") == (11_000, big + 3, 46)  # the 10th of its entries 1, 6, 11, ...
 
 
 def test_reader_refuses_a_path_that_is_not_a_store(spark, tmp_path):

@@ -15,7 +15,11 @@ __all__ = ["SegmentRangePartition", "StoreReader"]
 
 @dataclass
 class SegmentRangePartition(InputPartition):
-    """One input partition: ranges of segments of one or more bucket files (pickled to a task)."""
+    """One input partition: ranges of segments of one or more bucket files (pickled to a task).
+
+    Each range carries its tracker's delivery frontier, read once at planning: tasks never
+    open a journal, and every task of a query marks rows against the same frontier.
+    """
 
     ranges: list[SegmentRange]
 

@@ -1,7 +1,9 @@
 """Reading a store as rows: which bucket files to read, and their rows as Arrow batches.
 
 No Spark here; :mod:`bucketstore.spark.reader` wraps it as a data source. The
-catalog is opened read-only and only while planning; tasks read ledger files.
+catalog is opened read-only and only while planning, and so is each tracker's
+journal (for its durable delivery frontier, shipped to the tasks in the
+planned ranges); tasks read ledger files.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import CatalogError
+from ..journal import has_journal, read_frontier
 from ..ledger_file import LedgerReader
 from ..snapshot import BucketFile, parse_bucket_key
 from .schema import READ_ARROW_SCHEMA, signed_view, to_signed
@@ -39,6 +42,11 @@ class SegmentRange:
     path: str
     first: int
     last: int
+    #: Whether the tracker has a journal; without one, ``delivered`` is unknown (null).
+    journaled: bool = False
+    #: The tracker's durable delivery frontier (timestamp, ledger, entry) at
+    #: planning time; None with a journal means nothing was delivered durably.
+    frontier: tuple[int, int, int] | None = None
 
 
 def plan_scan(store: str, trackers: Sequence[str] | None = None,
@@ -47,11 +55,14 @@ def plan_scan(store: str, trackers: Sequence[str] | None = None,
 
     Reads the catalog read-only (no store lock) and each file's header and
     trailer for its segment sizes, so a file damaged there is reported now, at
-    planning.
+    planning. The delivery frontier of each tracker that has buckets is read
+    here too, once, without modifying its journal: every range of a tracker
+    carries the same frontier, so all of a query's tasks agree on it.
 
     :param trackers: the trackers to read (default: every one); an unknown name is an error.
     :raises CatalogError: not a store, an unknown tracker, a key naming a missing file.
     :raises CorruptLedgerError: a bucket file's header or trailer is damaged.
+    :raises JournalError: a tracker's journal is damaged (not just a torn tail).
     """
     if partition_bytes < 1:
         raise ValueError("partition_bytes must be at least 1")
@@ -71,6 +82,14 @@ def plan_scan(store: str, trackers: Sequence[str] | None = None,
     current: list[SegmentRange] = []
     filled = 0
     for name, buckets in keyed:
+        if not buckets:
+            # No rows to mark: its journal (journal mode keeps one even for a
+            # tracker that never sealed) is not read, so it cannot fail the query.
+            continue
+        # read_frontier's None means either "no journal" or "nothing delivered";
+        # the column tells them apart (null: unknown, False: not delivered).
+        journaled = has_journal(store, name)
+        frontier = read_frontier(store, name) if journaled else None
         for key, ledger_id in sorted(buckets.items(), key=lambda kv: parse_bucket_key(kv[0])):
             start, end = parse_bucket_key(key)
             path = ledger_path(store, ledger_id)
@@ -79,11 +98,11 @@ def plan_scan(store: str, trackers: Sequence[str] | None = None,
             for number, size in enumerate(sizes, start=1):
                 filled += size
                 if filled >= partition_bytes:
-                    current.append(SegmentRange(name, start, end, path, first, number))
+                    current.append(SegmentRange(name, start, end, path, first, number, journaled, frontier))
                     partitions.append(current)
                     current, filled, first = [], 0, number + 1
             if first <= len(sizes):
-                current.append(SegmentRange(name, start, end, path, first, len(sizes)))
+                current.append(SegmentRange(name, start, end, path, first, len(sizes), journaled, frontier))
     if current:
         partitions.append(current)
     return partitions
@@ -129,17 +148,34 @@ def _batch(part: SegmentRange, segments: list[tuple[int, np.ndarray, np.ndarray,
     counts = [len(ts) for _, ts, _, _ in segments]
     n = sum(counts)
     numbers = np.repeat(np.array([number for number, _, _, _ in segments], dtype=np.int32), counts)
+    ts = np.concatenate([ts for _, ts, _, _ in segments])
+    ledgers = np.concatenate([ls for _, _, ls, _ in segments])
+    entries = np.concatenate([es for _, _, _, es in segments])
     columns = [
         _repeated(part.tracker, n),
         pa.array(np.full(n, to_signed(part.start_ledger), dtype=np.int64)),
         pa.array(np.full(n, to_signed(part.end_ledger), dtype=np.int64)),
         _repeated(part.path, n),
         pa.array(numbers),
-        pa.array(signed_view(np.concatenate([ts for _, ts, _, _ in segments]))),
-        pa.array(signed_view(np.concatenate([ls for _, _, ls, _ in segments]))),
-        pa.array(signed_view(np.concatenate([es for _, _, _, es in segments]))),
+        pa.array(signed_view(ts)),
+        pa.array(signed_view(ledgers)),
+        pa.array(signed_view(entries)),
+        _delivered(part, ts, ledgers, entries),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=READ_ARROW_SCHEMA)
+
+
+def _delivered(part: SegmentRange, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> pa.Array:
+    """The ``delivered`` column: key at or before the frontier; all null without a journal."""
+    n = len(ts)
+    if not part.journaled:
+        return pa.nulls(n, pa.bool_())
+    if part.frontier is None:  # a journal, and no delivery recorded in it
+        return pa.array(np.zeros(n, dtype=bool))
+    # Compared on the uint64 arrays, before the signed view: a signed compare
+    # would put ids and times of 2**63 and more before every small one.
+    t, l, e = (np.uint64(v) for v in part.frontier)
+    return pa.array((ts < t) | ((ts == t) & ((ledgers < l) | ((ledgers == l) & (entries <= e)))))
 
 
 def _repeated(value: str, n: int) -> pa.Array:

@@ -24,6 +24,9 @@ READ_FIELDS: tuple[tuple[str, str, pa.DataType], ...] = (
     ("timestamp", "BIGINT", pa.int64()),
     ("ledger_id", "BIGINT", pa.int64()),
     ("entry_id", "BIGINT", pa.int64()),
+    # At or before the tracker's durable delivery frontier; null when the
+    # tracker has no journal (sealed mode keeps no frontier: unknown).
+    ("delivered", "BOOLEAN", pa.bool_()),
 )
 
 READ_DDL = ", ".join(f"{name} {ddl}" for name, ddl, _ in READ_FIELDS)
