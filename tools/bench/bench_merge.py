@@ -98,7 +98,7 @@ def main() -> None:
           f"violations {report.violations}")
     print(f"  RSS while publishing: first quarter {np.mean(rss[:quarter]):.0f} MB, "
           f"last quarter {np.mean(rss[-quarter:]):.0f} MB, peak {max(rss):.0f} MB "
-          "(the simulator's oracle grows by ~9 bytes per message)")
+          "(the simulator's own oracle grows by 9 bytes per message)")
 
 
 if __name__ == "__main__":
