@@ -192,12 +192,14 @@ class Journal:
         if at == 0:  # nothing of this file ever became durable
             self._fs.unlink(path)
             return [], size
-        fd = os.open(path, os.O_WRONLY)
+        # Through the file layer like every other durable change (the fault tests count,
+        # crash and model it); O_APPEND does not affect ftruncate.
+        fd = self._fs.open_append(path)
         try:
             self._fs.truncate(fd, at)
             self._fs.fsync(fd)
         finally:
-            os.close(fd)
+            self._fs.close(fd)
         return [], size - at
 
     # -- appending ------------------------------------------------------------------------------
