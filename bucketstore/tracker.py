@@ -678,6 +678,11 @@ class BucketTracker:
                 for ledger, bm in seg.bitmaps.items():
                     self._index.add_bitmap(ledger, bm)
             if frontier is not None:
+                # The skipped segments' rows stay in the file (a merge reads them): a
+                # delivered position re-added later must not be made live again by them.
+                for seg in meta.segments[:skip]:
+                    for ledger, bm in seg.bitmaps.items():
+                        self._index.add_ghosts(ledger, bm)
                 self._untrack_delivered(bucket, skip, frontier)
             self._buckets[start] = bucket
             self._queue.push(Slot(bucket))
@@ -706,6 +711,9 @@ class BucketTracker:
             done = ~_after(run.ts, run.ledgers, run.entries, frontier)
             for ledger, entry in zip(run.ledgers[done].tolist(), run.entries[done].tolist()):
                 self._index.discard(ledger, entry)
+                # Its row stays in this segment: if the journal re-adds the position with
+                # another time, only that time is live (as after a live delivery).
+                self._index.add_ghosts(ledger, bitmap_of(np.array([entry], dtype=_U64)))
 
     def _replay(self, records: list[tuple], frontier: tuple[int, int, int] | None) -> None:
         """Re-apply journaled adds and untracks, in order, without the expiry check (a due
