@@ -197,7 +197,7 @@ class Model:
         return sorted(out)
 
     def mark_delete(self, ledger: int, entry: int) -> None:
-        self.advance()
+        # (mark_delete and clear do not read the clock: the tracker's cutoff stays.)
         if self.acked is not None and (ledger, entry) < self.acked:
             return
         self.acked = (ledger, entry)
@@ -205,7 +205,6 @@ class Model:
             self._remove(l2, e2)
 
     def clear(self) -> None:
-        self.advance()
         self.where.clear()
         self.rows.clear()
 
@@ -264,8 +263,9 @@ def reseed(bounds: JournalBounds, got: set[Position], tracker: Any) -> Model:
     """The model of a recovered tracker: what it holds (within the bounds), at the bounds' times."""
     times = bounds.times
     after = bounds.after
+    # The in-flight call's frontier may not have become durable: keep the returned calls' one.
     return Model(after.clock, after.tick_ms, {p: times[p] for p in got}, after.acked,
-                 tracker.stats()["cutoff"], after.durable_frontier)
+                 tracker.stats()["cutoff"], bounds.before.durable_frontier)
 
 
 def check_deliveries(tracker: Any, model: Model, context: str) -> None:

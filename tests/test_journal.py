@@ -335,3 +335,27 @@ def test_cutting_a_torn_tail_goes_through_the_file_layer(tmp_path):
         assert ("truncate", path) in fs.log and ("fsync", path) in fs.log
     finally:
         store.close()
+
+
+def test_an_expired_re_add_of_a_sealed_position_stays_untracked_after_a_checkpoint(tmp_path):
+    """Found by the journal crash state machine. An expired re-add of a position held by a
+    sealed bucket untracks it (``add_message`` returns False: dispatch now) and journals an
+    untrack record. The next checkpoint (a seal, or recovery itself) wrote only the memory-only
+    rows and the frontier, so the untrack was lost with the older file, and the following
+    recovery tracked the position again from the bucket's bitmap: delivered a second time."""
+    clock = FakeClock(1000)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        t = store.tracker("sub", CFG, clock)
+        t.add_messages([(2, e, 5000 + e) for e in range(6)])
+        t.add_messages([(3, e, 6000 + e) for e in range(6)])  # seals [2, 2]
+        assert not t.add_message(2, 0, 1000)  # due: untracks (2, 0); the caller dispatches it now
+        t.add_messages([(4, e, 7000 + e) for e in range(6)])  # seals [3, 3]: a checkpoint
+        assert not t.contains_message(2, 0)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        t = store.tracker("sub", CFG, clock)
+        assert not t.contains_message(2, 0), "an untracked position came back from its sealed bucket"
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:  # recovery checkpointed too
+        t = store.tracker("sub", CFG, clock)
+        assert not t.contains_message(2, 0), "an untracked position came back after a second recovery"
+        clock.now = 10_000
+        assert (2, 0) not in t.get_scheduled_messages(100)
