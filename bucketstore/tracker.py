@@ -543,7 +543,13 @@ class BucketTracker:
 
     def _checkpoint(self) -> None:
         ledgers, entries, ts = self._memory_only_rows()
-        self._journal.checkpoint(ledgers, entries, ts, self._frontier)
+        # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
+        # bucket: the checkpoint replaces the file that held its untrack record, so it must
+        # carry the untrack on, or recovery tracks the position again from the bitmap.
+        untracked = [(ledger, entry) for ledger, ghosts in self._index._ghosts.items()
+                     if self._covering(ledger) is not None
+                     for entry in ghosts if not self._index.contains(ledger, entry)]
+        self._journal.checkpoint(ledgers, entries, ts, self._frontier, untracked)
         self._last_sync = time.monotonic()
 
     def clear(self) -> None:
