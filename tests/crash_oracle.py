@@ -159,7 +159,10 @@ class Model:
         self.advance()  # a tracker reads the clock when it is opened
 
     def copy(self) -> "Model":
-        return Model(self.clock, self.tick_ms, self.where, self.acked, self.cutoff, self.durable_frontier)
+        twin = Model.__new__(Model)
+        twin.__dict__.update(self.__dict__)
+        twin.where, twin.rows = dict(self.where), list(self.rows)  # not advanced: no clock read
+        return twin
 
     def advance(self) -> int:
         self.cutoff = max(self.cutoff, self.clock() + self.tick_ms)
@@ -263,9 +266,13 @@ def reseed(bounds: JournalBounds, got: set[Position], tracker: Any) -> Model:
     """The model of a recovered tracker: what it holds (within the bounds), at the bounds' times."""
     times = bounds.times
     after = bounds.after
+    stats = tracker.stats()
+    # An in-flight mark_delete may or may not have committed: take the recovered one.
+    acked = tuple(stats["mark_delete"]) if stats["mark_delete"] else None
+    assert acked in (bounds.before.acked, after.acked), f"recovered mark-delete {acked} was never set"
     # The in-flight call's frontier may not have become durable: keep the returned calls' one.
-    return Model(after.clock, after.tick_ms, {p: times[p] for p in got}, after.acked,
-                 tracker.stats()["cutoff"], bounds.before.durable_frontier)
+    return Model(after.clock, after.tick_ms, {p: times[p] for p in got}, acked,
+                 stats["cutoff"], bounds.before.durable_frontier)
 
 
 def check_deliveries(tracker: Any, model: Model, context: str) -> None:

@@ -238,6 +238,6 @@ class JournalCrashMachine(CrashMachine):
         self.model = reseed(bounds, got, self.tracker)
 
 
-JournalCrashMachine.TestCase.settings = settings(max_examples=example_count(150), stateful_step_count=40,
+JournalCrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40,
                                                  deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TestJournalCrashMachine = JournalCrashMachine.TestCase
