@@ -132,12 +132,14 @@ class Journal:
         if at == 0:
             self._fs.unlink(path)
             return
-        fd = os.open(path, os.O_WRONLY)
+        # Through the file layer like every other durable change (the fault tests count,
+        # crash and model it); O_APPEND does not affect ftruncate.
+        fd = self._fs.open_append(path)
         try:
             self._fs.truncate(fd, at)
             self._fs.fsync(fd)
         finally:
-            os.close(fd)
+            self._fs.close(fd)
 
     # -- appending ------------------------------------------------------------------------------
     def add_rows(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> None:
@@ -210,7 +212,8 @@ class Journal:
             self._fs.close(old_fd)
 
     def checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
-                   frontier: tuple[int, int, int] | None) -> None:
+                   frontier: tuple[int, int, int] | None,
+                   untracked: list[tuple[int, int]] = ()) -> None:
         """Start a new file holding exactly this state, then delete every older file.
 
         The new file is durable (fsync, rename, directory fsync) before any old
@@ -220,7 +223,9 @@ class Journal:
         if self._poisoned:
             raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
                                                         f"{self._poisoned}")
-        records = []
+        # Untracks first: they cancel rows of sealed buckets, which replay loads before
+        # the records; the memory-only adds that follow may track a position anew.
+        records = [msgpack.packb(["x", ledger, entry]) for ledger, entry in untracked]
         if len(ledgers):
             records.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
                                           np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))

@@ -523,7 +523,13 @@ class BucketTracker:
 
     def _checkpoint(self) -> None:
         ledgers, entries, ts = self._memory_only_rows()
-        self._journal.checkpoint(ledgers, entries, ts, self._frontier)
+        # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
+        # bucket: the checkpoint replaces the file that held its untrack record, so it must
+        # carry the untrack on, or recovery tracks the position again from the bitmap.
+        untracked = [(ledger, entry) for ledger, ghosts in self._index._ghosts.items()
+                     if self._covering(ledger) is not None
+                     for entry in ghosts if not self._index.contains(ledger, entry)]
+        self._journal.checkpoint(ledgers, entries, ts, self._frontier, untracked)
         self._last_sync = time.monotonic()
 
     def clear(self) -> None:
@@ -658,6 +664,11 @@ class BucketTracker:
                 for ledger, bm in seg.bitmaps.items():
                     self._index.add_bitmap(ledger, bm)
             if frontier is not None:
+                # The skipped segments' rows stay in the file (a merge reads them): a
+                # delivered position re-added later must not be made live again by them.
+                for seg in meta.segments[:skip]:
+                    for ledger, bm in seg.bitmaps.items():
+                        self._index.add_ghosts(ledger, bm)
                 self._untrack_delivered(bucket, skip, frontier)
             self._buckets.add(bucket)
             self._queue.push(Slot(bucket))
@@ -686,6 +697,9 @@ class BucketTracker:
             done = ~_after(run.ts, run.ledgers, run.entries, frontier)
             for ledger, entry in zip(run.ledgers[done].tolist(), run.entries[done].tolist()):
                 self._index.discard(ledger, entry)
+                # Its row stays in this segment: if the journal re-adds the position with
+                # another time, only that time is live (as after a live delivery).
+                self._index.add_ghosts(ledger, bitmap_of(np.array([entry], dtype=_U64)))
 
     def _replay(self, records: list[tuple], frontier: tuple[int, int, int] | None) -> None:
         """Re-apply journaled adds and untracks, in order, without the expiry check (a due

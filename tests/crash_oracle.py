@@ -18,6 +18,7 @@ names a file that verifies, and nothing else is left in ``ledgers/``.
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,3 +136,169 @@ def check_files(store: Any, tracker_name: str, context: str) -> None:
     on_disk = set(os.listdir(ledgers))
     assert on_disk == referenced, \
         f"{context}: ledgers/ holds {sorted(on_disk - referenced)} beyond the catalog's files"
+
+
+# -- the journal-mode oracle ------------------------------------------------------------------------
+class Model:
+    """The specification of one tracker: what is tracked, at what time, and the cutoff.
+
+    ``durable_frontier`` is the largest ``(ts, ledger, entry)`` delivered by a call
+    that returned (in journal mode with ``sync_interval_ms=0`` it is durable).
+    """
+
+    def __init__(self, clock: Any, tick_ms: int, rows: dict[Position, int] | None = None,
+                 acked: Position | None = None, cutoff: int = -1,
+                 durable_frontier: Triple | None = None) -> None:
+        self.clock = clock
+        self.tick_ms = tick_ms
+        self.where: dict[Position, int] = dict(rows or {})
+        self.rows = sorted((ts, ledger, entry) for (ledger, entry), ts in self.where.items())
+        self.acked = acked
+        self.cutoff = cutoff
+        self.durable_frontier = durable_frontier
+        self.advance()  # a tracker reads the clock when it is opened
+
+    def copy(self) -> "Model":
+        twin = Model.__new__(Model)
+        twin.__dict__.update(self.__dict__)
+        twin.where, twin.rows = dict(self.where), list(self.rows)  # not advanced: no clock read
+        return twin
+
+    def advance(self) -> int:
+        self.cutoff = max(self.cutoff, self.clock() + self.tick_ms)
+        return self.cutoff
+
+    def _remove(self, ledger: int, entry: int) -> None:
+        ts = self.where.pop((ledger, entry))
+        self.rows.remove((ts, ledger, entry))
+
+    def add(self, ledger: int, entry: int, at: int) -> bool:
+        self.advance()
+        if self.acked is not None and (ledger, entry) <= self.acked:
+            return False  # acknowledged already
+        if at <= self.cutoff:
+            if (ledger, entry) in self.where:
+                self._remove(ledger, entry)  # an expired re-add untracks it
+            return False
+        if (ledger, entry) not in self.where:
+            self.where[(ledger, entry)] = at
+            bisect.insort(self.rows, (at, ledger, entry))
+        return True
+
+    def add_batch(self, rows: list[tuple[int, int, int]]) -> int:
+        """``add_messages`` of distinct positions: the rows one by one."""
+        return sum(self.add(*row) for row in rows)
+
+    def pop(self, n: int) -> list[Position]:
+        cutoff = self.advance()
+        out = []
+        while self.rows and len(out) < n and self.rows[0][0] <= cutoff:
+            ts, ledger, entry = self.rows[0]
+            self._remove(ledger, entry)
+            out.append((ledger, entry))
+            self.durable_frontier = max(self.durable_frontier or (ts, ledger, entry), (ts, ledger, entry))
+        return sorted(out)
+
+    def mark_delete(self, ledger: int, entry: int) -> None:
+        # (mark_delete and clear do not read the clock: the tracker's cutoff stays.)
+        if self.acked is not None and (ledger, entry) < self.acked:
+            return
+        self.acked = (ledger, entry)
+        for _, l2, e2 in [r for r in self.rows if (r[1], r[2]) <= (ledger, entry)]:
+            self._remove(l2, e2)
+
+    def clear(self) -> None:
+        self.where.clear()
+        self.rows.clear()
+
+
+@dataclass
+class JournalBounds:
+    """What a journal-mode tracker recovered after a crash must hold.
+
+    ``before`` is the model after the last call that returned; ``after`` the model
+    had the call in flight at the crash also returned (equal when none was). The
+    in-flight call may have taken effect in part (a batch that sealed a bucket
+    midway, a delivery whose frontier was not yet synced, a clear whose catalog
+    commit landed), so:
+
+    * **must** (nothing acknowledged lost, nothing at or before the durable
+      frontier back): every position tracked in both;
+    * **may** (no phantom): every position tracked in either, at its time there.
+    """
+
+    before: Model
+    after: Model
+
+    @property
+    def must(self) -> set[Position]:
+        return self.before.where.keys() & self.after.where.keys()
+
+    @property
+    def times(self) -> dict[Position, int]:
+        return {**self.before.where, **self.after.where}
+
+
+def check_journal_recovered(tracker: Any, bounds: JournalBounds, universe: set[Position],
+                            context: str) -> set[Position]:
+    """Assert the recovered tracker holds every must position and nothing outside may;
+    return the positions it tracks."""
+    tracker._check()
+    got = {p for p in universe if tracker.contains_message(*p)}
+    assert tracker.number_of_delayed_messages == len(got), \
+        f"{context}: count {tracker.number_of_delayed_messages} but {len(got)} positions tracked"
+    lost = bounds.must - got
+    assert not lost, f"{context}: lost {len(lost)} acknowledged, undelivered indexes, e.g. {sorted(lost)[:5]}"
+    back = got - bounds.times.keys()
+    assert not back, (f"{context}: {len(back)} indexes tracked that were delivered, acknowledged or never added, "
+                      f"e.g. {sorted(back)[:5]}")
+    # The recovered cutoff is the clock's, raised to the durable frontier: never behind
+    # what was delivered, never ahead of what the process had reached.
+    cutoff = tracker.stats()["cutoff"]
+    now = bounds.before.clock() + bounds.before.tick_ms
+    fr = bounds.before.durable_frontier
+    assert cutoff >= now and (fr is None or cutoff >= fr[0]), f"{context}: cutoff {cutoff} behind {now} / {fr}"
+    assert cutoff <= max(now, bounds.after.cutoff), f"{context}: cutoff {cutoff} ahead of {bounds.after.cutoff}"
+    return got
+
+
+def reseed(bounds: JournalBounds, got: set[Position], tracker: Any) -> Model:
+    """The model of a recovered tracker: what it holds (within the bounds), at the bounds' times."""
+    times = bounds.times
+    after = bounds.after
+    stats = tracker.stats()
+    # An in-flight mark_delete may or may not have committed: take the recovered one.
+    acked = tuple(stats["mark_delete"]) if stats["mark_delete"] else None
+    assert acked in (bounds.before.acked, after.acked), f"recovered mark-delete {acked} was never set"
+    # The in-flight call's frontier may not have become durable: keep the returned calls' one.
+    return Model(after.clock, after.tick_ms, {p: times[p] for p in got}, acked,
+                 stats["cutoff"], bounds.before.durable_frontier)
+
+
+def check_deliveries(tracker: Any, model: Model, context: str) -> None:
+    """Deliver what is due now, then everything: exactly the model's rows, each at its time
+    (an old row of a re-added position delivered early would show here)."""
+    due = model.pop(10**9)
+    cutoff = model.cutoff
+    got = tracker.get_scheduled_messages(10**9)
+    assert got == due, (f"{context}: at cutoff {cutoff} delivered {sorted(set(got) - set(due))[:5]} early / "
+                        f"left {sorted(set(due) - set(got))[:5]} due")
+    assert tracker.next_delivery_time() == (model.rows[0][0] if model.rows else None), \
+        f"{context}: next delivery time"
+    assert tracker.number_of_delayed_messages == len(model.where), f"{context}: count after delivering"
+
+
+
+def check_journal_files(store_path: Path, tracker: str, context: str) -> None:
+    """After recovery the tracker's journal is exactly one file, a complete checkpoint."""
+    from bucketstore.journal import journal_directory, parse_file
+
+    directory = journal_directory(str(store_path), tracker)
+    names = sorted(os.listdir(directory))
+    assert len(names) == 1 and names[0].endswith(".journal"), f"{context}: journal directory holds {names}"
+    path = os.path.join(directory, names[0])
+    with open(path, "rb") as f:
+        parsed = parse_file(f.read(), path, int(names[0][:20]), last=True)
+    records = parsed.records
+    assert parsed.torn_at is None and records and records[0] == ("c",) and ("e",) in records, \
+        f"{context}: the journal file does not start with a complete checkpoint"

@@ -21,7 +21,6 @@ position is delivered twice within one lifetime.
 
 from __future__ import annotations
 
-import bisect
 import random
 import shutil
 import tempfile
@@ -37,7 +36,8 @@ from bucketstore import TrackerConfig
 from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.store import Store
 
-from crash_oracle import CatalogState, check_recovered, expect
+from crash_oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
+                          check_journal_recovered, check_recovered, expect, reseed)
 from helpers import FakeClock, example_count
 
 T = TypeVar("T")
@@ -46,56 +46,10 @@ CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexe
                        max_time_step_per_segment_ms=100)
 
 
-class Model:
-    """The specification between two restarts: a sorted list of (ts, ledger, entry)."""
-
-    def __init__(self, clock: FakeClock, rows: dict[tuple[int, int], int], acked: tuple[int, int] | None) -> None:
-        self.clock = clock
-        self.where = dict(rows)
-        self.rows = sorted((ts, ledger, entry) for (ledger, entry), ts in rows.items())
-        self.acked = acked
-        self.cutoff = -1
-        self.advance()  # a tracker reads the clock when it is opened
-
-    def advance(self) -> int:
-        self.cutoff = max(self.cutoff, self.clock() + CONFIG.tick_time_ms)
-        return self.cutoff
-
-    def _remove(self, ledger: int, entry: int) -> None:
-        ts = self.where.pop((ledger, entry))
-        self.rows.remove((ts, ledger, entry))
-
-    def add(self, ledger: int, entry: int, at: int) -> bool:
-        if self.acked is not None and (ledger, entry) <= self.acked:
-            return False  # acknowledged already
-        if at <= self.advance():
-            if (ledger, entry) in self.where:
-                self._remove(ledger, entry)
-            return False
-        if (ledger, entry) not in self.where:
-            self.where[(ledger, entry)] = at
-            bisect.insort(self.rows, (at, ledger, entry))
-        return True
-
-    def pop(self, n: int) -> list[tuple[int, int]]:
-        cutoff = self.advance()
-        out = []
-        while self.rows and len(out) < n and self.rows[0][0] <= cutoff:
-            _, ledger, entry = self.rows[0]
-            self._remove(ledger, entry)
-            out.append((ledger, entry))
-        return sorted(out)
-
-    def mark_delete(self, ledger: int, entry: int) -> None:
-        if self.acked is not None and (ledger, entry) < self.acked:
-            return
-        self.acked = (ledger, entry)
-        for _, l2, e2 in [r for r in self.rows if (r[1], r[2]) <= (ledger, entry)]:
-            self._remove(l2, e2)
-
-
 class CrashMachine(RuleBasedStateMachine):
     """Random operations, crashes and reopens of one sealed-mode tracker."""
+
+    DURABILITY = "sealed"
 
     def __init__(self) -> None:
         super().__init__()
@@ -109,13 +63,14 @@ class CrashMachine(RuleBasedStateMachine):
         self.restarts = 0
         self.crashes_in_ops = 0
         self.seals = 0
+        self.in_flight: Model | None = None
         self._open(FaultyFileSystem())
-        self.model = Model(self.clock, {}, None)
+        self.model = Model(self.clock, CONFIG.tick_time_ms)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _open(self, fs: FaultyFileSystem) -> None:
         self.fs = fs
-        self.store = Store(self.path, fs=fs)
+        self.store = Store(self.path, durability=self.DURABILITY, fs=fs)
         fs.attach(self.store.catalog)
         self.tracker = self.store.tracker(NAME, CONFIG, self.clock)
         self.delivered: set[tuple[int, int]] = set()  # in this lifetime
@@ -139,7 +94,7 @@ class CrashMachine(RuleBasedStateMachine):
         self._open(FaultyFileSystem())
         got = check_recovered(self.tracker, exp, self.universe, context)
         times = {(ledger, entry): ts for ts, ledger, entry in exp.triples}
-        self.model = Model(self.clock, {p: times[p] for p in got}, committed.mark_delete)
+        self.model = Model(self.clock, CONFIG.tick_time_ms, {p: times[p] for p in got}, committed.mark_delete)
 
     def _call(self, fn: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a tracker call; on a simulated crash, restart and report that it did not complete."""
@@ -149,6 +104,20 @@ class CrashMachine(RuleBasedStateMachine):
             self.crashes_in_ops += 1
             self._restart(crashed=True)
             return False, None
+
+    def _step(self, call: Callable[[], T], apply: Callable[[Model], object]) -> tuple[bool, T | None]:
+        """Run a tracker call and the model's version of it; if it returns, the results must agree
+        and the model moves on; if the process dies in it, ``in_flight`` holds what the model
+        would have become (the journal oracle's at-least-once window)."""
+        after = self.model.copy()
+        expected = apply(after)
+        self.in_flight = after
+        ok, result = self._call(call)
+        self.in_flight = None
+        if ok:
+            assert result == expected, f"tracker returned {result!r}, the model {expected!r}"
+            self.model = after
+        return ok, result
 
     def teardown(self) -> None:
         event(f"restarts: {min(self.restarts, 3)}+, crashes mid-operation: {min(self.crashes_in_ops, 2)}+, "
@@ -168,11 +137,9 @@ class CrashMachine(RuleBasedStateMachine):
         position = (max(0, self.base + ledger), entry)
         at = self.clock.now + delay
         self.universe.add(position)
-        ok, result = self._call(lambda: self.tracker.add_message(*position, at))
-        if ok:
-            assert result == self.model.add(*position, at)
-            if result:
-                self.delivered.discard(position)  # tracked anew: delivering it again is right
+        ok, result = self._step(lambda: self.tracker.add_message(*position, at), lambda m: m.add(*position, at))
+        if ok and result:
+            self.delivered.discard(position)  # tracked anew: delivering it again is right
 
     @rule(first=st.integers(0, 40), count=st.integers(1, 12), spread=st.integers(1, 800))
     def add_batch_next_ledger(self, first: int, count: int, spread: int) -> None:
@@ -180,9 +147,8 @@ class CrashMachine(RuleBasedStateMachine):
         self.base += 1
         rows = [(self.base, first + i, self.clock.now + 15 + (i * 37) % spread) for i in range(count)]
         self.universe.update((r[0], r[1]) for r in rows)
-        ok, result = self._call(lambda: self.tracker.add_messages(rows))
+        ok, _ = self._step(lambda: self.tracker.add_messages(rows), lambda m: m.add_batch(rows))
         if ok:
-            assert result == sum(self.model.add(*r) for r in rows)
             self.delivered.difference_update((r[0], r[1]) for r in rows if (r[0], r[1]) in self.model.where)
 
     @rule(by=st.integers(1, 3))
@@ -195,22 +161,19 @@ class CrashMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 20))
     def get_scheduled(self, n: int) -> None:
-        ok, got = self._call(lambda: self.tracker.get_scheduled_messages(n))
+        ok, got = self._step(lambda: self.tracker.get_scheduled_messages(n), lambda m: m.pop(n))
         if ok:
-            assert got == self.model.pop(n)
             assert not self.delivered & set(got), "a position was delivered twice in one lifetime"
             self.delivered |= set(got)
 
     @rule(back=st.integers(0, 4), entry=st.integers(0, 30))
     def mark_delete(self, back: int, entry: int) -> None:
         position = (max(0, self.base - back), entry)
-        ok, _ = self._call(lambda: self.tracker.mark_delete(*position))
-        if ok:
-            self.model.mark_delete(*position)
+        self._step(lambda: self.tracker.mark_delete(*position), lambda m: m.mark_delete(*position))
 
     @rule()
     def flush(self) -> None:
-        self._call(self.tracker.flush)
+        self._step(self.tracker.flush, lambda m: None)
 
     @rule(after=st.integers(0, 12), damage=st.sampled_from(DAMAGES), seed=st.integers(0, 2**16))
     def arm_crash(self, after: int, damage: Damage, seed: int) -> None:
@@ -241,3 +204,40 @@ class CrashMachine(RuleBasedStateMachine):
 CrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 TestCrashMachine = CrashMachine.TestCase
+
+
+class JournalCrashMachine(CrashMachine):
+    """The same rules with ``durability="journal"`` (``sync_interval_ms=0``) and the exact journal oracle.
+
+    At a restart the recovered tracker must hold every position the model held
+    after the last call that returned (nothing acknowledged lost, due or not) and
+    nothing the model did not hold before or after the call in flight (nothing
+    delivered by a returned call, acknowledged or never added comes back); a clean
+    reopen must recover the model exactly. The cutoff comes back raised to the
+    durable frontier, so a clock that went back cannot re-admit an index due before it.
+    """
+
+    DURABILITY = "journal"
+
+    def _restart(self, crashed: bool) -> None:
+        self.seals += self._seals()
+        bounds = JournalBounds(self.model, self.in_flight or self.model)
+        context = f"restart {self.restarts} ({'crash, ' + str(self.damage) if crashed else 'clean'})"
+        if crashed:
+            abandon_store(self.store)
+            self.fs.materialize(self.damage, random.Random(self.seed))
+        else:
+            self.store.close()
+        self.restarts += 1
+        self._open(FaultyFileSystem())
+        got = check_journal_recovered(self.tracker, bounds, self.universe, context)
+        if not crashed:
+            assert got == self.model.where.keys(), f"{context}: a clean reopen changed the tracked set"
+        check_files(self.store, NAME, context)
+        check_journal_files(self.path, NAME, context)
+        self.model = reseed(bounds, got, self.tracker)
+
+
+JournalCrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40,
+                                                 deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TestJournalCrashMachine = JournalCrashMachine.TestCase

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -316,3 +317,111 @@ def test_cutoff_survives_a_restart_with_a_clock_behind(tmp_path):
     with bucketstore.open(tmp_path / "s", durability="journal") as store:
         t = store.tracker("sub", CFG, clock)
         assert t.contains_message(1, 3) and t.number_of_delayed_messages == 1
+
+
+def test_re_added_position_is_not_delivered_early_by_its_old_row_after_a_restart(tmp_path):
+    """Found while writing the journal crash tests. A position delivered from a sealed
+    segment and then re-added with a later time must not come out at its old time after a
+    restart. Recovery untracked the delivered rows of the segment the frontier falls in
+    without remembering that their rows remain on disk; the replayed re-add then made the
+    old row live again, and it was delivered at once, 3900 ms early."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=3,
+                        max_time_step_per_segment_ms=100)
+    clock = FakeClock(1000)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        t = store.tracker("sub", cfg, clock)
+        t.add_messages([(1, e, 1100 + 10 * e) for e in range(6)])
+        t.add_message(2, 0, 3000)  # rolls over: seals [1, 1]
+        clock.now = 1100
+        assert t.get_scheduled_messages(1) == [(1, 0)]
+        assert t.add_message(1, 0, 5000)  # tracked anew, due later
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        t = store.tracker("sub", cfg, clock)
+        clock.now = 1101
+        assert t.get_scheduled_messages(10) == []
+        assert t.contains_message(1, 0) and t.next_delivery_time() == 1110
+        clock.now = 4999
+        assert (1, 0) not in t.get_scheduled_messages(10)
+        clock.now = 5000
+        assert t.get_scheduled_messages(10) == [(1, 0)]
+
+
+def test_re_added_position_is_not_merged_back_at_its_old_time_after_a_restart(tmp_path):
+    """The same through a skipped segment: recovery does not load a segment wholly before
+    the frontier, but a merge reads every segment, and kept the delivered position's old
+    row because the re-added position was tracked: the merged bucket delivered it early."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=3,
+                        max_time_step_per_segment_ms=1000)
+    clock = FakeClock(1000)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        t = store.tracker("sub", cfg, clock)
+        t.add_messages([(1, e, 1100 + 10 * e) for e in range(9)])  # three segments of three
+        t.add_message(2, 0, 3000)  # seals [1, 1]
+        clock.now = 1130
+        assert t.get_scheduled_messages(4) == [(1, 0), (1, 1), (1, 2), (1, 3)]  # segment 1 and a row of 2
+        assert t.add_message(1, 0, 50_000)
+    merging = dataclasses.replace(cfg, max_num_buckets=1)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        t = store.tracker("sub", merging, clock)
+        t.add_messages([(3, e, 2000 + e) for e in range(5)])
+        t.add_message(4, 0, 3000)  # seals [2, 3], which merges with [1, 1]
+        assert t.stats()["merge"]["succeeded"] >= 1
+        clock.now = 1200
+        got = t.get_scheduled_messages(100)
+        assert (1, 0) not in got, "the re-added position came out at its old time"
+        assert sorted(got) == [(1, e) for e in range(4, 9)]
+        clock.now = 50_000
+        assert (1, 0) in t.get_scheduled_messages(100)
+
+
+def test_cutting_a_torn_tail_goes_through_the_file_layer(tmp_path):
+    """Found while writing the journal crash tests. Replay cut a torn tail on a descriptor
+    it opened with ``os.open``, outside the file layer: the cut was not counted or modelled
+    by the fault-injecting layer, whose ``truncate`` then failed with a KeyError, so no
+    recovery of a torn journal could itself be crashed or damaged."""
+    from bucketstore.faults import FaultyFileSystem
+    from bucketstore.journal import journal_directory
+    from bucketstore.store import Store
+
+    with bucketstore.open(tmp_path, durability="journal") as store:
+        t = store.tracker("sub", CFG, FakeClock(1000))
+        t.add_message(1, 0, 5000)
+        t.add_message(1, 1, 5000)
+    directory = journal_directory(str(tmp_path), "sub")
+    (name,) = os.listdir(directory)
+    path = os.path.join(directory, name)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:-3])  # the last group is torn
+    fs = FaultyFileSystem()
+    store = Store(tmp_path, durability="journal", fs=fs)
+    try:
+        t = store.tracker("sub", CFG, FakeClock(1000))
+        assert t.contains_message(1, 0) and not t.contains_message(1, 1)
+        assert ("truncate", path) in fs.log and ("fsync", path) in fs.log
+    finally:
+        store.close()
+
+
+def test_an_expired_re_add_of_a_sealed_position_stays_untracked_after_a_checkpoint(tmp_path):
+    """Found by the journal crash state machine. An expired re-add of a position held by a
+    sealed bucket untracks it (``add_message`` returns False: dispatch now) and journals an
+    untrack record. The next checkpoint (a seal, or recovery itself) wrote only the memory-only
+    rows and the frontier, so the untrack was lost with the older file, and the following
+    recovery tracked the position again from the bucket's bitmap: delivered a second time."""
+    clock = FakeClock(1000)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        t = store.tracker("sub", CFG, clock)
+        t.add_messages([(2, e, 5000 + e) for e in range(6)])
+        t.add_messages([(3, e, 6000 + e) for e in range(6)])  # seals [2, 2]
+        assert not t.add_message(2, 0, 1000)  # due: untracks (2, 0); the caller dispatches it now
+        t.add_messages([(4, e, 7000 + e) for e in range(6)])  # seals [3, 3]: a checkpoint
+        assert not t.contains_message(2, 0)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        t = store.tracker("sub", CFG, clock)
+        assert not t.contains_message(2, 0), "an untracked position came back from its sealed bucket"
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:  # recovery checkpointed too
+        t = store.tracker("sub", CFG, clock)
+        assert not t.contains_message(2, 0), "an untracked position came back after a second recovery"
+        clock.now = 10_000
+        assert (2, 0) not in t.get_scheduled_messages(100)

@@ -1,0 +1,264 @@
+"""Crash-point enumeration in ``durability="journal"``: crash before every durable call, under every damage mode.
+
+Each workload (adds across rolling ledgers that seal buckets and checkpoint the
+journal, deliveries that move the frontier and exhaust and delete buckets,
+re-adds of delivered positions, a flush, a mark-delete that trims, a clear,
+merges with ``max_num_buckets=2``, and a clean reopen mid-way) runs once to
+count its numbered calls (journal group writes and fsyncs, checkpoint
+create/write/fsync/rename/directory fsync/unlinks, ledger writes, catalog
+commits). Then for every k it runs again with ``sync_interval_ms=0`` and dies
+before call k; every call that returned is applied to a :class:`Model` (and its
+result compared), and the call in flight is remembered. The disk is damaged six
+ways (``bucketstore.faults.DAMAGES``), the store reopened with the real file
+layer, and checked against :class:`crash_oracle.JournalBounds`:
+
+(i)   recovery succeeds under every damage mode (each loses only unsynced data);
+(ii)  nothing acknowledged is lost: every index whose add returned and that no
+      returned delivery or mark-delete removed is tracked, due or not;
+(iii) nothing delivered by a returned call comes back (only the call in flight
+      at the crash may bring its deliveries back: the at-least-once window);
+(iv)  no phantom: every tracked index was added, at its time;
+(v)   the catalog and the files agree (no orphan, no ``*.tmp``, every key's file
+      verifies), and the journal is exactly one complete checkpoint file;
+(vi)  delivery after recovery: what is due now comes out (and nothing early, as
+      a re-added position's old row would), then everything else.
+
+A rotating share of the crash images is reopened through the faulty layer and
+crashed again before each call of its recovery (journal replay, tail cut,
+checkpoint, bucket deletes), then recovered and checked the same way.
+
+``BUCKETSTORE_CRASH_SCALE`` (default 1) multiplies the tear points tried per
+unsynced tail and the share of recoveries crashed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bucketstore.faults import DAMAGES, DataLoss, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.store import Store
+
+from crash_oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
+                          check_journal_recovered, reseed)
+from crash_workloads import MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, reference, shape
+from helpers import FakeClock
+
+SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
+JOURNAL = "journal"
+
+
+class ModelTracker:
+    """A tracker proxy that checks every returned call against a :class:`Model`.
+
+    Before a call it computes the model's outcome on a copy; if the call returns,
+    the results must agree and the copy becomes the model; if the process dies
+    inside it, ``in_flight`` keeps the (before, after) pair for the oracle.
+    """
+
+    def __init__(self, tracker: Any, holder: "ModelHolder") -> None:
+        self._t = tracker
+        self._h = holder
+
+    def _op(self, apply: Callable[[Model], object], call: Callable[[], object]) -> object:
+        after = self._h.model.copy()
+        expected = apply(after)
+        self._h.in_flight = after
+        result = call()
+        assert result == expected, f"tracker returned {result!r}, the model {expected!r}"
+        self._h.model, self._h.in_flight = after, None
+        return result
+
+    def add_message(self, ledger: int, entry: int, at: int) -> bool:
+        return self._op(lambda m: m.add(ledger, entry, at), lambda: self._t.add_message(ledger, entry, at))
+
+    def add_messages(self, rows: list[tuple[int, int, int]]) -> int:
+        return self._op(lambda m: m.add_batch(rows), lambda: self._t.add_messages(rows))
+
+    def get_scheduled_messages(self, n: int) -> list[tuple[int, int]]:
+        return self._op(lambda m: m.pop(n), lambda: self._t.get_scheduled_messages(n))
+
+    def mark_delete(self, ledger: int, entry: int) -> None:
+        return self._op(lambda m: m.mark_delete(ledger, entry), lambda: self._t.mark_delete(ledger, entry))
+
+    def clear(self) -> None:
+        return self._op(lambda m: m.clear(), self._t.clear)
+
+    def flush(self) -> None:
+        return self._op(lambda m: None, self._t.flush)
+
+
+class ModelHolder:
+    """The model of one run, shared by the proxies of its successive trackers."""
+
+    def __init__(self, clock: FakeClock, tick_ms: int) -> None:
+        self.model = Model(clock, tick_ms)
+        self.in_flight: Model | None = None
+
+    def wrap(self, tracker: Any) -> ModelTracker:
+        # A clean reopen must recover exactly the model (nothing in flight, nothing lost).
+        got = {p for p in self.model.where if tracker.contains_message(*p)}
+        assert got == self.model.where.keys() and tracker.number_of_delayed_messages == len(got), \
+            "a clean reopen did not recover exactly what was tracked"
+        self.model.advance()
+        return ModelTracker(tracker, self)
+
+    def bounds(self) -> JournalBounds:
+        return JournalBounds(self.model, self.in_flight or self.model)
+
+
+def _redeliver_later(tracker: Any, clock: FakeClock) -> None:
+    """Re-add positions delivered by the previous step with later times: the old rows stay in
+    their sealed segments (one in the segment the frontier falls in, one in a segment wholly
+    before it) and must never deliver them early, after a crash or a merge."""
+    tracker.add_message(2, 1, clock.now + 700)
+    tracker.add_message(2, 0, clock.now + 650)
+
+
+JOURNAL_STEPS = (
+    STEPS[:2]
+    + (("re-add delivered positions", _redeliver_later),
+       ("flush", lambda t, c: t.flush()))
+    + STEPS[2:]
+)
+
+WORKLOADS = [
+    Workload("journal-lifecycle", SMALL, JOURNAL_STEPS),
+    Workload("journal-merging", MERGING, JOURNAL_STEPS),
+    Workload("journal-reopened", SMALL, JOURNAL_STEPS[:6] + (("reopen", REOPEN),) + JOURNAL_STEPS[6:]),
+]
+
+
+def _recover_and_check(path: Path, workload: Workload, clock: FakeClock, bounds: JournalBounds,
+                       universe: set[tuple[int, int]], context: str, *, deliver_all: bool) -> None:
+    store = Store(path, durability=JOURNAL)
+    try:
+        tracker = store.tracker(TRACKER, workload.config, clock)
+        got = check_journal_recovered(tracker, bounds, universe, context)
+        check_files(store, TRACKER, context)
+        check_journal_files(path, TRACKER, context)
+        if deliver_all:
+            model = reseed(bounds, got, tracker)
+            check_deliveries(tracker, model, context + ", due now")
+            clock.advance(10_000)  # everything else falls due: it all comes out, once
+            check_deliveries(tracker, model, context + ", all")
+            clock.advance(-10_000)
+    finally:
+        store.close()
+
+
+def _crash_during_recovery(path: Path, workload: Workload, clock: FakeClock, bounds: JournalBounds,
+                           universe: set[tuple[int, int]], damage: Damage, seed: int, context: str) -> int:
+    """Reopen copies of the crashed image through the faulty layer, crash the recovery before
+    each of its calls in turn, damage, reopen and check. Returns how many states ran."""
+    probe = path.parent / f"{path.name}-probe"
+    shutil.copytree(path, probe)
+    fs = FaultyFileSystem()
+    store = Store(probe, durability=JOURNAL, fs=fs)
+    fs.attach(store.catalog)
+    store.tracker(TRACKER, workload.config, clock)
+    n = fs.calls
+    store.close()
+    shutil.rmtree(probe)
+    for j in range(n):
+        again = path.parent / f"{path.name}-again{j}"
+        shutil.copytree(path, again)
+        fs = FaultyFileSystem(crash_at=j)
+        store = None
+        try:
+            store = Store(again, durability=JOURNAL, fs=fs)
+            fs.attach(store.catalog)
+            store.tracker(TRACKER, workload.config, clock)
+        except SimulatedCrash:
+            pass
+        abandon_store(store)
+        fs.materialize(damage, random.Random(seed + j))
+        _recover_and_check(again, workload, clock, bounds, universe, f"{context}, recovery crashed before call {j}",
+                           deliver_all=False)
+        shutil.rmtree(again)
+    return n
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
+def test_every_journal_crash_point_recovers(workload: Workload, tmp_path: Path) -> None:
+    started = time.perf_counter()
+    universe = workload.universe()
+    ref = reference(workload, tmp_path / "reference" / "store", durability=JOURNAL)
+    n = len(ref.calls)
+    kinds = Counter(ref.commit_kinds)
+    ops = Counter(op for op, _ in ref.calls)
+    journal_renames = sum(1 for op, target in ref.calls if op == "rename" and target.endswith(".journal"))
+    # The workload must exercise what it claims to: seals that checkpoint the journal,
+    # deletes of exhausted buckets, a trim, merges where the tracker merges.
+    for kind in ("seal", "delete", "mark-delete") + (("merge",) if workload.config.max_num_buckets > 0 else ()):
+        assert kinds[kind], f"the reference run made no {kind} commit: {kinds}"
+    assert journal_renames >= kinds["seal"], "a seal did not checkpoint the journal"
+
+    states = skipped = recovery_states = 0
+    in_flight: Counter[str] = Counter()
+    for k in range(n + 1):
+        live = tmp_path / f"k{k}" / "live"
+        fs = FaultyFileSystem(crash_at=k)
+        run = Run(workload, live, fs, durability=JOURNAL)
+        holder = ModelHolder(run.clock, workload.config.tick_time_ms)
+        run.wrap = holder.wrap
+        run.go()
+        assert shape(fs.log[:k], live) == shape(ref.calls[:k], ref.root), "the workload is not deterministic"
+        op = ref.calls[k][0] if k < n else "end"
+        where = f"{workload.name}: crash before call {k} ({op}, in '{run.crashed_in}')"
+        bounds = holder.bounds()
+        abandon_store(run.store)
+        if not live.is_dir():
+            continue  # died before the store directory existed: nothing to recover
+        in_flight[run.crashed_in] += 1
+        seen: set[object] = set()
+        for d, damage in enumerate(DAMAGES):
+            for s in range(SCALE if damage.data is DataLoss.TORN else 1):
+                rng_seed = k * 1000 + s
+                signature = fs.state_signature(damage, random.Random(rng_seed), str(live))
+                if signature in seen:
+                    skipped += 1  # this mode leaves the same disk as one already checked
+                    continue
+                seen.add(signature)
+                context = f"{where}, damage {damage}, seed {s}"
+                case = tmp_path / f"k{k}" / f"{damage.name}-{s}"
+                shutil.copytree(live, case)
+                fs.materialize(damage, random.Random(rng_seed), relocate=(str(live), str(case)))
+                if (k + d) % max(1, 40 // SCALE) == 0 and s == 0:
+                    recovery_states += _crash_during_recovery(case, workload, run.clock, bounds, universe,
+                                                              damage, rng_seed, context)
+                _recover_and_check(case, workload, run.clock, bounds, universe, context, deliver_all=True)
+                shutil.rmtree(case)
+                states += 1
+        shutil.rmtree(live)
+    elapsed = time.perf_counter() - started
+    print(f"\n{workload.name}: {n} numbered calls {dict(ops)}, commits {dict(kinds)}; ran {states} crash states "
+          f"({skipped} duplicate images skipped) and {recovery_states} crashes during recovery in {elapsed:.1f}s")
+    assert states >= n  # at least one distinct image per crash point
+
+
+def test_a_crash_before_the_first_group_commit_of_an_add_loses_only_that_add(tmp_path: Path) -> None:
+    """The point of journal mode, spelled out once: with ``sync_interval_ms=0`` an add is durable
+    when it returns, and a crash inside the next add (before its fsync) loses only that one."""
+    clock = FakeClock(1_000)
+    fs = FaultyFileSystem()
+    store = Store(tmp_path, durability=JOURNAL, fs=fs)
+    fs.attach(store.catalog)
+    tracker = store.tracker(TRACKER, SMALL, clock)
+    assert tracker.add_message(1, 0, 5_000)
+    fs.crash_at = fs.calls + 1  # the write of the next group happens, its fsync does not
+    with pytest.raises(SimulatedCrash):
+        tracker.add_message(1, 1, 5_000)
+    abandon_store(store)
+    fs.materialize(DAMAGES[1], random.Random(0))  # only what was synced survives
+    with Store(tmp_path, durability=JOURNAL) as store:
+        tracker = store.tracker(TRACKER, SMALL, clock)
+        assert tracker.contains_message(1, 0) and not tracker.contains_message(1, 1)
