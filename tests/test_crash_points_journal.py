@@ -117,9 +117,9 @@ class ModelHolder:
 
 def _redeliver_later(tracker: Any, clock: FakeClock) -> None:
     """Re-add positions delivered by the previous step with later times: the old rows stay in
-    their sealed segments (one in the segment the frontier falls in, one in a segment wholly
-    before it) and must never deliver them early, after a crash or a merge."""
-    tracker.add_message(2, 1, clock.now + 700)
+    their sealed segments and must never deliver them early, after a crash or a merge. (3, 0)
+    was the last delivered (the frontier); (2, 0) sits in a segment wholly before it."""
+    tracker.add_message(3, 0, clock.now + 700)
     tracker.add_message(2, 0, clock.now + 650)
 
 

@@ -219,6 +219,13 @@ class JournalCrashMachine(CrashMachine):
 
     DURABILITY = "journal"
 
+    @rule(ms=st.integers(50, 1000), damage=st.sampled_from(DAMAGES), seed=st.integers(0, 2**16))
+    def crash_with_clock_behind(self, ms: int, damage: Damage, seed: int) -> None:
+        """Die, and come back with a clock behind the last delivery: the frontier must keep
+        the cutoff, or an index due before it would be tracked behind it."""
+        self.clock.advance(-min(ms, self.clock.now - 1_000))  # epoch times stay positive
+        self.crash_now(damage, seed)
+
     def _restart(self, crashed: bool) -> None:
         self.seals += self._seals()
         bounds = JournalBounds(self.model, self.in_flight or self.model)
