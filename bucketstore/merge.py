@@ -22,6 +22,7 @@ import numpy as np
 
 from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket
+from .snapshot import drop_repeats
 
 __all__ = ["MAX_MERGE_NUM", "choose_merge_window", "live_rows"]
 
@@ -77,4 +78,4 @@ def live_rows(buckets: Sequence[SealedBucket], index: DelayedIndexSet
         return empty, empty, empty
     ts, ledgers, entries = np.concatenate(parts_t), np.concatenate(parts_l), np.concatenate(parts_e)
     order = np.lexsort((entries, ledgers, ts))
-    return ts[order], ledgers[order], entries[order]
+    return drop_repeats(ts[order], ledgers[order], entries[order])

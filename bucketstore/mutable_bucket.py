@@ -15,6 +15,7 @@ import numpy as np
 
 from .index_set import DelayedIndexSet
 from .shared_queue import Run, RunBuffer, sorted_run
+from .snapshot import drop_repeats
 
 __all__ = ["MutableBucket"]
 
@@ -122,7 +123,8 @@ class MutableBucket:
         merged.kill()  # its rows go to the snapshot and the due run below
         self._runs = []
         keep = index.present_mask(ledgers, entries, ts)
-        ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
+        # A position re-added with the time of one of its stale rows leaves two equal rows.
+        ts, ledgers, entries = drop_repeats(ts[keep], ledgers[keep], entries[keep])
         due = int(np.searchsorted(ts, np.uint64(cutoff), side="right"))
         due_run = Run(ts[:due].copy(), ledgers[:due].copy(), entries[:due].copy()) if due else None
         return (ts[due:].copy(), ledgers[due:].copy(), entries[due:].copy()), due_run

@@ -50,6 +50,7 @@ __all__ = [
     "parse_bucket_key",
     "BUCKET_KEY_PREFIX",
     "sort_indexes",
+    "drop_repeats",
 ]
 
 SNAPSHOT_VERSION = 1
@@ -125,7 +126,12 @@ def sort_indexes(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray
     ledgers = np.asarray(ledgers, dtype=_U64)
     entries = np.asarray(entries, dtype=_U64)
     order = np.lexsort((entries, ledgers, ts))
-    ts, ledgers, entries = ts[order], ledgers[order], entries[order]
+    return drop_repeats(ts[order], ledgers[order], entries[order])
+
+
+def drop_repeats(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Drop rows equal to the row before them (sorted input: drops every duplicate row)."""
     if len(ts) > 1:
         keep = np.ones(len(ts), dtype=bool)
         keep[1:] = (ts[1:] != ts[:-1]) | (ledgers[1:] != ledgers[:-1]) | (entries[1:] != entries[:-1])

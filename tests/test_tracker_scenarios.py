@@ -283,3 +283,23 @@ def test_readded_position_is_not_delivered_early_by_a_merged_old_row(tmp_path):
         assert (1, 1) not in got and got == [(1, 2), (2, 1), (2, 2), (3, 1)]
         clock.now = 1000
         assert t.get_scheduled_messages(10) == [(1, 1)]
+
+
+def test_readded_with_the_same_time_as_a_stale_row_seals_and_delivers_once(make_tracker):
+    """Expire a position, then add it again with its old time: two equal rows now exist (the
+    stale one and the new one); a seal or merge must keep one, and delivery gives it once."""
+    clock = FakeClock(20)
+    t = make_tracker(TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=2, max_indexes_per_segment=2,
+                                   max_num_buckets=1), clock)
+    for entry in range(3):
+        t.add_message(1, entry, 500 + entry)
+    for _ in range(2):
+        assert not t.add_message(1, 0, 10)  # expired: untracked
+        assert t.add_message(1, 0, 500)  # back, with its old time
+    t.add_message(2, 0, 600)  # rolls: seals ledger 1
+    for entry in range(3):
+        t.add_message(3, entry, 700)
+    t.add_message(4, 0, 800)  # seals ledger 3; two buckets > 1: merged
+    clock.now = 10**6
+    got = t.get_scheduled_messages(100)
+    assert got == [(1, 0), (1, 1), (1, 2), (2, 0), (3, 0), (3, 1), (3, 2), (4, 0)]
