@@ -9,7 +9,9 @@ its calls and the catalog state after each commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,3 +210,37 @@ def reference(workload: Workload, path: Path, *, durability: str = "sealed") -> 
 def shape(log: list[tuple[str, str]], root: Path) -> list[tuple[str, str]]:
     """A call log with the store's path (and its parent's) taken out, to compare runs in different places."""
     return [(op, target.replace(str(root), "<store>").replace(str(root.parent), "<parent>")) for op, target in log]
+
+
+@dataclass
+class DamagedImage:
+    """One distinct on-disk state a crash can leave: a copy of the store with one damage applied."""
+
+    damage: Any
+    seed: int  # the index of the tear point (0 for the modes that do not tear)
+    rng_seed: int
+    case: Path
+    context: str
+
+
+def damaged_images(fs: FaultyFileSystem, live: Path, k: int, tmp_path: Path, where: str, scale: int,
+                   skipped: list[int]) -> Iterator[DamagedImage]:
+    """Materialize each damage mode of the crash image at ``live`` into its own copy, once per
+    distinct resulting disk (modes that leave identical bytes are counted in ``skipped[0]``).
+    The copy is removed once the caller has checked it."""
+    from bucketstore.faults import DAMAGES, DataLoss
+
+    seen: set[object] = set()
+    for damage in DAMAGES:
+        for s in range(scale if damage.data is DataLoss.TORN else 1):
+            rng_seed = k * 1000 + s
+            signature = fs.state_signature(damage, random.Random(rng_seed), str(live))
+            if signature in seen:
+                skipped[0] += 1  # this mode leaves the same disk as one already checked
+                continue
+            seen.add(signature)
+            case = tmp_path / f"k{k}" / f"{damage.name}-{s}"
+            shutil.copytree(live, case)
+            fs.materialize(damage, random.Random(rng_seed), relocate=(str(live), str(case)))
+            yield DamagedImage(damage, s, rng_seed, case, f"{where}, damage {damage}, seed {s}")
+            shutil.rmtree(case)

@@ -37,11 +37,11 @@ from pathlib import Path
 import pytest
 
 import bucketstore
-from bucketstore.faults import DAMAGES, DataLoss, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.store import Store
 
 from crash_oracle import Expectation, check_files, check_recovered, expect
-from crash_workloads import MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, reference, shape
+from crash_workloads import MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, damaged_images, reference, shape
 from helpers import FakeClock
 
 SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
@@ -132,29 +132,18 @@ def test_every_crash_point_recovers(workload: Workload, tmp_path: Path) -> None:
         abandon_store(run.store)
         if not live.is_dir():
             continue  # died before the store directory existed: nothing to recover
-        seen: set[object] = set()
-        for damage in DAMAGES:
-            for s in range(SCALE if damage.data is DataLoss.TORN else 1):
-                rng_seed = k * 1000 + s
-                signature = fs.state_signature(damage, random.Random(rng_seed), str(live))
-                if signature in seen:
-                    skipped += 1  # this mode leaves the same disk as one already checked
-                    continue
-                seen.add(signature)
-                context = f"{where}, damage {damage}, seed {s}"
-                case = tmp_path / f"k{k}" / f"{damage.name}-{s}"
-                shutil.copytree(live, case)
-                fs.materialize(damage, random.Random(rng_seed), relocate=(str(live), str(case)))
-                # Crash the recovery too, for a rotating share of the states: on
-                # copies of the crashed image, before the recovery below changes it.
-                if (k + DAMAGES.index(damage)) % max(1, 6 // SCALE) == 0 and s == 0:
-                    recovery_states += _crash_during_recovery(case, workload, run.clock, exp, universe,
-                                                              damage, rng_seed, context)
-                _reopen_and_check(case, workload, run.clock, exp, universe, context)
-                shutil.rmtree(case)
-                states += 1
-                if 0 < commits_before[k] <= len(ref.commit_kinds):
-                    per_kind[ref.commit_kinds[commits_before[k] - 1]] += 1
+        skip = [0]
+        for image in damaged_images(fs, live, k, tmp_path, where, SCALE, skip):
+            # Crash the recovery too, for a rotating share of the states: on
+            # copies of the crashed image, before the recovery below changes it.
+            if (k + DAMAGES.index(image.damage)) % max(1, 6 // SCALE) == 0 and image.seed == 0:
+                recovery_states += _crash_during_recovery(image.case, workload, run.clock, exp, universe,
+                                                          image.damage, image.rng_seed, image.context)
+            _reopen_and_check(image.case, workload, run.clock, exp, universe, image.context)
+            states += 1
+            if 0 < commits_before[k] <= len(ref.commit_kinds):
+                per_kind[ref.commit_kinds[commits_before[k] - 1]] += 1
+        skipped += skip[0]
         shutil.rmtree(live)
     elapsed = time.perf_counter() - started
     print(f"\n{workload.name}: {n} numbered calls, commits {dict(kinds)}; ran {states} crash states "

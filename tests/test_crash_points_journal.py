@@ -44,12 +44,12 @@ from typing import Any
 
 import pytest
 
-from bucketstore.faults import DAMAGES, DataLoss, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.store import Store
 
 from crash_oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)
-from crash_workloads import MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, reference, shape
+from crash_workloads import MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, damaged_images, reference, shape
 from helpers import FakeClock
 
 SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
@@ -219,25 +219,14 @@ def test_every_journal_crash_point_recovers(workload: Workload, tmp_path: Path) 
         if not live.is_dir():
             continue  # died before the store directory existed: nothing to recover
         in_flight[run.crashed_in] += 1
-        seen: set[object] = set()
-        for d, damage in enumerate(DAMAGES):
-            for s in range(SCALE if damage.data is DataLoss.TORN else 1):
-                rng_seed = k * 1000 + s
-                signature = fs.state_signature(damage, random.Random(rng_seed), str(live))
-                if signature in seen:
-                    skipped += 1  # this mode leaves the same disk as one already checked
-                    continue
-                seen.add(signature)
-                context = f"{where}, damage {damage}, seed {s}"
-                case = tmp_path / f"k{k}" / f"{damage.name}-{s}"
-                shutil.copytree(live, case)
-                fs.materialize(damage, random.Random(rng_seed), relocate=(str(live), str(case)))
-                if (k + d) % max(1, 40 // SCALE) == 0 and s == 0:
-                    recovery_states += _crash_during_recovery(case, workload, run.clock, bounds, universe,
-                                                              damage, rng_seed, context)
-                _recover_and_check(case, workload, run.clock, bounds, universe, context, deliver_all=True)
-                shutil.rmtree(case)
-                states += 1
+        skip = [0]
+        for image in damaged_images(fs, live, k, tmp_path, where, SCALE, skip):
+            if (k + DAMAGES.index(image.damage)) % max(1, 40 // SCALE) == 0 and image.seed == 0:
+                recovery_states += _crash_during_recovery(image.case, workload, run.clock, bounds, universe,
+                                                          image.damage, image.rng_seed, image.context)
+            _recover_and_check(image.case, workload, run.clock, bounds, universe, image.context, deliver_all=True)
+            states += 1
+        skipped += skip[0]
         shutil.rmtree(live)
     elapsed = time.perf_counter() - started
     print(f"\n{workload.name}: {n} numbered calls {dict(ops)}, commits {dict(kinds)}; ran {states} crash states "
