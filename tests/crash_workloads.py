@@ -244,3 +244,38 @@ def damaged_images(fs: FaultyFileSystem, live: Path, k: int, tmp_path: Path, whe
             fs.materialize(damage, random.Random(rng_seed), relocate=(str(live), str(case)))
             yield DamagedImage(damage, s, rng_seed, case, f"{where}, damage {damage}, seed {s}")
             shutil.rmtree(case)
+
+
+def crashed_recoveries(path: Path, config: TrackerConfig, clock: FakeClock, damage: Any, seed: int, *,
+                       durability: str = "sealed") -> Iterator[tuple[int, Path]]:
+    """Crash the recovery of the store at ``path`` before each of its numbered calls in turn.
+
+    A probe run counts the recovery's calls; then for each call ``j`` a copy of the store
+    is reopened through the faulty layer, crashed before call ``j``, damaged with
+    ``damage`` and yielded as ``(j, copy)`` for the caller to reopen and check. The copy
+    is removed afterwards.
+    """
+    probe = path.parent / f"{path.name}-probe"
+    shutil.copytree(path, probe)
+    fs = FaultyFileSystem()
+    store = Store(probe, durability=durability, fs=fs)
+    fs.attach(store.catalog)
+    store.tracker(TRACKER, config, clock)
+    calls = fs.calls
+    store.close()
+    shutil.rmtree(probe)
+    for j in range(calls):
+        again = path.parent / f"{path.name}-again{j}"
+        shutil.copytree(path, again)
+        fs = FaultyFileSystem(crash_at=j)
+        store = None
+        try:
+            store = Store(again, durability=durability, fs=fs)
+            fs.attach(store.catalog)
+            store.tracker(TRACKER, config, clock)
+        except SimulatedCrash:
+            pass
+        abandon_store(store)
+        fs.materialize(damage, random.Random(seed + j))
+        yield j, again
+        shutil.rmtree(again)

@@ -28,7 +28,6 @@ crash point and the share of states whose recovery is crashed again.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import time
 from collections import Counter
@@ -37,11 +36,11 @@ from pathlib import Path
 import pytest
 
 import bucketstore
-from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
-from bucketstore.store import Store
+from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, abandon_store
 
 from crash_oracle import Expectation, check_files, check_recovered, expect
-from crash_workloads import MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, damaged_images, reference, shape
+from crash_workloads import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
+                             damaged_images, reference, shape)
 from helpers import FakeClock
 
 SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
@@ -69,31 +68,9 @@ def _crash_during_recovery(path: Path, workload: Workload, clock: FakeClock, exp
                            universe: set[tuple[int, int]], damage: Damage, seed: int, context: str) -> int:
     """Reopen through the faulty layer, crash before each recovery call in turn, reopen again.
     Each round works on a copy of the crashed store. Returns how many states it ran."""
-    probe_dir = path.parent / f"{path.name}-probe"
-    shutil.copytree(path, probe_dir)
-    fs = FaultyFileSystem()
-    store = Store(probe_dir, fs=fs)
-    fs.attach(store.catalog)
-    store.tracker(TRACKER, workload.config, clock)
-    n = fs.calls
-    store.close()
-    shutil.rmtree(probe_dir)
     ran = 0
-    for j in range(n):
-        again = path.parent / f"{path.name}-again{j}"
-        shutil.copytree(path, again)
-        fs = FaultyFileSystem(crash_at=j)
-        store = None
-        try:
-            store = Store(again, fs=fs)
-            fs.attach(store.catalog)
-            store.tracker(TRACKER, workload.config, clock)
-        except SimulatedCrash:
-            pass
-        abandon_store(store)
-        fs.materialize(damage, random.Random(seed + j))
+    for j, again in crashed_recoveries(path, workload.config, clock, damage, seed):
         _reopen_and_check(again, workload, clock, exp, universe, f"{context}, recovery crashed before call {j}")
-        shutil.rmtree(again)
         ran += 1
     return ran
 

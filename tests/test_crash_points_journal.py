@@ -49,7 +49,8 @@ from bucketstore.store import Store
 
 from crash_oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)
-from crash_workloads import MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, damaged_images, reference, shape
+from crash_workloads import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
+                             damaged_images, reference, shape)
 from helpers import FakeClock
 
 SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
@@ -159,32 +160,12 @@ def _crash_during_recovery(path: Path, workload: Workload, clock: FakeClock, bou
                            universe: set[tuple[int, int]], damage: Damage, seed: int, context: str) -> int:
     """Reopen copies of the crashed image through the faulty layer, crash the recovery before
     each of its calls in turn, damage, reopen and check. Returns how many states ran."""
-    probe = path.parent / f"{path.name}-probe"
-    shutil.copytree(path, probe)
-    fs = FaultyFileSystem()
-    store = Store(probe, durability=JOURNAL, fs=fs)
-    fs.attach(store.catalog)
-    store.tracker(TRACKER, workload.config, clock)
-    n = fs.calls
-    store.close()
-    shutil.rmtree(probe)
-    for j in range(n):
-        again = path.parent / f"{path.name}-again{j}"
-        shutil.copytree(path, again)
-        fs = FaultyFileSystem(crash_at=j)
-        store = None
-        try:
-            store = Store(again, durability=JOURNAL, fs=fs)
-            fs.attach(store.catalog)
-            store.tracker(TRACKER, workload.config, clock)
-        except SimulatedCrash:
-            pass
-        abandon_store(store)
-        fs.materialize(damage, random.Random(seed + j))
+    ran = 0
+    for j, again in crashed_recoveries(path, workload.config, clock, damage, seed, durability=JOURNAL):
         _recover_and_check(again, workload, clock, bounds, universe, f"{context}, recovery crashed before call {j}",
                            deliver_all=False)
-        shutil.rmtree(again)
-    return n
+        ran += 1
+    return ran
 
 
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)

@@ -75,15 +75,10 @@ class CrashMachine(RuleBasedStateMachine):
         self.tracker = self.store.tracker(NAME, CONFIG, self.clock)
         self.delivered: set[tuple[int, int]] = set()  # in this lifetime
 
-    def _seals(self) -> int:
-        return sum(1 for op, _ in self.fs.log if op == "rename")
-
-    def _restart(self, crashed: bool) -> None:
-        """Die (or close cleanly), reopen, check the recovery, reseed the model."""
+    def _die_and_reopen(self, crashed: bool) -> str:
+        """Die under the armed damage (or close cleanly), reopen with a fresh faulty layer;
+        return the context string that names this restart in failures."""
         self.seals += self._seals()
-        committed = CatalogState.read(self.store.catalog, NAME)
-        cutoff = self.clock.now + CONFIG.tick_time_ms
-        exp = expect(committed, self.path / "ledgers", cutoff)
         context = f"restart {self.restarts} ({'crash, ' + str(self.damage) if crashed else 'clean'})"
         if crashed:
             abandon_store(self.store)
@@ -92,6 +87,17 @@ class CrashMachine(RuleBasedStateMachine):
             self.store.close()
         self.restarts += 1
         self._open(FaultyFileSystem())
+        return context
+
+    def _seals(self) -> int:
+        return sum(1 for op, _ in self.fs.log if op == "rename")
+
+    def _restart(self, crashed: bool) -> None:
+        """Die (or close cleanly), reopen, check the recovery, reseed the model."""
+        committed = CatalogState.read(self.store.catalog, NAME)
+        cutoff = self.clock.now + CONFIG.tick_time_ms
+        exp = expect(committed, self.path / "ledgers", cutoff)
+        context = self._die_and_reopen(crashed)
         got = check_recovered(self.tracker, exp, self.universe, context)
         times = {(ledger, entry): ts for ts, ledger, entry in exp.triples}
         self.model = Model(self.clock, CONFIG.tick_time_ms, {p: times[p] for p in got}, committed.mark_delete)
@@ -227,16 +233,8 @@ class JournalCrashMachine(CrashMachine):
         self.crash_now(damage, seed)
 
     def _restart(self, crashed: bool) -> None:
-        self.seals += self._seals()
         bounds = JournalBounds(self.model, self.in_flight or self.model)
-        context = f"restart {self.restarts} ({'crash, ' + str(self.damage) if crashed else 'clean'})"
-        if crashed:
-            abandon_store(self.store)
-            self.fs.materialize(self.damage, random.Random(self.seed))
-        else:
-            self.store.close()
-        self.restarts += 1
-        self._open(FaultyFileSystem())
+        context = self._die_and_reopen(crashed)
         got = check_journal_recovered(self.tracker, bounds, self.universe, context)
         if not crashed:
             assert got == self.model.where.keys(), f"{context}: a clean reopen changed the tracked set"
