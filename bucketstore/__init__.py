@@ -13,13 +13,13 @@ from __future__ import annotations
 from .config import TrackerConfig
 from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreClosedError,
                      StoreLockedError)
-from .dedup import Deduplicator
-from .inmemory import InMemoryTracker
-from .nack import MessageId, NackTracker
-from .store import Store, open_store
-from .timebucket import TimeBucketIndex
-from .timebucket_tracker import TimeBucketTracker
-from .tracker import BucketTracker
+from .memory.dedup import Deduplicator
+from .memory.inmemory import InMemoryTracker
+from .memory.nack import MessageId, NackTracker
+from .engine.store import Store, open_store
+from .memory.timebucket import TimeBucketIndex
+from .memory.timebucket_tracker import TimeBucketTracker
+from .engine.tracker import BucketTracker
 
 #: ``bucketstore.open(path, durability="sealed")``: open or create a store.
 open = open_store  # noqa: A001 - the public name MISSION.md fixes

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bucketstore.ledger_file import ledger_file_name
-from bucketstore.snapshot import BucketFile, parse_bucket_key
-from bucketstore.verify import verify_file
+from bucketstore.format.ledger_file import ledger_file_name
+from bucketstore.format.snapshot import BucketFile, parse_bucket_key
+from bucketstore.cli.verify import verify_file
 
 Triple = tuple[int, int, int]  # (deliver_at, ledger, entry)
 Position = tuple[int, int]
@@ -291,7 +291,7 @@ def check_deliveries(tracker: Any, model: Model, context: str) -> None:
 
 def check_journal_files(store_path: Path, tracker: str, context: str) -> None:
     """After recovery the tracker's journal is exactly one file, a complete checkpoint."""
-    from bucketstore.journal import journal_directory, parse_file
+    from bucketstore.engine.journal import journal_directory, parse_file
 
     directory = journal_directory(str(store_path), tracker)
     names = sorted(os.listdir(directory))

@@ -2,7 +2,7 @@
 enumerations of both durability modes (``test_crash_points.py``, ``test_crash_points_journal.py``).
 
 A :class:`Workload` is a named sequence of tracker calls. :class:`Run` executes it
-on a fresh store through a :class:`~bucketstore.faults.FaultyFileSystem`, which may
+on a fresh store through a :class:`~bucketstore.testing.faults.FaultyFileSystem`, which may
 crash it before any numbered call; :func:`reference` runs it once uncrashed to learn
 its calls and the catalog state after each commit.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.faults import FaultyFileSystem, SimulatedCrash, abandon_store
-from bucketstore.store import Store
+from bucketstore.testing.faults import FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.engine.store import Store
 
 from crash_oracle import CatalogState
 from helpers import FakeClock
@@ -228,7 +228,7 @@ def damaged_images(fs: FaultyFileSystem, live: Path, k: int, tmp_path: Path, whe
     """Materialize each damage mode of the crash image at ``live`` into its own copy, once per
     distinct resulting disk (modes that leave identical bytes are counted in ``skipped[0]``).
     The copy is removed once the caller has checked it."""
-    from bucketstore.faults import DAMAGES, DataLoss
+    from bucketstore.testing.faults import DAMAGES, DataLoss
 
     seen: set[object] = set()
     for damage in DAMAGES:

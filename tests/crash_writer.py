@@ -35,7 +35,7 @@ from typing import Any
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.ledger_file import ledger_file_name
+from bucketstore.format.ledger_file import ledger_file_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from crash_oracle import read_bucket  # noqa: E402

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from pyroaring import BitMap
 
-from bucketstore import cli
-from bucketstore.snapshot import build_bucket, decode_metadata, encode_metadata
+from bucketstore.cli import commands as cli
+from bucketstore.format.snapshot import build_bucket, decode_metadata, encode_metadata
 from corpus.framing import frame_ledger, split_ledger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -132,6 +132,6 @@ def test_python_dash_m_entry_point() -> None:
                           env=env, timeout=60)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"{damaged}: offset " in done.stdout
-    done = subprocess.run([sys.executable, "-m", "bucketstore.cli", "dump", os.path.join(GOLDEN, "empty.ledger")],
+    done = subprocess.run([sys.executable, "-m", "bucketstore", "dump", os.path.join(GOLDEN, "empty.ledger")],
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0 and "0 indexes in 0 segments" in done.stdout

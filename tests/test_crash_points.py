@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 import bucketstore
-from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, abandon_store
+from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, abandon_store
 
 from crash_oracle import Expectation, check_files, check_recovered, expect
 from crash_workloads import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,

@@ -9,7 +9,7 @@ create/write/fsync/rename/directory fsync/unlinks, ledger writes, catalog
 commits). Then for every k it runs again with ``sync_interval_ms=0`` and dies
 before call k; every call that returned is applied to a :class:`Model` (and its
 result compared), and the call in flight is remembered. The disk is damaged six
-ways (``bucketstore.faults.DAMAGES``), the store reopened with the real file
+ways (``bucketstore.testing.faults.DAMAGES``), the store reopened with the real file
 layer, and checked against :class:`crash_oracle.JournalBounds`:
 
 (i)   recovery succeeds under every damage mode (each loses only unsynced data);
@@ -44,8 +44,8 @@ from typing import Any
 
 import pytest
 
-from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
-from bucketstore.store import Store
+from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.engine.store import Store
 
 from crash_oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)

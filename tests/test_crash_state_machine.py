@@ -4,7 +4,7 @@ Rules add indexes (one by one and in batches, across rolling ledgers so that
 buckets seal), move the clock, take due indexes, acknowledge, flush, arm a
 crash at a random upcoming durable call (or crash right now) under a random
 damage mode, and reopen cleanly. The store runs on a
-:class:`~bucketstore.faults.FaultyFileSystem` throughout.
+:class:`~bucketstore.testing.faults.FaultyFileSystem` throughout.
 
 Between restarts the tracker must match a plain model exactly. At a restart
 (crash or clean reopen) the recovered tracker must meet the bounds of
@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from bucketstore import TrackerConfig
-from bucketstore.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
-from bucketstore.store import Store
+from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.engine.store import Store
 
 from crash_oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
                           check_journal_recovered, check_recovered, expect, reseed)

@@ -11,16 +11,16 @@ from pyroaring import BitMap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import bucketstore.dedup
-from bucketstore.dedup import Deduplicator
+import bucketstore.memory.dedup
+from bucketstore.memory.dedup import Deduplicator
 from bucketstore.errors import CorruptLedgerError
-from bucketstore.ledger_file import write_ledger
+from bucketstore.format.ledger_file import write_ledger
 
 WIDE = 1 << 32
 
 
 def test_docstring_examples() -> None:
-    assert doctest.testmod(bucketstore.dedup).failed == 0
+    assert doctest.testmod(bucketstore.memory.dedup).failed == 0
 
 
 @given(capacity=st.integers(2, 12),

@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bucketstore.errors import CorruptLedgerError
-from bucketstore.snapshot import BucketFile
-from bucketstore.verify import check_file
+from bucketstore.format.snapshot import BucketFile
+from bucketstore.cli.verify import check_file
 from corpus.framing import frame_ledger, split_ledger, trailer
 
 EXAMPLES = int(os.environ.get("BUCKETSTORE_FUZZ_EXAMPLES", "250"))

@@ -1,6 +1,6 @@
 """I/O errors during seal and delete: the tracker degrades to memory, loses nothing, and keeps delivering.
 
-Faults come from :class:`~bucketstore.faults.FaultyFileSystem`: ``EIO`` and
+Faults come from :class:`~bucketstore.testing.faults.FaultyFileSystem`: ``EIO`` and
 ``ENOSPC`` once or forever, a write that stops half-way (a disk filling up), a
 failed ``fsync`` (which must never be retried on the same file), and a failed
 catalog commit (raised the way LMDB reports one).
@@ -16,8 +16,8 @@ import pytest
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.faults import FaultyFileSystem
-from bucketstore.store import Store
+from bucketstore.testing.faults import FaultyFileSystem
+from bucketstore.engine.store import Store
 
 from helpers import FakeClock
 

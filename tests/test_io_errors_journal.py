@@ -1,7 +1,7 @@
 """I/O errors in ``durability="journal"``: a failed journal write or fsync raises ``JournalError``
 and poisons the journal (never retried), and a reopen finds everything acknowledged before.
 
-Faults come from :class:`~bucketstore.faults.FaultyFileSystem` on real files.
+Faults come from :class:`~bucketstore.testing.faults.FaultyFileSystem` on real files.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 import bucketstore
 from bucketstore import BucketStoreError, JournalError, TrackerConfig
-from bucketstore.faults import FaultyFileSystem, abandon_store
-from bucketstore.store import Store
+from bucketstore.testing.faults import FaultyFileSystem, abandon_store
+from bucketstore.engine.store import Store
 
 from helpers import FakeClock
 

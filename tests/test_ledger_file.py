@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketstore.errors import CorruptLedgerError
-from bucketstore.ledger_file import LedgerReader, LedgerWriter, ledger_file_name, masked_crc32c, write_ledger
-from bucketstore.snapshot import build_bucket, write_bucket
+from bucketstore.format.ledger_file import LedgerReader, LedgerWriter, ledger_file_name, masked_crc32c, write_ledger
+from bucketstore.format.snapshot import build_bucket, write_bucket
 
 
 def crc32c_reference(data: bytes, crc: int = 0) -> int:

@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from bucketstore.nack import MessageId, NackTracker
+from bucketstore.memory.nack import MessageId, NackTracker
 
 
 class Clock:
@@ -149,6 +149,6 @@ TestNackModel.settings = settings(max_examples=100, stateful_step_count=40, dead
 def test_docstring_examples() -> None:
     import doctest
 
-    import bucketstore.nack
+    import bucketstore.memory.nack
 
-    assert doctest.testmod(bucketstore.nack).failed == 0
+    assert doctest.testmod(bucketstore.memory.nack).failed == 0

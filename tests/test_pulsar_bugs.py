@@ -13,8 +13,8 @@ from helpers import FakeClock
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.faults import FaultyFileSystem
-from bucketstore.store import Store
+from bucketstore.testing.faults import FaultyFileSystem
+from bucketstore.engine.store import Store
 
 SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=2)
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketstore.segment_codec import (FLAG_ZLIB, KIND_ARITH, KIND_DELTA_U, KIND_DELTA_Z, MAX_SEGMENT_INDEXES,
+from bucketstore.format.segment_codec import (FLAG_ZLIB, KIND_ARITH, KIND_DELTA_U, KIND_DELTA_Z, MAX_SEGMENT_INDEXES,
                                        SegmentCodecError, decode_segment, encode_segment)
 
 U64 = st.integers(0, (1 << 64) - 1)

@@ -7,7 +7,7 @@ from helpers import example_count
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketstore.shared_queue import _select_first, sorted_run
+from bucketstore.engine.shared_queue import _select_first, sorted_run
 
 rows = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3), st.integers(0, 200)), min_size=1, max_size=300,
                 unique_by=lambda r: (r[1], r[2]))

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap, BitMap64
 
-from bucketstore.segment_codec import MAX_SEGMENT_INDEXES
-from bucketstore.snapshot import (BucketFile, BucketMetadata, MetadataCodecError, SegmentMetadata, bucket_key,
+from bucketstore.format.segment_codec import MAX_SEGMENT_INDEXES
+from bucketstore.format.snapshot import (BucketFile, BucketMetadata, MetadataCodecError, SegmentMetadata, bucket_key,
                                   build_bucket, cut_segments, decode_metadata, encode_metadata, parse_bucket_key,
                                   segment_bitmaps, sort_indexes, write_bucket)
-from bucketstore.verify import verify_file
+from bucketstore.cli.verify import verify_file
 
 
 def cut_model(ts: list[int], time_step: int, max_indexes: int) -> list[tuple[int, int]]:

@@ -19,9 +19,9 @@ pytest.importorskip("pyarrow", reason="the spark extra is not installed (pip ins
 
 import bucketstore  # noqa: E402
 import bucketstore.spark as bspark  # noqa: E402
-from bucketstore.catalog import Catalog  # noqa: E402
-from bucketstore.journal import read_frontier  # noqa: E402
-from bucketstore.snapshot import BucketFile, parse_bucket_key  # noqa: E402
+from bucketstore.engine.catalog import Catalog  # noqa: E402
+from bucketstore.engine.journal import read_frontier  # noqa: E402
+from bucketstore.format.snapshot import BucketFile, parse_bucket_key  # noqa: E402
 from bucketstore.spark.bucketing import LedgerRangeConflict, Rows, cut_buckets, order_positions  # noqa: E402
 from bucketstore.spark.build_job import plan_build  # noqa: E402
 from bucketstore.spark.build_task import write_partition  # noqa: E402

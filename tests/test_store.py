@@ -11,8 +11,8 @@ from helpers import FakeClock
 
 import bucketstore
 from bucketstore import CatalogError, CorruptLedgerError, StoreLockedError, TrackerConfig
-from bucketstore.cli import main
-from bucketstore.simulate import SimulationConfig, run_simulation
+from bucketstore.cli.commands import main
+from bucketstore.cli.simulate import SimulationConfig, run_simulation
 
 SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=4)
 

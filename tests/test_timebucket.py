@@ -10,8 +10,8 @@ from pyroaring import BitMap, BitMap64
 
 from bucketstore.errors import StoreClosedError
 from bucketstore.config import TrackerConfig
-from bucketstore.timebucket import OPTIMIZE_EVERY, TimeBucketIndex
-from bucketstore.timebucket_tracker import TimeBucketTracker
+from bucketstore.memory.timebucket import OPTIMIZE_EVERY, TimeBucketIndex
+from bucketstore.memory.timebucket_tracker import TimeBucketTracker
 
 WIDE = 1 << 32
 
@@ -302,6 +302,6 @@ def test_tracker_argument_errors() -> None:
 def test_docstring_examples() -> None:
     import doctest
 
-    import bucketstore.timebucket
+    import bucketstore.memory.timebucket
 
-    assert doctest.testmod(bucketstore.timebucket).failed == 0
+    assert doctest.testmod(bucketstore.memory.timebucket).failed == 0

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.snapshot import BucketFile
+from bucketstore.format.snapshot import BucketFile
 
 from helpers import FakeClock, example_count
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 
 from ..config import TrackerConfig
-from ..store import open_store
+from ..engine.store import open_store
 from .build_task import BUILD_COLUMNS
 from .source import FORMAT_NAME, BucketStoreDataSource
 

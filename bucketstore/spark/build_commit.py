@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import re
 
-from ..catalog import Catalog
+from ..engine.catalog import Catalog
 from ..errors import CatalogError, CorruptLedgerError
-from ..ledger_file import LedgerReader
+from ..format.ledger_file import LedgerReader
 from .abort_marker import mark_aborted
 from .build_job import BuildJob
 from .build_task import JOB_PROPERTY, BuiltBucket, remove_file

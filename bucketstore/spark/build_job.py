@@ -20,11 +20,11 @@ import os
 import uuid
 from dataclasses import asdict, dataclass
 
-from ..catalog import validate_tracker_name
+from ..engine.catalog import validate_tracker_name
 from ..config import TrackerConfig
 from ..errors import CatalogError
-from ..snapshot import parse_bucket_key
-from ..store import open_store
+from ..format.snapshot import parse_bucket_key
+from ..engine.store import open_store
 from .abort_marker import remove_stale_marks
 from .lock import check_writable
 from .store_access import first_free_ledger_id, open_catalog_readonly

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import CorruptLedgerError
-from ..ledger_file import LedgerReader
-from ..snapshot import build_bucket, write_bucket
+from ..format.ledger_file import LedgerReader
+from ..format.snapshot import build_bucket, write_bucket
 from .abort_marker import JobAborted, is_aborted
 from .bucketing import Rows, cut_buckets, order_positions, time_order
 from .build_job import BuildJob

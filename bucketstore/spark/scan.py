@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import CatalogError
-from ..journal import has_journal, read_frontier
-from ..ledger_file import LedgerReader
-from ..snapshot import BucketFile, parse_bucket_key
+from ..engine.journal import has_journal, read_frontier
+from ..format.ledger_file import LedgerReader
+from ..format.snapshot import BucketFile, parse_bucket_key
 from .schema import READ_ARROW_SCHEMA, signed_view, to_signed
 from .store_access import ledger_path, open_catalog_readonly
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import re
 
-from ..catalog import Catalog
+from ..engine.catalog import Catalog
 from ..errors import CatalogError
-from ..ledger_file import ledger_file_name
+from ..format.ledger_file import ledger_file_name
 
 __all__ = ["catalog_dir", "ledgers_dir", "lock_path", "ledger_path", "open_catalog_readonly",
            "first_free_ledger_id"]

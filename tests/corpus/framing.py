@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import crc32c
 import msgpack
 
-from bucketstore.ledger_file import END_MAGIC, MAGIC, LedgerReader, masked_crc32c
+from bucketstore.format.ledger_file import END_MAGIC, MAGIC, LedgerReader, masked_crc32c
 
 
 def _crc(prefix: bytes, data: bytes) -> int:

@@ -20,7 +20,7 @@ import sys
 import zlib
 from collections.abc import Callable
 
-from bucketstore.snapshot import decode_metadata, encode_metadata
+from bucketstore.format.snapshot import decode_metadata, encode_metadata
 from corpus.framing import frame_ledger, split_ledger, trailer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -29,8 +29,8 @@ from collections.abc import Callable
 import numpy as np
 from pyroaring import BitMap
 
-from bucketstore.segment_codec import decode_segment, encode_segment
-from bucketstore.snapshot import (BucketMetadata, SegmentMetadata, cut_segments, decode_metadata, encode_metadata,
+from bucketstore.format.segment_codec import decode_segment, encode_segment
+from bucketstore.format.snapshot import (BucketMetadata, SegmentMetadata, cut_segments, decode_metadata, encode_metadata,
                                   segment_bitmaps, sort_indexes, write_bucket)
 
 TIME_STEP_MS = 300_000

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import bucketstore  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
-from bucketstore.simulate import SimulationConfig, run_simulation  # noqa: E402
+from bucketstore.cli.simulate import SimulationConfig, run_simulation  # noqa: E402
 
 EPOCH = 1_700_000_000_000
 PER_BUCKET = 50_000
@@ -76,7 +76,7 @@ def main() -> None:
     # so what the run shows past that point is whether memory and bucket count stay level.
     cfg = SimulationConfig(messages=args.simulate_messages, delay_window_ms=60_000)
     samples: list[tuple[int, int, float]] = []
-    import bucketstore.simulate as sim
+    import bucketstore.cli.simulate as sim
 
     original = sim._progress
 

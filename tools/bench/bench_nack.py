@@ -9,7 +9,7 @@ after U[0, 1 h) instead of a fixed hour.
 
 Rows (each built in a fresh subprocess; RSS delta after gc and malloc_trim):
 
-* ``nack/8``, ``nack/0``: :class:`bucketstore.nack.NackTracker` with 8 (the
+* ``nack/8``, ``nack/0``: :class:`bucketstore.memory.nack.NackTracker` with 8 (the
   default, 256 ms buckets) or 0 precision bits;
 * ``dict``: ``{(ledger, entry, batch_index, partition): redeliver_at}``, the
   Python counterpart of the pre-PIP-393 hash map.
@@ -56,7 +56,7 @@ def _workload(n: int, rate: int, shape: str):
 
 def worker(kind: str, n: int, rate: int, shape: str) -> dict:
     """Build one structure in this fresh process; report its RSS delta."""
-    from bucketstore.nack import NackTracker
+    from bucketstore.memory.nack import NackTracker
 
     def build(count: int):
         if kind.startswith("nack/"):

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 import bucketstore
-from bucketstore.snapshot import BucketFile, build_bucket, write_bucket
+from bucketstore.format.snapshot import BucketFile, build_bucket, write_bucket
 from bucketstore.spark.bucketing import Rows, cut_buckets, order_positions, time_order
 
 ENTRIES_PER_LEDGER = 10_000

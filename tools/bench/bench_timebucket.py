@@ -11,7 +11,7 @@ the figure is the RSS delta after ``gc.collect()`` and ``malloc_trim(0)``
 (CRoaring allocates outside Python's allocator, so tracemalloc cannot see it).
 Rows:
 
-* ``timebucket``: :class:`bucketstore.timebucket.TimeBucketIndex` (reverse
+* ``timebucket``: :class:`bucketstore.memory.timebucket.TimeBucketIndex` (reverse
   lookup and incremental run optimization included);
 * ``seed-map``: the seed's bare ``SortedDict{ts >> y: {ledger: BitMap}}``, with
   no reverse lookup and no run optimization, for reference;
@@ -74,7 +74,7 @@ def worker(kind: str, n: int, x: int, y: int, delay: str) -> dict:
     from pyroaring import BitMap
     from sortedcontainers import SortedDict
 
-    from bucketstore.timebucket import TimeBucketIndex
+    from bucketstore.memory.timebucket import TimeBucketIndex
 
     result: dict = {}
     if n > 10_000:

@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from .fs import FileSystem
+from ..format.fs import FileSystem
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
+    from ..engine.catalog import Catalog
 
 __all__ = [
     "SimulatedCrash",

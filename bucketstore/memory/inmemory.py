@@ -13,9 +13,9 @@ import sys
 import threading
 from typing import Any
 
-from .config import TrackerConfig, config_or_default
-from .cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
-from .errors import StoreClosedError
+from ..config import TrackerConfig, config_or_default
+from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
+from ..errors import StoreClosedError
 
 __all__ = ["InMemoryTracker"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from pyroaring import BitMap64
 
-from .errors import CorruptLedgerError
-from .ledger_file import LedgerReader
-from .segment_codec import FLAG_ZLIB
-from .snapshot import BucketFile
+from ..errors import CorruptLedgerError
+from ..format.ledger_file import LedgerReader
+from ..format.segment_codec import FLAG_ZLIB
+from ..format.snapshot import BucketFile
 
 __all__ = ["describe_file", "render_text"]
 

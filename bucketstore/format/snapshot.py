@@ -27,7 +27,7 @@ import msgpack
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from .errors import CorruptLedgerError
+from ..errors import CorruptLedgerError
 from .fs import REAL_FS, FileSystem
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,

@@ -25,19 +25,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pyroaring import BitMap
 
-from .config import TrackerConfig
-from .cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
-from .errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
+from ..config import TrackerConfig
+from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
+from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
 from .index_set import DelayedIndexSet, bitmap_of
 from .journal import Journal, journal_directory
 from .merge import choose_merge_window, live_rows
-from .ledger_file import ledger_file_name
+from ..format.ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
 from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
 from .sealed_bucket import BucketMap, SealedBucket
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
-from .snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
+from ..format.snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
 
 if TYPE_CHECKING:
     from .store import Store

@@ -18,7 +18,7 @@ import numpy as np
 
 from .index_set import DelayedIndexSet
 from .shared_queue import Run
-from .timebucket import TimeBucketIndex
+from ..memory.timebucket import TimeBucketIndex
 
 __all__ = ["TimeBucketMutable"]
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket
-from .snapshot import drop_repeats
+from ..format.snapshot import drop_repeats
 
 __all__ = ["MAX_MERGE_NUM", "choose_merge_window", "live_rows"]
 

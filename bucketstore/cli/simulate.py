@@ -27,8 +27,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .config import TrackerConfig
-from .store import open_store
+from ..config import TrackerConfig
+from ..engine.store import open_store
 
 __all__ = ["SimulationConfig", "SimulationReport", "run_simulation", "add_arguments", "run_from_args"]
 

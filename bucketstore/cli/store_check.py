@@ -13,10 +13,10 @@ import os
 import re
 from typing import Any
 
-from .catalog import Catalog
-from .errors import CatalogError, CorruptLedgerError
-from .ledger_file import ledger_file_name
-from .snapshot import BucketFile, parse_bucket_key
+from ..engine.catalog import Catalog
+from ..errors import CatalogError, CorruptLedgerError
+from ..format.ledger_file import ledger_file_name
+from ..format.snapshot import BucketFile, parse_bucket_key
 from .verify import Finding, check_file
 
 __all__ = ["is_store", "describe_store", "verify_store"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from .index_set import DelayedIndexSet
 from .shared_queue import Run, RunBuffer, sorted_run
-from .snapshot import drop_repeats
+from ..format.snapshot import drop_repeats
 
 __all__ = ["MutableBucket"]
 

@@ -34,7 +34,7 @@ import crc32c
 import msgpack
 import numpy as np
 
-from .errors import CorruptLedgerError
+from ..errors import CorruptLedgerError
 from .fs import REAL_FS, FileSystem
 
 __all__ = [

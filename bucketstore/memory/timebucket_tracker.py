@@ -14,9 +14,9 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from .config import TrackerConfig, config_or_default
-from .cutoff import Clock, Cutoff, as_columns, check_max
-from .errors import StoreClosedError
+from ..config import TrackerConfig, config_or_default
+from ..cutoff import Clock, Cutoff, as_columns, check_max
+from ..errors import StoreClosedError
 from .timebucket import TimeBucketIndex, check_uint64
 
 __all__ = ["TimeBucketTracker"]

@@ -29,7 +29,7 @@ from typing import Any
 import lmdb
 import msgpack
 
-from .errors import CatalogError
+from ..errors import CatalogError
 
 __all__ = ["Catalog", "CATALOG_FORMAT", "validate_tracker_name"]
 

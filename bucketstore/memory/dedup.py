@@ -30,9 +30,9 @@ from typing import Union
 import msgpack
 from pyroaring import BitMap, BitMap64
 
-from .errors import CorruptLedgerError
-from .fs import REAL_FS
-from .ledger_file import HEADER_FIXED_SIZE, LedgerReader, write_ledger
+from ..errors import CorruptLedgerError
+from ..format.fs import REAL_FS
+from ..format.ledger_file import HEADER_FIXED_SIZE, LedgerReader, write_ledger
 from .timebucket import check_uint64
 
 __all__ = ["Deduplicator", "SNAPSHOT_KIND", "SNAPSHOT_FORMAT"]

@@ -51,9 +51,9 @@ import msgpack
 import numpy as np
 from crc32c import crc32c as crc32c_of
 
-from .errors import JournalError
-from .fs import REAL_FS, FileSystem
-from .ledger_file import masked_crc32c
+from ..errors import JournalError
+from ..format.fs import REAL_FS, FileSystem
+from ..format.ledger_file import masked_crc32c
 
 __all__ = ["Journal", "JournalState", "ParsedFile", "journal_directory", "has_journal", "parse_file", "read_frontier"]
 

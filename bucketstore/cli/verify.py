@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CorruptLedgerError
-from .ledger_file import HEADER_FIXED_SIZE, LedgerReader
-from .segment_codec import SegmentCodecError, check_sorted, decode_segment
-from .snapshot import MetadataCodecError, decode_metadata
+from ..errors import CorruptLedgerError
+from ..format.ledger_file import HEADER_FIXED_SIZE, LedgerReader
+from ..format.segment_codec import SegmentCodecError, check_sorted, decode_segment
+from ..format.snapshot import MetadataCodecError, decode_metadata
 
 __all__ = [
     "Finding",
@@ -254,7 +254,7 @@ KIND_CHECKERS["bucket"] = _check_bucket
 
 def _check_dedup_snapshot(reader: LedgerReader, payloads: list[bytes | None], report: FileReport) -> None:
     """A de-duplicator snapshot is checked by loading it, as Deduplicator.load does."""
-    from .dedup import Deduplicator  # imported here: dedup is an optional structure, not a reader dependency
+    from ..memory.dedup import Deduplicator  # imported here: dedup is an optional structure, not a reader dependency
 
     if any(p is None for p in payloads):
         return  # the CRC failures are already reported

@@ -24,12 +24,12 @@ import threading
 from typing import Any
 
 from .catalog import Catalog, validate_tracker_name
-from .config import TrackerConfig, config_or_default
-from .cutoff import Clock
-from .errors import StoreClosedError, StoreLockedError
-from .fs import REAL_FS, FileSystem
+from ..config import TrackerConfig, config_or_default
+from ..cutoff import Clock
+from ..errors import StoreClosedError, StoreLockedError
+from ..format.fs import REAL_FS, FileSystem
 from .journal import journal_directory
-from .ledger_file import ledger_file_name
+from ..format.ledger_file import ledger_file_name
 from .tracker import BucketTracker
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]

@@ -16,11 +16,11 @@ from collections.abc import Callable
 import numpy as np
 from sortedcontainers import SortedDict
 
-from .errors import CorruptLedgerError
-from .ledger_file import LedgerReader
-from .segment_codec import SegmentCodecError, decode_segment
+from ..errors import CorruptLedgerError
+from ..format.ledger_file import LedgerReader
+from ..format.segment_codec import SegmentCodecError, decode_segment
 from .shared_queue import Run
-from .snapshot import BucketMetadata, bucket_key
+from ..format.snapshot import BucketMetadata, bucket_key
 
 __all__ = ["SealedBucket", "BucketMap"]
 
