@@ -182,20 +182,24 @@ ops = st.lists(st.one_of(
 
 
 @settings(max_examples=example_count(120))
-@given(ops, st.sampled_from([-1, 2]))
-def test_journal_mode_loses_nothing_and_never_redelivers_across_crashes(tmp_path_factory, ops_list, max_buckets):
+@given(ops, st.sampled_from([-1, 2]), st.sampled_from(["at-least-once", "at-most-once"]))
+def test_journal_mode_loses_nothing_and_never_redelivers_across_crashes(tmp_path_factory, ops_list, max_buckets,
+                                                                        delivery):
     """With every call durable (sync_interval_ms=0), a crash at any point loses no tracked
-    index, brings back none that was delivered, and delivers everything due."""
+    index, brings back none whose delivery was confirmed (at-most-once: none delivered),
+    brings back every one whose delivery was not (at-least-once: the last batch, unless a
+    position of it was tracked again), and delivers everything due."""
     import dataclasses
 
     cfg = dataclasses.replace(CFG, max_num_buckets=max_buckets)
     path = tmp_path_factory.mktemp("j")
     clock = FakeClock(1000)
     oracle = Oracle()
-    store = bucketstore.open(path, durability="journal")
+    store = bucketstore.open(path, durability="journal", delivery=delivery)
     tracker = store.tracker("sub", cfg, clock)
     base = 0
     delivered: set[tuple[int, int]] = set()
+    unconfirmed: dict[tuple[int, int], int] = {}  # the last batch, at its times
     for kind, a, b, c in ops_list:
         if kind == "add":
             cutoff = max(tracker._cutoff.value, clock.now)
@@ -203,20 +207,31 @@ def test_journal_mode_loses_nothing_and_never_redelivers_across_crashes(tmp_path
             assert tracker.add_message(base + a, b, clock.now + c) == expect
             if expect:
                 delivered.discard((base + a, b))  # tracked anew: delivering it again is right
+                unconfirmed.pop((base + a, b), None)  # and its new time replaces its redelivery
         elif kind == "roll":
             base += a
         elif kind == "tick":
             clock.advance(a)
         elif kind == "pop":
             got = tracker.get_scheduled_messages(a)
+            delivered.update(unconfirmed)  # the call confirmed the previous batch
+            unconfirmed.clear()
             for p in got:
                 assert p not in delivered, "redelivered"
-                assert oracle.tracked.pop(p) <= clock.now, "delivered early"
-                delivered.add(p)
+                at = oracle.tracked.pop(p)
+                assert at <= clock.now, "delivered early"
+                if delivery == "at-least-once":
+                    unconfirmed[p] = at
+                else:
+                    delivered.add(p)
         else:
             crash(store)
-            store = bucketstore.open(path, durability="journal")
+            store = bucketstore.open(path, durability="journal", delivery=delivery)
             tracker = store.tracker("sub", cfg, clock)
+            for p, at in unconfirmed.items():  # not confirmed: delivered again
+                assert tracker.contains_message(*p), f"unconfirmed {p} lost"
+                oracle.tracked[p] = at
+            unconfirmed.clear()
         assert tracker.number_of_delayed_messages == len(oracle.tracked)
         tracker._check()
     clock.advance(10**6)
@@ -309,6 +324,7 @@ def test_cutoff_survives_a_restart_with_a_clock_behind(tmp_path):
         t.add_message(1, 1, 10_500)
         clock.now = 11_000
         assert t.get_scheduled_messages(10) == [(1, 1)]
+        t.confirm_delivered()  # handed on: the frontier is durable
     clock.now = 5_000  # the clock went back across the restart
     with bucketstore.open(tmp_path / "s", durability="journal") as store:
         t = store.tracker("sub", CFG, clock)
@@ -359,6 +375,7 @@ def test_re_added_position_is_not_merged_back_at_its_old_time_after_a_restart(tm
         t.add_message(2, 0, 3000)  # seals [1, 1]
         clock.now = 1130
         assert t.get_scheduled_messages(4) == [(1, 0), (1, 1), (1, 2), (1, 3)]  # segment 1 and a row of 2
+        t.confirm_delivered()
         assert t.add_message(1, 0, 50_000)
     merging = dataclasses.replace(cfg, max_num_buckets=1)
     with bucketstore.open(tmp_path / "s", durability="journal") as store:

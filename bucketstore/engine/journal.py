@@ -97,6 +97,9 @@ class Journal:
         self._fd = -1
         self._number = -1
         self._poisoned: str | None = None
+        #: The largest delivery frontier that is durable (fsynced, or replayed).
+        self.durable_frontier: tuple[int, int, int] | None = None
+        self._pending_frontier: tuple[int, int, int] | None = None
 
     # -- replay ---------------------------------------------------------------------------------
     def replay(self) -> JournalState:
@@ -125,6 +128,7 @@ class Journal:
         for _, path, _ in parsed[:start]:
             self._fs.unlink(path)
         self._number = files[-1][0] if files else -1
+        self.durable_frontier = frontier
         return JournalState(frontier, out, len(parsed) - start, cut)
 
     def _cut(self, path: str, at: int) -> None:
@@ -154,6 +158,7 @@ class Journal:
 
     def frontier(self, key: tuple[int, int, int]) -> None:
         self._pending.append(msgpack.packb(["f", *key]))
+        self._pending_frontier = key
 
     @property
     def has_pending(self) -> bool:
@@ -179,6 +184,8 @@ class Journal:
             self._poisoned = f"{type(exc).__name__}: {exc}"
             raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
         self._pending.clear()
+        if self._pending_frontier is not None:
+            self.durable_frontier, self._pending_frontier = self._pending_frontier, None
 
     def _current_path(self) -> str:
         return os.path.join(self.directory, f"{self._number:020d}.journal")
@@ -213,12 +220,16 @@ class Journal:
 
     def checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
                    frontier: tuple[int, int, int] | None,
-                   untracked: list[tuple[int, int]] = ()) -> None:
+                   untracked: list[tuple[int, int]] = (),
+                   redeliver: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         """Start a new file holding exactly this state, then delete every older file.
 
         The new file is durable (fsync, rename, directory fsync) before any old
         file is unlinked, so a crash in between leaves both, and replay starts
         from the newest complete checkpoint.
+
+        :param redeliver: (ledgers, entries, ts) of delivered rows after ``frontier``
+            whose delivery is not confirmed: tracked again by a replay.
         """
         if self._poisoned:
             raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
@@ -226,13 +237,19 @@ class Journal:
         # Untracks first: they cancel rows of sealed buckets, which replay loads before
         # the records; the memory-only adds that follow may track a position anew.
         records = [msgpack.packb(["x", ledger, entry]) for ledger, entry in untracked]
+        # Unconfirmed deliveries after the untracks (one of them may be a ghost that the
+        # replay must track again) and before the memory-only adds.
+        if redeliver is not None and len(redeliver[0]):
+            records.append(msgpack.packb(["a", *(np.asarray(c, _LE).tobytes() for c in redeliver)]))
         if len(ledgers):
             records.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
                                           np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))
         if frontier is not None:
             records.append(msgpack.packb(["f", *frontier]))
         self._pending.clear()
+        self._pending_frontier = None
         self._open_new(records)
+        self.durable_frontier = frontier
         for number, path in _list_files(self.directory)[0]:
             if number < self._number:
                 self._fs.unlink(path)

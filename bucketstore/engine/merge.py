@@ -16,7 +16,7 @@ deleted sources after a failed create (#26239), and threw for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -57,18 +57,23 @@ def choose_merge_window(buckets: Sequence[SealedBucket]) -> list[SealedBucket] |
     return None
 
 
-def live_rows(buckets: Sequence[SealedBucket], index: DelayedIndexSet
+def live_rows(buckets: Sequence[SealedBucket], index: DelayedIndexSet,
+              also_keep: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every still-live index of the buckets' files, sorted by (timestamp, ledger, entry).
 
     All segments are read, loaded ones included: a segment in memory may still
     hold undelivered indexes, and after the merge only the new file holds them.
+    ``also_keep(ts, ledgers, entries)`` marks more rows to keep: delivered rows whose
+    delivery is not durably confirmed (the merged file is then their only copy).
     """
     parts_t, parts_l, parts_e = [], [], []
     for bucket in buckets:
         for number in range(1, bucket.segment_count + 1):
             run = bucket.read_segment(number)
             keep = index.present_mask(run.ledgers, run.entries, run.ts)
+            if also_keep is not None:
+                keep |= also_keep(run.ts, run.ledgers, run.entries)
             if keep.any():
                 parts_t.append(run.ts[keep])
                 parts_l.append(run.ledgers[keep])

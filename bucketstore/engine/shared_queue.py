@@ -253,7 +253,8 @@ class SharedQueue:
                 self._retire(item)
         return None
 
-    def pop_due(self, cutoff: int, max_items: int, index: DelayedIndexSet
+    def pop_due(self, cutoff: int, max_items: int, index: DelayedIndexSet,
+                rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
                 ) -> tuple[dict[int, list], tuple[int, int, int] | None]:
         """Deliver up to ``max_items`` due indexes in index order.
 
@@ -263,6 +264,8 @@ class SharedQueue:
         they may hold due indexes, so the call never comes back short while
         something due is left.
 
+        :param rows: when given, the delivered rows are appended to it as
+            (ts, ledgers, entries) columns, one row per position, at its live time.
         :return: ledger id -> list of bitmaps of delivered entry ids, and the
             largest (timestamp, ledger, entry) key taken from the queue (every
             live index at or before it has now been delivered), or None.
@@ -296,11 +299,16 @@ class SharedQueue:
             if len(sel_t):
                 key = _max_key(sel_t, sel_l, sel_e)
                 last_key = key if last_key is None or key > last_key else last_key
-            for ledger, rows in _group_by_ledger(sel_l, np.arange(len(sel_l))):
-                hits = index.take(ledger, sel_e[rows], sel_t[rows])
+            for ledger, at in _group_by_ledger(sel_l, np.arange(len(sel_l))):
+                live = None if rows is None else index.present_mask(sel_l[at], sel_e[at], sel_t[at])
+                hits = index.take(ledger, sel_e[at], sel_t[at])
                 if hits:
                     delivered.setdefault(ledger, []).append(hits)
                     need -= len(hits)
+                    if rows is not None:
+                        at = at[live]
+                        at = at[np.unique(sel_e[at], return_index=True)[1]]  # one row per position
+                        rows.append((sel_t[at], sel_l[at], sel_e[at]))
             for run, k in zip(runs, taken):
                 run.pos += k
                 if run.remaining:

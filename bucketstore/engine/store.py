@@ -28,6 +28,7 @@ from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
 from ..errors import StoreClosedError, StoreLockedError
 from ..format.fs import REAL_FS, FileSystem
+from .handoff import DELIVERY_MODES
 from .journal import journal_directory
 from ..format.ledger_file import ledger_file_name
 from .tracker import BucketTracker
@@ -48,12 +49,23 @@ class Store:
     :ivar sync_interval_ms: journal mode's group commit: 0 makes every call
         durable before it returns; N > 0 commits at most every N ms (and at
         :meth:`BucketTracker.flush`), trading that window for throughput.
+    :ivar delivery: journal mode's delivery handoff: ``"at-least-once"`` (a returned
+        batch is durably delivered once confirmed; a crash before may deliver it
+        again) or ``"at-most-once"`` (durably delivered when returned; a crash before
+        the embedder used it loses it).
     """
 
     def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
-                 sync_interval_ms: int = 0, fs: FileSystem = REAL_FS) -> None:
+                 sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
+        if delivery not in DELIVERY_MODES:
+            raise ValueError(f"delivery must be one of {DELIVERY_MODES}, not {delivery!r}")
+        if delivery == "at-most-once" and durability != "journal":
+            # Sealed mode keeps no delivery progress: recovery may deliver again, so it
+            # cannot promise at-most-once.
+            raise ValueError('delivery="at-most-once" needs durability="journal"')
+        self.delivery = delivery
         if isinstance(sync_interval_ms, bool) or not isinstance(sync_interval_ms, int) or sync_interval_ms < 0:
             raise ValueError("sync_interval_ms must be an int >= 0")
         self.sync_interval_ms = sync_interval_ms
@@ -237,7 +249,7 @@ def _acquire_lock(path: str) -> int:
 
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
-               sync_interval_ms: int = 0) -> Store:
+               sync_interval_ms: int = 0, delivery: str = "at-least-once") -> Store:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
@@ -245,8 +257,14 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
         every add, untrack and delivery is written to a write-ahead journal, durable
         when the call returns (or within ``sync_interval_ms``, and at ``flush()``).
     :param sync_interval_ms: journal group-commit interval (0: every call is durable).
+    :param delivery: (journal mode) ``"at-least-once"``, the default: a batch returned by
+        ``get_scheduled_messages`` is durably delivered only once confirmed (the next
+        ``get_scheduled_messages``, ``flush()`` or ``confirm_delivered()``), so a crash
+        may deliver the unconfirmed batches again but never loses them.
+        ``"at-most-once"``: durably delivered when returned, so a crash between the
+        return and the embedder's use of the batch loses it (never repeats it).
     :param repair: drop catalog keys whose ledger file is missing or damaged, and
         report them in the tracker's ``recovery_report``, instead of raising.
     :raises StoreLockedError: another process or handle has the store open.
     """
-    return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms)
+    return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, delivery=delivery)

@@ -28,6 +28,7 @@ from pyroaring import BitMap
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
+from .handoff import DeliveryHandoff
 from .index_set import DelayedIndexSet, bitmap_of
 from .journal import Journal, journal_directory
 from .merge import choose_merge_window, live_rows
@@ -72,8 +73,10 @@ class BucketTracker:
         self._ops = OpStats()
         self._mark_delete: tuple[int, int] | None = None
         self._closed = False
-        #: The largest (timestamp, ledger, entry) delivered: every live index at or before it is delivered.
-        self._frontier: tuple[int, int, int] | None = None
+        #: The delivery frontiers and the batches delivered but not durably confirmed.
+        self._handoff = DeliveryHandoff(store.delivery, None)
+        #: Buckets read to their end during a call, deleted when the call's batch is recorded.
+        self._exhausted: list[SealedBucket] = []
         self._journal: Journal | None = None
         self._replaying = False
         self._last_sync = time.monotonic()
@@ -147,6 +150,8 @@ class BucketTracker:
             if journal is not None:
                 # Journaled after routing: a seal that routing triggers checkpoints the
                 # journal, and this index must land after that checkpoint.
+                if self._handoff.holding and self._handoff.holds(ledger_id, entry_id):
+                    self._supersede(ledger_id, np.array([entry_id], dtype=_U64))
                 journal.add_one(ledger_id, entry_id, deliver_at)
                 self._sync()
             return True
@@ -246,12 +251,27 @@ class BucketTracker:
         else:
             self._queue.push(sorted_run(ts, ls, es))
         if self._journal is not None and journal:
+            if self._handoff.holding:
+                held = self._handoff.held_mask(ledger_id, es)
+                if held.any():
+                    self._supersede(ledger_id, es[held])
             self._journal.add_rows(ls, es, ts)  # after routing, as in add_message
         if new is None:
             self._index.add_new(ledger_id, batch, es, ts)
         else:
             self._index.add_many(ls, es, ts)
         return len(live_e)
+
+    def _supersede(self, ledger_id: int, entries: np.ndarray) -> None:
+        """Positions delivered in a batch that is not durably confirmed are tracked again.
+
+        Their new time replaces their redelivery. The untrack journaled before the add
+        makes a replay treat the old row (in a sealed bucket or an earlier add record)
+        as dead, as for an expired re-add, so only the new time is live after a crash.
+        """
+        for entry in entries.tolist():
+            self._journal.untrack(ledger_id, entry)
+        self._handoff.supersede(ledger_id, entries)
 
     # -- sealing --------------------------------------------------------------------------------
     def _seal(self, cutoff: int) -> None:
@@ -325,7 +345,9 @@ class BucketTracker:
         start, end = window[0].start_ledger, window[-1].end_ledger
         path = None
         try:
-            ts, ledgers, entries = live_rows(window, self._index)
+            # Rows delivered in a batch whose confirmation is not durable stay in the merged
+            # file: the sources are their only durable copy, and a crash brings them back.
+            ts, ledgers, entries = live_rows(window, self._index, self._handoff.keep_mask)
             ledger_id = store.allocate_ledger_id()
             put: dict[str, int] = {}
             meta = None
@@ -362,7 +384,28 @@ class BucketTracker:
 
     # -- deleting buckets -----------------------------------------------------------------------
     def _bucket_exhausted(self, bucket: SealedBucket) -> None:
-        self._delete_buckets([bucket])
+        # Deleted at the end of the call (_delete_exhausted), once its batch is recorded.
+        self._exhausted.append(bucket)
+
+    def _delete_exhausted(self) -> None:
+        """Delete the buckets read to their end during this call.
+
+        A bucket's file is the only durable copy of its rows. Rows of it that were
+        delivered in a batch not durably confirmed are journaled first (and made
+        durable before the catalog commit), so a crash brings them back.
+        """
+        buckets = [b for b in self._exhausted if not b.dead]
+        self._exhausted = []
+        if not buckets:
+            return
+        journal = self._journal
+        if journal is not None and self._handoff.holding:
+            for b in buckets:
+                ledgers, entries, ts = self._handoff.carry_rows(b.start_ledger, b.end_ledger, confirmed_too=True)
+                if len(ledgers):
+                    journal.add_rows(ledgers, entries, ts)
+            self._commit()
+        self._delete_buckets(buckets)
 
     def _delete_buckets(self, buckets: list[SealedBucket]) -> None:
         """Remove buckets: their catalog keys in one transaction, then their files.
@@ -399,23 +442,54 @@ class BucketTracker:
         max_messages = check_max(max_messages)
         with self._lock:
             self._check_open()
+            journal = self._journal
+            self._confirm()  # the embedder is back for more: it has handled the previous batch
             cutoff = self._cutoff.advance()
             if max_messages == 0:
+                if journal is not None:
+                    self._sync()
                 return []
             self._sync_queue()
-            delivered, last_key = self._queue.pop_due(cutoff, max_messages, self._index)
+            rows: list | None = [] if journal is not None and self._handoff.at_least_once else None
+            delivered, last_key = self._queue.pop_due(cutoff, max_messages, self._index, rows)
             for ledger, hits in delivered.items():
                 if self._covering(ledger) is not None:
                     # The bucket's file still holds these rows (a merge reads them): should a
                     # position come back with another time, its old row must stay dead.
                     for bm in hits:
                         self._index.add_ghosts(ledger, bm)
-            if last_key is not None and (self._frontier is None or last_key > self._frontier):
-                self._frontier = last_key
-                if self._journal is not None:
-                    self._journal.frontier(last_key)
-                    self._sync()
+            if last_key is not None:
+                batch = tuple(np.concatenate(cols) for cols in zip(*rows)) if rows else None
+                key = self._handoff.delivered(last_key, batch)
+                if key is not None and journal is not None:
+                    journal.frontier(key)  # at-most-once: durable before the batch is returned
+            self._delete_exhausted()
+            if journal is not None:
+                self._sync()
         return _positions(delivered)
+
+    def confirm_delivered(self) -> None:
+        """Confirm every position returned so far: after a crash they never come back.
+
+        ``durability="journal"`` with ``delivery="at-least-once"`` (the default): a batch
+        returned by :meth:`get_scheduled_messages` is durably delivered only once it is
+        confirmed — by this call, by the next :meth:`get_scheduled_messages`, or by
+        :meth:`flush` — so a crash before that delivers it again. Call this once the batch
+        is handed on when dispatching asynchronously, or before :meth:`close` (which does
+        not confirm). Durable when it returns with ``sync_interval_ms=0``, else at the next
+        group commit. In ``sealed`` mode, and with ``delivery="at-most-once"``, there is
+        nothing to confirm.
+        """
+        with self._lock:
+            self._check_open()
+            self._confirm()
+            if self._journal is not None:
+                self._sync()
+
+    def _confirm(self) -> None:
+        key = self._handoff.confirm()
+        if key is not None and self._journal is not None:
+            self._journal.frontier(key)
 
     def has_message_available(self) -> bool:
         """True when at least one tracked index is due."""
@@ -425,6 +499,7 @@ class BucketTracker:
             if not len(self._index):
                 return False
             nxt = self._next_time()
+            self._delete_exhausted()
             return nxt is not None and nxt <= cutoff
 
     def next_delivery_time(self) -> int | None:
@@ -433,7 +508,9 @@ class BucketTracker:
             self._check_open()
             if not len(self._index):
                 return None
-            return self._next_time()
+            nxt = self._next_time()
+            self._delete_exhausted()
+            return nxt
 
     def _next_time(self) -> int | None:
         self._sync_queue()
@@ -485,22 +562,28 @@ class BucketTracker:
     def flush(self) -> None:
         """Make everything added, untracked and delivered so far durable.
 
-        In ``journal`` mode this commits (writes and fsyncs) the journal's pending
-        group. In ``sealed`` mode an index is durable once its bucket is sealed,
-        which happens as ledgers roll; ``flush`` has nothing more to write.
+        In ``journal`` mode this confirms the batches returned so far (see
+        :meth:`confirm_delivered`) and commits (writes and fsyncs) the journal's
+        pending group. In ``sealed`` mode an index is durable once its bucket is
+        sealed, which happens as ledgers roll; ``flush`` has nothing more to write.
         """
         with self._lock:
             self._check_open()
             if self._journal is not None:
-                self._journal.commit()
-                self._last_sync = time.monotonic()
+                self._confirm()
+                self._commit()
 
     def _sync(self) -> None:
         """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed."""
         interval = self._store.sync_interval_ms
         if interval == 0 or (time.monotonic() - self._last_sync) * 1000 >= interval:
-            self._journal.commit()
-            self._last_sync = time.monotonic()
+            self._commit()
+
+    def _commit(self) -> None:
+        """Commit the journal now; batches its durable frontier now covers are never redelivered."""
+        self._journal.commit()
+        self._last_sync = time.monotonic()
+        self._handoff.release(self._journal.durable_frontier)
 
     def _memory_only_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every live index held only in memory (mutable bucket, direct runs): what a journal
@@ -526,11 +609,17 @@ class BucketTracker:
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
         # bucket: the checkpoint replaces the file that held its untrack record, so it must
         # carry the untrack on, or recovery tracks the position again from the bitmap.
+        # So must a delivered position whose batch is not confirmed: it is a ghost too, and
+        # the replay tracks it again from the redelivered rows, or (superseded) from its re-add.
+        handoff = self._handoff
         untracked = [(ledger, entry) for ledger, ghosts in self._index._ghosts.items()
                      if self._covering(ledger) is not None
-                     for entry in ghosts if not self._index.contains(ledger, entry)]
-        self._journal.checkpoint(ledgers, entries, ts, self._frontier, untracked)
+                     for entry in ghosts if not self._index.contains(ledger, entry) or handoff.holds(ledger, entry)]
+        # The confirmed frontier, never the delivered one: what the embedder has not
+        # confirmed is carried as rows to deliver again.
+        self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
         self._last_sync = time.monotonic()
+        handoff.release(self._journal.durable_frontier)
 
     def clear(self) -> None:
         """Forget every index and delete every bucket (files and keys), durably."""
@@ -542,11 +631,19 @@ class BucketTracker:
             self._mutable.clear()
             self._direct = RunBuffer()
             self._index.clear()
+            self._handoff.forget()  # nothing is tracked any more, delivered or not
+            self._exhausted = []
             if self._journal is not None:
                 self._checkpoint()
 
     def close(self) -> None:
-        """Release the tracker. Nothing is deleted; sealed buckets are recovered on the next open."""
+        """Release the tracker. Nothing is deleted; sealed buckets are recovered on the next open.
+
+        Closing does not confirm deliveries (a ``finally: close()`` also runs when the
+        last batch failed): in journal mode with ``delivery="at-least-once"`` a batch
+        not confirmed by :meth:`confirm_delivered`, :meth:`flush` or a later
+        :meth:`get_scheduled_messages` is delivered again after the next open.
+        """
         with self._lock:
             if self._closed:
                 return
@@ -620,7 +717,8 @@ class BucketTracker:
         stale_keys = list(enclosed)
         cutoff = self._cutoff.advance()
         replayed = self._journal.replay() if self._journal is not None else None
-        frontier = self._frontier = replayed.frontier if replayed is not None else None
+        frontier = replayed.frontier if replayed is not None else None
+        self._handoff = DeliveryHandoff(store.delivery, frontier)
         if frontier is not None:
             # The cutoff was at least the frontier's time when that index was delivered.
             # Keeping it there across the restart (whatever the clock says now) keeps every

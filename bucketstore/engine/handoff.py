@@ -1,0 +1,182 @@
+"""The delivery handoff of a journal-mode tracker: when a delivered batch becomes durably delivered.
+
+``get_scheduled_messages`` hands a batch to the embedder, which has yet to dispatch
+it. With ``delivery="at-least-once"`` (the default) the batch becomes durably
+delivered only when the embedder *confirms* it — at its next
+``get_scheduled_messages``, at ``flush()``, or by ``confirm_delivered()`` — so a crash
+before that brings the batch back and a crash after it never does (Kafka's
+commit-on-next-poll). With ``delivery="at-most-once"`` a batch is confirmed as it is
+returned: a crash right after the return loses it, and never repeats it.
+
+Three frontiers, each the largest ``(timestamp, ledger, entry)`` of a prefix of the
+index order (deliveries leave in index order, so a key describes a prefix):
+
+* ``frontier``: delivered by the live process (its in-memory state forgets these);
+* ``confirmed``: confirmed by the embedder; the tracker journals it as an ``f`` record;
+* the *durable* one: the largest ``f`` the journal has fsynced. Recovery starts from it.
+
+Until the durable frontier passes a batch, its rows must stay recoverable: a seal's
+checkpoint carries the unconfirmed ones (:meth:`DeliveryHandoff.carry_rows`), a merge
+keeps them in the merged file (:meth:`DeliveryHandoff.keep_mask`), and a bucket
+deleted when read to its end first journals them (:meth:`DeliveryHandoff.carry_rows`
+with its ledger range). Batches are released once the durable frontier passes them
+(:meth:`DeliveryHandoff.release`).
+
+A position re-added after its delivery and before its batch is durable is
+*superseded*: its new time replaces its redelivery (the embedder has shown it holds
+the message), and the tracker journals an untrack before the re-add so that a replay
+makes the old row dead, as for an expired re-add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from pyroaring import BitMap, BitMap64
+
+__all__ = ["DELIVERY_MODES", "DeliveryHandoff"]
+
+#: ``bucketstore.open(..., delivery=...)``: when a returned batch becomes durably delivered.
+DELIVERY_MODES = ("at-least-once", "at-most-once")
+
+Key = tuple[int, int, int]
+_U64 = np.dtype("<u8")
+
+
+@dataclass
+class _Batch:
+    """The rows one call delivered, in index order; ``carry`` is False for superseded rows."""
+
+    last: Key
+    ts: np.ndarray
+    ledgers: np.ndarray
+    entries: np.ndarray
+    carry: np.ndarray
+
+
+class DeliveryHandoff:
+    """Delivered batches not yet durably confirmed, and the frontiers (not thread-safe:
+    the tracker's lock guards it)."""
+
+    def __init__(self, mode: str, durable: Key | None) -> None:
+        if mode not in DELIVERY_MODES:
+            raise ValueError(f"delivery must be one of {DELIVERY_MODES}, not {mode!r}")
+        self.at_least_once = mode == "at-least-once"
+        #: The largest key delivered by this process (or recovered as durable).
+        self.frontier: Key | None = durable
+        #: The largest key the embedder confirmed (journaled as ``f``).
+        self.confirmed: Key | None = durable
+        self._batches: list[_Batch] = []
+        # ledger -> entries of every held batch, for the O(1) test on each add.
+        self._positions: dict[int, BitMap | BitMap64] = {}
+
+    # -- the three events ---------------------------------------------------------------------
+    def delivered(self, last: Key, rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> Key | None:
+        """A call delivered ``rows`` (ts, ledgers, entries), the largest being ``last``.
+
+        :return: the frontier to journal now (at-most-once), or None.
+        """
+        if self.frontier is not None and last <= self.frontier:
+            return None
+        self.frontier = last
+        if not self.at_least_once:
+            self.confirmed = last
+            return last
+        if rows is not None and len(rows[0]):
+            ts, ledgers, entries = rows
+            self._batches.append(_Batch(last, ts, ledgers, entries, np.ones(len(ts), dtype=bool)))
+            for ledger in np.unique(ledgers).tolist():
+                ents = entries[ledgers == ledger]
+                bm = self._positions.get(ledger)
+                if bm is None or (isinstance(bm, BitMap) and int(ents.max()) >= 1 << 32):
+                    bm = self._positions[ledger] = BitMap64(bm or ()) if int(ents.max()) >= 1 << 32 else BitMap()
+                bm.update(ents.tolist())
+        return None
+
+    def confirm(self) -> Key | None:
+        """The embedder confirmed everything delivered so far; return the frontier to journal, or None."""
+        if self.frontier is None or self.frontier == self.confirmed:
+            return None
+        self.confirmed = self.frontier
+        return self.confirmed
+
+    def release(self, durable: Key | None) -> None:
+        """Forget the batches at or before the durable frontier: recovery never brings them back."""
+        if durable is None or not self._batches or self._batches[0].last > durable:
+            return
+        self._batches = [b for b in self._batches if b.last > durable]
+        self._positions = {}
+        for b in self._batches:
+            for ledger in np.unique(b.ledgers).tolist():
+                ents = b.entries[b.ledgers == ledger].tolist()
+                bm = self._positions.get(ledger)
+                if bm is None:
+                    bm = self._positions[ledger] = BitMap64() if max(ents) >= 1 << 32 else BitMap()
+                elif isinstance(bm, BitMap) and max(ents) >= 1 << 32:
+                    bm = self._positions[ledger] = BitMap64(bm)
+                bm.update(ents)
+
+    def forget(self) -> None:
+        """Drop every held batch (``clear``: nothing is to come back), confirming them."""
+        self.confirm()
+        self._batches = []
+        self._positions = {}
+
+    # -- questions the tracker asks -----------------------------------------------------------
+    @property
+    def holding(self) -> bool:
+        """Whether any delivered batch is not yet durably confirmed."""
+        return bool(self._batches)
+
+    def holds(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the position was delivered in a batch that is not yet durable."""
+        bm = self._positions.get(ledger_id)
+        return bm is not None and (entry_id < 1 << 32 or isinstance(bm, BitMap64)) and entry_id in bm
+
+    def held_mask(self, ledger_id: int, entries: np.ndarray) -> np.ndarray:
+        """Which entries of one ledger were delivered in a batch that is not yet durable."""
+        bm = self._positions.get(ledger_id)
+        if bm is None:
+            return np.zeros(len(entries), dtype=bool)
+        return np.isin(entries, np.fromiter(bm, dtype=_U64, count=len(bm)))
+
+    def supersede(self, ledger_id: int, entries: np.ndarray) -> None:
+        """These positions were tracked again: their old rows are no longer to be carried."""
+        for b in self._batches:
+            b.carry &= ~((b.ledgers == np.uint64(ledger_id)) & np.isin(b.entries, entries))
+
+    def carry_rows(self, start_ledger: int = 0, end_ledger: int = 2**64 - 1, *, confirmed_too: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The not superseded rows of ledgers ``[start, end]`` delivered after the
+        confirmed frontier (with ``confirmed_too``: after the durable one), as
+        (ledgers, entries, ts): what must be written again where their only durable
+        copy is about to go (a checkpoint, which records the confirmed frontier, replacing
+        the journal; a deleted bucket)."""
+        parts = []
+        for b in self._batches:
+            if not confirmed_too and self.confirmed is not None and b.last <= self.confirmed:
+                continue
+            keep = b.carry & (b.ledgers >= np.uint64(start_ledger)) & (b.ledgers <= np.uint64(end_ledger))
+            if keep.any():
+                parts.append((b.ledgers[keep], b.entries[keep], b.ts[keep]))
+        if not parts:
+            empty = np.zeros(0, dtype=_U64)
+            return empty, empty, empty
+        return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
+
+    def keep_mask(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> np.ndarray:
+        """Which rows of a bucket being merged were delivered in a batch not yet durable
+        (exactly these rows, at their delivered time): the merged file must keep them."""
+        mask = np.zeros(len(ts), dtype=bool)
+        if not self._batches:
+            return mask
+        for ledger in np.unique(ledgers).tolist():
+            rows = np.flatnonzero(ledgers == ledger)
+            mask[rows] = self.held_mask(ledger, entries[rows])
+        if mask.any():
+            held = {(t, l, e) for b in self._batches
+                    for t, l, e in zip(b.ts.tolist(), b.ledgers.tolist(), b.entries.tolist())}
+            for r in np.flatnonzero(mask).tolist():
+                mask[r] = (int(ts[r]), int(ledgers[r]), int(entries[r])) in held
+        return mask
