@@ -19,7 +19,8 @@ from helpers import FakeClock
 import bucketstore
 from bucketstore import TrackerConfig
 from bucketstore.engine.store import Store
-from bucketstore.testing.faults import ONLY_SYNCED, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.testing.faults import (DAMAGES, ONLY_SYNCED, DataLoss, FaultyFileSystem, SimulatedCrash,
+                                       abandon_store)
 
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=6, max_indexes_per_segment=3,
                     max_time_step_per_segment_ms=300)
@@ -67,4 +68,276 @@ def test_a_batch_returned_right_before_a_crash_comes_back(tmp_path, clock):
     q = p.reopen()
     assert all(q.tracker.contains_message(*pos) for pos in batch), "the unconfirmed batch was lost"
     assert sorted(_delivered_again(q)) == [(1, e) for e in range(5)]
+    q.store.close()
+
+
+def _tracked(tracker, positions):
+    return {p for p in positions if tracker.contains_message(*p)}
+
+
+# -- the confirmation point, crashed before every numbered call around it ------------------------
+def _handoff_workload(tracker, clock, fs, marks):
+    tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
+    clock.now = 1102
+    marks["first"] = tracker.get_scheduled_messages(10)
+    marks["returned"] = fs.calls  # the first call after this one is the kill point
+    clock.now = 1104
+    marks["second"] = tracker.get_scheduled_messages(10)  # confirms the first batch
+    marks["confirmed"] = fs.calls
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=str)
+def test_kill_points_between_the_return_and_the_confirming_call(tmp_path, damage):
+    """Crash before every numbered durable call from the return of a batch up to the return
+    of the call that confirms it: until the confirmation's journal group is durable the
+    batch comes back, after it never does; the second batch (unconfirmed) always does."""
+    dry = FaultyFileSystem()
+    store = Store(tmp_path / "dry", durability="journal", fs=dry)
+    dry.attach(store.catalog)
+    marks: dict = {}
+    dry_clock = FakeClock(1000)
+    _handoff_workload(store.tracker("sub", CFG, dry_clock), dry_clock, dry, marks)
+    store.close()
+    first, second = marks["first"], marks["second"]
+    assert first == [(1, 0), (1, 1), (1, 2)] and second == [(1, 3), (1, 4)]
+    between = dry.log[marks["returned"]:marks["confirmed"]]
+    assert [op for op, _ in between] == ["write", "fsync"], between  # one journal group: the frontier
+    write_call, fsync_call = marks["returned"], marks["returned"] + 1
+    everything = {(1, e) for e in range(6)}
+    for n in range(marks["returned"], marks["confirmed"] + 1):
+        path = tmp_path / f"crash{n}"
+        clock = FakeClock(1000)
+        fs = FaultyFileSystem(crash_at=n)
+        store = Store(path, durability="journal", fs=fs)
+        fs.attach(store.catalog)
+        got: dict = {}
+        with pytest.raises(SimulatedCrash):
+            _handoff_workload(store.tracker("sub", CFG, clock), clock, fs, got)
+            fs.crash_at = fs.calls  # killed right after the confirming call returned
+            fs._call("write", "after the return")
+        abandon_store(store)
+        fs.materialize(damage, random.Random(n))
+        with bucketstore.open(path, durability="journal") as reopened:
+            t = reopened.tracker("sub", CFG, FakeClock(1000))
+            held = _tracked(t, everything)
+            assert everything - set(first) <= held, f"crash before call {n}: an unconfirmed index was lost"
+            back = set(first) & held
+            if n <= write_call or (n <= fsync_call and damage.data is not DataLoss.KEEP):
+                assert back == set(first), f"crash before call {n}: the unconfirmed batch was lost"
+            elif n > fsync_call:
+                assert not back, f"crash before call {n}: the confirmed batch came back"
+            else:
+                assert back in (set(), set(first)), f"crash before call {n}: part of a batch came back"
+
+
+def test_at_most_once_loses_the_batch_a_crash_interrupts_and_never_repeats_it(tmp_path, clock):
+    """The explicit option keeps the old contract and its cost."""
+    p = Process(tmp_path, clock, delivery="at-most-once")
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(5)])
+    clock.now = 1102
+    batch = p.tracker.get_scheduled_messages(10)
+    p.die()
+    q = p.reopen()
+    assert not _tracked(q.tracker, batch), "at-most-once delivered a batch twice"
+    assert sorted(_delivered_again(q)) == [(1, 3), (1, 4)]
+    q.store.close()
+
+
+def test_at_most_once_needs_a_journal(tmp_path):
+    with pytest.raises(ValueError, match="at-most-once"):
+        bucketstore.open(tmp_path, delivery="at-most-once")
+    with pytest.raises(ValueError, match="delivery"):
+        bucketstore.open(tmp_path, durability="journal", delivery="exactly-once")
+
+
+# -- what confirms, and what does not ---------------------------------------------------------------
+@pytest.mark.parametrize("how", ["next-get", "empty-get", "flush", "confirm_delivered", "close", "nothing"])
+def test_what_confirms_a_batch(tmp_path, clock, how):
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(5)])
+    clock.now = 1102
+    batch = p.tracker.get_scheduled_messages(10)
+    if how == "next-get":
+        assert p.tracker.get_scheduled_messages(10) == []
+    elif how == "empty-get":
+        assert p.tracker.get_scheduled_messages(0) == []
+    elif how == "flush":
+        p.tracker.flush()
+    elif how == "confirm_delivered":
+        p.tracker.confirm_delivered()
+    if how == "close":
+        p.store.close()  # a clean close does not confirm: the batch may not have been handled
+        q = Process(tmp_path, clock)
+    else:
+        p.die()
+        q = p.reopen()
+    confirmed = how not in ("close", "nothing")
+    assert _tracked(q.tracker, batch) == (set() if confirmed else set(batch))
+    q.store.close()
+
+
+def test_in_memory_trackers_have_confirm_delivered(clock):
+    for tracker in (bucketstore.InMemoryTracker(CFG, clock), bucketstore.TimeBucketTracker(CFG, clock)):
+        tracker.add_message(1, 0, 1100)
+        clock.now = 1100
+        assert tracker.get_scheduled_messages(10) == [(1, 0)]
+        tracker.confirm_delivered()
+        assert not tracker.contains_message(1, 0)
+        tracker.close()
+        with pytest.raises(bucketstore.StoreClosedError):
+            tracker.confirm_delivered()
+        clock.now = 1000
+
+
+def test_sync_interval_widens_only_the_redelivery_window(tmp_path, clock):
+    """With group commit, a confirmation made by a call can be lost with the window: the
+    batch is then delivered again; nothing is ever lost."""
+    p = Process(tmp_path, clock, sync_interval_ms=10**9)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
+    p.tracker.flush()
+    clock.now = 1101
+    first = p.tracker.get_scheduled_messages(10)
+    clock.now = 1103
+    second = p.tracker.get_scheduled_messages(10)  # confirms the first, within the window
+    p.die()
+    q = p.reopen()
+    assert _tracked(q.tracker, first + second) == set(first + second)
+    assert sorted(_delivered_again(q)) == [(1, e) for e in range(6)]
+    q.store.close()
+
+
+# -- every place that drops delivered rows durably keeps the unconfirmed ones ------------------------
+def test_a_seal_checkpoint_carries_unconfirmed_rows_of_the_mutable_bucket(tmp_path, clock):
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(12)])
+    clock.now = 1103
+    batch = p.tracker.get_scheduled_messages(10)  # from the mutable bucket: in memory only
+    assert batch == [(1, e) for e in range(4)]
+    p.tracker.add_message(2, 0, 5000)  # rolls over: seals [1, 1] and checkpoints the journal
+    assert p.tracker.stats()["create"]["succeeded"] == 1
+    p.die()
+    q = p.reopen()
+    assert _tracked(q.tracker, batch) == set(batch), "the checkpoint dropped the unconfirmed batch"
+    assert sorted(_delivered_again(q)) == [(1, e) for e in range(12)] + [(2, 0)]
+    q.store.close()
+
+
+def test_a_seal_checkpoint_carries_unconfirmed_rows_of_a_sealed_bucket(tmp_path, clock):
+    """Delivered rows of a sealed bucket are ghosts: the checkpoint's untrack for them
+    must be followed by their rows, or recovery would untrack them for good."""
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
+    p.tracker.add_messages([(2, e, 2100 + e) for e in range(6)])  # seals [1, 1]
+    clock.now = 1101
+    batch = p.tracker.get_scheduled_messages(10)
+    assert batch == [(1, 0), (1, 1)]
+    p.tracker.add_messages([(3, e, 3100 + e) for e in range(6)])  # seals [2, 2]: a checkpoint
+    assert p.tracker.stats()["create"]["succeeded"] == 2
+    p.die()
+    q = p.reopen()
+    assert _tracked(q.tracker, batch) == set(batch), "the checkpoint untracked the unconfirmed batch"
+    assert len(_delivered_again(q)) == 18
+    q.store.close()
+
+
+def test_a_merge_keeps_unconfirmed_rows(tmp_path, clock):
+    cfg = dataclasses.replace(CFG, max_num_buckets=1)
+    p = Process(tmp_path, clock, cfg)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
+    p.tracker.add_messages([(2, e, 2100 + e) for e in range(6)])  # seals [1, 1]
+    clock.now = 1101
+    batch = p.tracker.get_scheduled_messages(10)
+    assert batch == [(1, 0), (1, 1)]
+    p.tracker.add_messages([(3, e, 3100 + e) for e in range(6)])  # seals [2, 2], merges [1, 2]
+    assert p.tracker.stats()["merge"]["succeeded"] == 1
+    # The seal's checkpoint carries the batch too; the merged file must not count on it.
+    (merged,) = p.tracker.buckets()
+    assert merged.start_ledger == 1 and int(merged.counts.sum()) == 12, "the merge left out unconfirmed rows"
+    p.die()
+    q = p.reopen()
+    assert _tracked(q.tracker, batch) == set(batch), "the merge left out the unconfirmed batch"
+    assert len(_delivered_again(q)) == 18
+    q.store.close()
+
+
+def test_a_merge_still_leaves_out_confirmed_rows(tmp_path, clock):
+    cfg = dataclasses.replace(CFG, max_num_buckets=1)
+    p = Process(tmp_path, clock, cfg)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
+    p.tracker.add_messages([(2, e, 2100 + e) for e in range(6)])
+    clock.now = 1101
+    batch = p.tracker.get_scheduled_messages(10)
+    p.tracker.confirm_delivered()
+    p.tracker.add_messages([(3, e, 3100 + e) for e in range(6)])  # merges [1, 2]
+    (merged,) = p.tracker.buckets()
+    assert merged.start_ledger == 1 and int(merged.counts.sum()) == 10  # (1, 0) and (1, 1) left out
+    p.die()
+    q = p.reopen()
+    assert not _tracked(q.tracker, batch)
+    q.store.close()
+
+
+def test_a_bucket_read_to_its_end_journals_its_unconfirmed_rows_before_it_is_deleted(tmp_path, clock):
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
+    p.tracker.add_messages([(2, e, 2100 + e) for e in range(6)])  # seals [1, 1]
+    clock.now = 1200
+    batch = p.tracker.get_scheduled_messages(10)  # all of [1, 1]: the bucket is deleted
+    assert batch == [(1, e) for e in range(6)]
+    assert not p.tracker.buckets() and p.store.catalog.buckets("sub") == {}
+    p.die()
+    q = p.reopen()
+    assert _tracked(q.tracker, batch) == set(batch), "deleting the bucket lost the unconfirmed batch"
+    q.store.close()
+
+
+# -- a position tracked again before its delivery is confirmed --------------------------------------
+@pytest.mark.parametrize("checkpoint", [False, True])
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_re_added_unconfirmed_position_comes_back_once_at_its_new_time(tmp_path, clock, sealed, checkpoint):
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(8)])
+    if sealed:
+        p.tracker.add_messages([(2, e, 2100 + e) for e in range(6)])  # seals [1, 1]
+    clock.now = 1101
+    assert p.tracker.get_scheduled_messages(10) == [(1, 0), (1, 1)]
+    assert p.tracker.add_message(1, 0, 50_000)  # tracked again, due later
+    if checkpoint:
+        p.tracker.add_messages([(3 if sealed else 2, e, 3100 + e) for e in range(6)])  # a seal
+        assert p.tracker.stats()["create"]["succeeded"] == 1 + sealed
+    p.die()
+    q = p.reopen()
+    assert q.tracker.contains_message(1, 0) and q.tracker.contains_message(1, 1)
+    clock.now = 49_999
+    got = q.tracker.get_scheduled_messages(100)
+    assert (1, 1) in got and (1, 0) not in got, "the re-added position came out at its old time"
+    clock.now = 50_000
+    assert q.tracker.get_scheduled_messages(100) == [(1, 0)]
+    q.store.close()
+
+
+def test_a_second_crash_before_any_confirmation_still_brings_the_batch_back(tmp_path, clock):
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
+    p.tracker.add_messages([(2, e, 2100 + e) for e in range(6)])
+    clock.now = 1102
+    batch = p.tracker.get_scheduled_messages(10)
+    p.die()
+    q = p.reopen()  # recovery checkpoints the journal
+    assert q.tracker.get_scheduled_messages(10) == batch  # delivered again, not yet confirmed
+    q.die()
+    r = q.reopen()
+    assert _tracked(r.tracker, batch) == set(batch)
+    r.store.close()
+
+
+def test_clear_forgets_unconfirmed_deliveries(tmp_path, clock):
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
+    clock.now = 1102
+    batch = p.tracker.get_scheduled_messages(10)
+    p.tracker.clear()
+    p.die()
+    q = p.reopen()
+    assert q.tracker.number_of_delayed_messages == 0 and not _tracked(q.tracker, batch)
     q.store.close()

@@ -147,6 +147,14 @@ class TimeBucketTracker:
     def flush(self) -> None:
         """Nothing is durable in memory; present for interface parity."""
 
+    def confirm_delivered(self) -> None:
+        """Confirm the positions returned so far (see
+        :meth:`bucketstore.BucketTracker.confirm_delivered`). Nothing survives a restart
+        here, so a delivery is final when it is returned and there is nothing to record;
+        present so that embedders call every tracker the same way."""
+        with self._lock:
+            self._check_open()
+
     def clear(self) -> None:
         """Untrack everything."""
         with self._lock:
