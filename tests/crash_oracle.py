@@ -142,13 +142,19 @@ def check_files(store: Any, tracker_name: str, context: str) -> None:
 class Model:
     """The specification of one tracker: what is tracked, at what time, and the cutoff.
 
-    ``durable_frontier`` is the largest ``(ts, ledger, entry)`` delivered by a call
-    that returned (in journal mode with ``sync_interval_ms=0`` it is durable).
+    ``unconfirmed`` holds the positions delivered by returned calls whose delivery is
+    not confirmed yet (``delivery="at-least-once"``: the batches since the last
+    ``get_scheduled_messages``, ``flush`` or ``confirm_delivered``), at their times; a
+    position tracked again leaves it (its new time replaces its redelivery). After a
+    crash or a clean close they are tracked again. ``durable_frontier`` is the largest
+    ``(ts, ledger, entry)`` whose delivery is confirmed (in journal mode with
+    ``sync_interval_ms=0`` it is durable); with ``at_least_once=False`` every delivery
+    is confirmed as it is returned.
     """
 
     def __init__(self, clock: Any, tick_ms: int, rows: dict[Position, int] | None = None,
                  acked: Position | None = None, cutoff: int = -1,
-                 durable_frontier: Triple | None = None) -> None:
+                 durable_frontier: Triple | None = None, at_least_once: bool = True) -> None:
         self.clock = clock
         self.tick_ms = tick_ms
         self.where: dict[Position, int] = dict(rows or {})
@@ -156,13 +162,37 @@ class Model:
         self.acked = acked
         self.cutoff = cutoff
         self.durable_frontier = durable_frontier
+        self.frontier = durable_frontier  # the largest delivered, confirmed or not
+        self.at_least_once = at_least_once
+        self.unconfirmed: dict[Position, int] = {}
         self.advance()  # a tracker reads the clock when it is opened
 
     def copy(self) -> "Model":
         twin = Model.__new__(Model)
         twin.__dict__.update(self.__dict__)
         twin.where, twin.rows = dict(self.where), list(self.rows)  # not advanced: no clock read
+        twin.unconfirmed = dict(self.unconfirmed)
         return twin
+
+    @property
+    def recoverable(self) -> dict[Position, int]:
+        """What a restart brings back: the tracked positions and the unconfirmed deliveries."""
+        return {**self.unconfirmed, **self.where}
+
+    def confirm(self) -> None:
+        """``confirm_delivered`` (and the start of ``get_scheduled_messages``, ``flush``)."""
+        self.unconfirmed.clear()
+        self.durable_frontier = self.frontier
+
+    def flush(self) -> None:
+        self.confirm()
+
+    def reopened(self) -> None:
+        """A clean close and reopen: the unconfirmed deliveries are tracked again."""
+        for (ledger, entry), ts in self.unconfirmed.items():
+            self.where[(ledger, entry)] = ts
+            bisect.insort(self.rows, (ts, ledger, entry))
+        self.unconfirmed.clear()
 
     def advance(self) -> int:
         self.cutoff = max(self.cutoff, self.clock() + self.tick_ms)
@@ -183,6 +213,7 @@ class Model:
         if (ledger, entry) not in self.where:
             self.where[(ledger, entry)] = at
             bisect.insort(self.rows, (at, ledger, entry))
+            self.unconfirmed.pop((ledger, entry), None)  # superseded: comes back at its new time
         return True
 
     def add_batch(self, rows: list[tuple[int, int, int]]) -> int:
@@ -190,13 +221,18 @@ class Model:
         return sum(self.add(*row) for row in rows)
 
     def pop(self, n: int) -> list[Position]:
+        self.confirm()  # the embedder is back for more
         cutoff = self.advance()
         out = []
         while self.rows and len(out) < n and self.rows[0][0] <= cutoff:
             ts, ledger, entry = self.rows[0]
             self._remove(ledger, entry)
             out.append((ledger, entry))
-            self.durable_frontier = max(self.durable_frontier or (ts, ledger, entry), (ts, ledger, entry))
+            self.frontier = max(self.frontier or (ts, ledger, entry), (ts, ledger, entry))
+            if self.at_least_once:
+                self.unconfirmed[(ledger, entry)] = ts
+        if not self.at_least_once:
+            self.durable_frontier = self.frontier
         return sorted(out)
 
     def mark_delete(self, ledger: int, entry: int) -> None:
@@ -206,10 +242,13 @@ class Model:
         self.acked = (ledger, entry)
         for _, l2, e2 in [r for r in self.rows if (r[1], r[2]) <= (ledger, entry)]:
             self._remove(l2, e2)
+        for p in [p for p in self.unconfirmed if p <= (ledger, entry)]:
+            del self.unconfirmed[p]  # acknowledged: never to come back
 
     def clear(self) -> None:
         self.where.clear()
         self.rows.clear()
+        self.confirm()  # clear forgets unconfirmed deliveries too
 
 
 @dataclass
@@ -219,12 +258,14 @@ class JournalBounds:
     ``before`` is the model after the last call that returned; ``after`` the model
     had the call in flight at the crash also returned (equal when none was). The
     in-flight call may have taken effect in part (a batch that sealed a bucket
-    midway, a delivery whose frontier was not yet synced, a clear whose catalog
-    commit landed), so:
+    midway, a confirmation not yet synced, a clear whose catalog commit landed).
+    What a crash brings back is each model's *recoverable* set (tracked, or
+    delivered without confirmation), so:
 
-    * **must** (nothing acknowledged lost, nothing at or before the durable
-      frontier back): every position tracked in both;
-    * **may** (no phantom): every position tracked in either, at its time there.
+    * **must** (nothing acknowledged lost, no unconfirmed delivery lost): every
+      position recoverable in both;
+    * **may** (no phantom, nothing confirmed back): every position recoverable in
+      either, at its time there.
     """
 
     before: Model
@@ -232,11 +273,20 @@ class JournalBounds:
 
     @property
     def must(self) -> set[Position]:
-        return self.before.where.keys() & self.after.where.keys()
+        return self.before.recoverable.keys() & self.after.recoverable.keys()
 
     @property
     def times(self) -> dict[Position, int]:
-        return {**self.before.where, **self.after.where}
+        return {**self.before.recoverable, **self.after.recoverable}
+
+    def time_of(self, position: Position, tracker: Any) -> int:
+        """The time a recovered position is tracked at. Only an in-flight re-add of an
+        unconfirmed delivery leaves two candidates; the re-add landed iff the old row is
+        dead (its journaled untrack made the position a ghost, retimed to the new time)."""
+        old, new = self.before.recoverable.get(position), self.after.recoverable.get(position)
+        if old is None or new is None or old == new:
+            return new if new is not None else old
+        return new if not tracker._index.is_live(*position, old) else old
 
 
 def check_journal_recovered(tracker: Any, bounds: JournalBounds, universe: set[Position],
@@ -264,15 +314,14 @@ def check_journal_recovered(tracker: Any, bounds: JournalBounds, universe: set[P
 
 def reseed(bounds: JournalBounds, got: set[Position], tracker: Any) -> Model:
     """The model of a recovered tracker: what it holds (within the bounds), at the bounds' times."""
-    times = bounds.times
     after = bounds.after
     stats = tracker.stats()
     # An in-flight mark_delete may or may not have committed: take the recovered one.
     acked = tuple(stats["mark_delete"]) if stats["mark_delete"] else None
     assert acked in (bounds.before.acked, after.acked), f"recovered mark-delete {acked} was never set"
     # The in-flight call's frontier may not have become durable: keep the returned calls' one.
-    return Model(after.clock, after.tick_ms, {p: times[p] for p in got}, acked,
-                 stats["cutoff"], bounds.before.durable_frontier)
+    return Model(after.clock, after.tick_ms, {p: bounds.time_of(p, tracker) for p in got}, acked,
+                 stats["cutoff"], bounds.before.durable_frontier, after.at_least_once)
 
 
 def check_deliveries(tracker: Any, model: Model, context: str) -> None:
