@@ -136,9 +136,11 @@ JOURNAL_STEPS = (
     STEPS[:2]
     + (("re-add delivered positions", _redeliver_later),
        ("flush", lambda t, c: t.flush()))
-    + STEPS[2:3]
+    + STEPS[2:3]  # deliver more: a batch left unconfirmed while ...
+    + STEPS[4:5]  # ... the seals that follow checkpoint the journal
     + (("confirm", lambda t, c: t.confirm_delivered()),)
-    + STEPS[3:]
+    + STEPS[3:4]  # mark-delete
+    + STEPS[5:]
 )
 
 WORKLOADS = [
@@ -146,7 +148,7 @@ WORKLOADS = [
     Workload("journal-merging", MERGING, JOURNAL_STEPS),
     # Reopened cleanly right after a delivery nobody confirmed (a close does not confirm):
     # the batch comes back on the reopen.
-    Workload("journal-reopened", SMALL, JOURNAL_STEPS[:5] + (("reopen", REOPEN),) + JOURNAL_STEPS[6:]),
+    Workload("journal-reopened", SMALL, JOURNAL_STEPS[:6] + (("reopen", REOPEN),) + JOURNAL_STEPS[7:]),
 ]
 
 

@@ -50,6 +50,7 @@ class CrashMachine(RuleBasedStateMachine):
     """Random operations, crashes and reopens of one sealed-mode tracker."""
 
     DURABILITY = "sealed"
+    DELIVERY = "at-least-once"
 
     def __init__(self) -> None:
         super().__init__()
@@ -65,12 +66,12 @@ class CrashMachine(RuleBasedStateMachine):
         self.seals = 0
         self.in_flight: Model | None = None
         self._open(FaultyFileSystem())
-        self.model = Model(self.clock, CONFIG.tick_time_ms)
+        self.model = Model(self.clock, CONFIG.tick_time_ms, at_least_once=self.DELIVERY == "at-least-once")
 
     # -- plumbing ------------------------------------------------------------------------------
     def _open(self, fs: FaultyFileSystem) -> None:
         self.fs = fs
-        self.store = Store(self.path, durability=self.DURABILITY, fs=fs)
+        self.store = Store(self.path, durability=self.DURABILITY, fs=fs, delivery=self.DELIVERY)
         fs.attach(self.store.catalog)
         self.tracker = self.store.tracker(NAME, CONFIG, self.clock)
         self.delivered: set[tuple[int, int]] = set()  # in this lifetime
@@ -179,7 +180,11 @@ class CrashMachine(RuleBasedStateMachine):
 
     @rule()
     def flush(self) -> None:
-        self._step(self.tracker.flush, lambda m: None)
+        self._step(self.tracker.flush, lambda m: m.flush())
+
+    @rule()
+    def confirm_delivered(self) -> None:
+        self._step(self.tracker.confirm_delivered, lambda m: m.confirm())
 
     @rule(after=st.integers(0, 12), damage=st.sampled_from(DAMAGES), seed=st.integers(0, 2**16))
     def arm_crash(self, after: int, damage: Damage, seed: int) -> None:
@@ -215,12 +220,14 @@ TestCrashMachine = CrashMachine.TestCase
 class JournalCrashMachine(CrashMachine):
     """The same rules with ``durability="journal"`` (``sync_interval_ms=0``) and the exact journal oracle.
 
-    At a restart the recovered tracker must hold every position the model held
-    after the last call that returned (nothing acknowledged lost, due or not) and
-    nothing the model did not hold before or after the call in flight (nothing
-    delivered by a returned call, acknowledged or never added comes back); a clean
-    reopen must recover the model exactly. The cutoff comes back raised to the
-    durable frontier, so a clock that went back cannot re-admit an index due before it.
+    At a restart the recovered tracker must hold every position the model could
+    bring back after the last call that returned — tracked, or delivered and not yet
+    confirmed (``delivery="at-least-once"``) — and nothing the model could not bring
+    back before or after the call in flight (nothing whose delivery a returned call
+    confirmed, nothing acknowledged or never added); a clean reopen must recover
+    exactly the tracked and unconfirmed positions (a close does not confirm). The
+    cutoff comes back raised to the durable frontier, so a clock that went back
+    cannot re-admit an index due before it.
     """
 
     DURABILITY = "journal"
@@ -237,7 +244,7 @@ class JournalCrashMachine(CrashMachine):
         context = self._die_and_reopen(crashed)
         got = check_journal_recovered(self.tracker, bounds, self.universe, context)
         if not crashed:
-            assert got == self.model.where.keys(), f"{context}: a clean reopen changed the tracked set"
+            assert got == self.model.recoverable.keys(), f"{context}: a clean reopen changed the tracked set"
         check_files(self.store, NAME, context)
         check_journal_files(self.path, NAME, context)
         self.model = reseed(bounds, got, self.tracker)
@@ -246,3 +253,17 @@ class JournalCrashMachine(CrashMachine):
 JournalCrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40,
                                                  deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TestJournalCrashMachine = JournalCrashMachine.TestCase
+
+
+class JournalAtMostOnceCrashMachine(JournalCrashMachine):
+    """The journal machine with ``delivery="at-most-once"``: a delivery is confirmed as it
+    returns, so nothing a returned call delivered ever comes back (and the model's
+    recoverable set is just what it tracks)."""
+
+    DELIVERY = "at-most-once"
+
+
+JournalAtMostOnceCrashMachine.TestCase.settings = settings(
+    max_examples=example_count(100), stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestJournalAtMostOnceCrashMachine = JournalAtMostOnceCrashMachine.TestCase
