@@ -123,6 +123,73 @@ def run_writer(store_path: str | os.PathLike[str], log_path: str | os.PathLike[s
     store.close()
 
 
+#: The journal writer's config: small buckets that seal, exhaust and merge often.
+JOURNAL_CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=8, max_indexes_per_segment=4,
+                               max_time_step_per_segment_ms=100, max_num_buckets=3)
+
+
+def run_journal_writer(store_path: str | os.PathLike[str], log_path: str | os.PathLike[str], seed: int,
+                       iterations: int | None = None, ready: int | None = None) -> None:
+    """A journal-mode embedder (``delivery="at-least-once"``) that works until killed.
+
+    Its side log is what its downstream durably received, in order:
+
+    ``{"add": rows}`` before ``add_messages`` and ``{"added": 1}`` after it returned
+        (acknowledged: durable, with ``sync_interval_ms=0``);
+    ``{"got": [[l, e], ...], "batch": n}`` after ``get_scheduled_messages`` returned:
+        the batch is handed on (the moment the issue's embedder lost it);
+    ``{"confirming": n}`` before the call that confirms batch ``n`` (the next
+        ``get_scheduled_messages``, ``flush`` or ``confirm_delivered``) and
+        ``{"confirmed": n}`` after it returned: from then on, never delivered again;
+    ``{"clock": t}`` before the clock moves; ``{"ack": [l, e]}`` before ``mark_delete``.
+
+    Positions are never added twice, so any position delivered after its batch's
+    confirmation is a redelivery of a confirmed one.
+    """
+    rng = random.Random(seed)
+    records = read_side_log(log_path)
+    ledger, now = resume_point(records)
+    batch = max([r["batch"] for r in records if "batch" in r], default=-1)
+    side = SideLog(log_path)
+    clock = FakeClock(now)
+    store = bucketstore.open(store_path, durability="journal")
+    tracker = store.tracker(NAME, JOURNAL_CONFIG, clock)
+    if ready is not None:
+        os.write(ready, b"r")
+    pending: int | None = None  # the handed-on batch not yet confirmed
+    i = 0
+    while iterations is None or i < iterations:
+        i += 1
+        rows = [(ledger, e, clock.now + 20 + rng.randrange(600)) for e in range(rng.randrange(4, 14))]
+        side.write({"add": rows})
+        tracker.add_messages(rows)
+        side.write({"added": 1})
+        ledger += 1
+        if rng.random() < 0.6:
+            target = clock.now + rng.randrange(10, 120)
+            side.write({"clock": target})  # durable before the clock moves
+            clock.now = target
+            if pending is not None:
+                side.write({"confirming": pending})
+            got = tracker.get_scheduled_messages(rng.randrange(1, 40))  # confirms the previous batch
+            if pending is not None:
+                side.write({"confirmed": pending})
+                pending = None
+            batch += 1
+            side.write({"got": got, "batch": batch})
+            pending = batch if got else None
+        elif pending is not None and rng.random() < 0.3:
+            side.write({"confirming": pending})
+            (tracker.flush if rng.random() < 0.5 else tracker.confirm_delivered)()
+            side.write({"confirmed": pending})
+            pending = None
+        if rng.random() < 0.03:
+            ack = [max(0, ledger - rng.randrange(6, 14)), rng.randrange(0, 8)]
+            side.write({"ack": ack})
+            tracker.mark_delete(*ack)
+    store.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("store")
