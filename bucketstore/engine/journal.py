@@ -32,6 +32,7 @@ Records (msgpack arrays):
     a position untracked by an expired re-add
 ``["f", timestamp, ledger_id, entry_id]``
     the delivery frontier: every index at or before this key has been delivered
+    and its delivery confirmed (see :mod:`bucketstore.engine.handoff`)
 ``["c"]``
     the start of a checkpoint (first record of a file); ``["e"]`` its end
 
