@@ -46,13 +46,15 @@ _U64 = np.dtype("<u8")
 
 @dataclass
 class _Batch:
-    """The rows one call delivered, in index order; ``carry`` is False for superseded rows."""
+    """The rows one call delivered (one per position); ``carry`` is False for superseded rows;
+    ``positions``: ledger -> the batch's entry ids, for membership tests."""
 
     last: Key
     ts: np.ndarray
     ledgers: np.ndarray
     entries: np.ndarray
     carry: np.ndarray
+    positions: dict[int, BitMap | BitMap64]
 
 
 class DeliveryHandoff:
@@ -68,12 +70,12 @@ class DeliveryHandoff:
         #: The largest key the embedder confirmed (journaled as ``f``).
         self.confirmed: Key | None = durable
         self._batches: list[_Batch] = []
-        # ledger -> entries of every held batch, for the O(1) test on each add.
-        self._positions: dict[int, BitMap | BitMap64] = {}
 
     # -- the three events ---------------------------------------------------------------------
-    def delivered(self, last: Key, rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> Key | None:
-        """A call delivered ``rows`` (ts, ledgers, entries), the largest being ``last``.
+    def delivered(self, last: Key, rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                  positions: dict[int, list] | None = None) -> Key | None:
+        """A call delivered ``rows`` (ts, ledgers, entries), the largest being ``last``;
+        ``positions`` are the same as ledger -> bitmaps of entry ids.
 
         :return: the frontier to journal now (at-most-once), or None.
         """
@@ -85,13 +87,9 @@ class DeliveryHandoff:
             return last
         if rows is not None and len(rows[0]):
             ts, ledgers, entries = rows
-            self._batches.append(_Batch(last, ts, ledgers, entries, np.ones(len(ts), dtype=bool)))
-            for ledger in np.unique(ledgers).tolist():
-                ents = entries[ledgers == ledger]
-                bm = self._positions.get(ledger)
-                if bm is None or (isinstance(bm, BitMap) and int(ents.max()) >= 1 << 32):
-                    bm = self._positions[ledger] = BitMap64(bm or ()) if int(ents.max()) >= 1 << 32 else BitMap()
-                bm.update(ents.tolist())
+            held = {ledger: bms[0].union(*bms[1:]) if len(bms) > 1 else bms[0]
+                    for ledger, bms in (positions or {}).items()}
+            self._batches.append(_Batch(last, ts, ledgers, entries, np.ones(len(ts), dtype=bool), held))
         return None
 
     def confirm(self) -> Key | None:
@@ -106,22 +104,11 @@ class DeliveryHandoff:
         if durable is None or not self._batches or self._batches[0].last > durable:
             return
         self._batches = [b for b in self._batches if b.last > durable]
-        self._positions = {}
-        for b in self._batches:
-            for ledger in np.unique(b.ledgers).tolist():
-                ents = b.entries[b.ledgers == ledger].tolist()
-                bm = self._positions.get(ledger)
-                if bm is None:
-                    bm = self._positions[ledger] = BitMap64() if max(ents) >= 1 << 32 else BitMap()
-                elif isinstance(bm, BitMap) and max(ents) >= 1 << 32:
-                    bm = self._positions[ledger] = BitMap64(bm)
-                bm.update(ents)
 
     def forget(self) -> None:
         """Drop every held batch (``clear``: nothing is to come back), confirming them."""
         self.confirm()
         self._batches = []
-        self._positions = {}
 
     # -- questions the tracker asks -----------------------------------------------------------
     @property
@@ -131,15 +118,20 @@ class DeliveryHandoff:
 
     def holds(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the position was delivered in a batch that is not yet durable."""
-        bm = self._positions.get(ledger_id)
-        return bm is not None and (entry_id < 1 << 32 or isinstance(bm, BitMap64)) and entry_id in bm
+        for b in self._batches:
+            bm = b.positions.get(ledger_id)
+            if bm is not None and (entry_id < 1 << 32 or isinstance(bm, BitMap64)) and entry_id in bm:
+                return True
+        return False
 
     def held_mask(self, ledger_id: int, entries: np.ndarray) -> np.ndarray:
         """Which entries of one ledger were delivered in a batch that is not yet durable."""
-        bm = self._positions.get(ledger_id)
-        if bm is None:
-            return np.zeros(len(entries), dtype=bool)
-        return np.isin(entries, np.fromiter(bm, dtype=_U64, count=len(bm)))
+        mask = np.zeros(len(entries), dtype=bool)
+        for b in self._batches:
+            bm = b.positions.get(ledger_id)
+            if bm is not None:
+                mask |= np.isin(entries, np.fromiter(bm, dtype=_U64, count=len(bm)))
+        return mask
 
     def supersede(self, ledger_id: int, entries: np.ndarray) -> None:
         """These positions were tracked again: their old rows are no longer to be carried."""

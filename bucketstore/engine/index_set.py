@@ -129,6 +129,11 @@ class DelayedIndexSet:
             mask &= ~((entries == entry) & (ts != live_ts))
         return mask
 
+    def live_time_mask(self, ledger_id: int, entries: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
+        """Mask of rows of one ledger at their position's live time (None: all are; most
+        ledgers have no re-added position). Membership is not checked."""
+        return self._live_rows(ledger_id, entries, ts)
+
     def discard(self, ledger_id: int, entry_id: int) -> bool:
         """Untrack a position; True if it was tracked."""
         bm = self._ledgers.get(ledger_id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -300,15 +300,14 @@ class SharedQueue:
                 key = _max_key(sel_t, sel_l, sel_e)
                 last_key = key if last_key is None or key > last_key else last_key
             for ledger, at in _group_by_ledger(sel_l, np.arange(len(sel_l))):
-                live = None if rows is None else index.present_mask(sel_l[at], sel_e[at], sel_t[at])
+                # (Rows of re-added positions at a stale time are not taken: note which first.)
+                stale = None if rows is None else index.live_time_mask(ledger, sel_e[at], sel_t[at])
                 hits = index.take(ledger, sel_e[at], sel_t[at])
                 if hits:
                     delivered.setdefault(ledger, []).append(hits)
                     need -= len(hits)
                     if rows is not None:
-                        at = at[live]
-                        at = at[np.unique(sel_e[at], return_index=True)[1]]  # one row per position
-                        rows.append((sel_t[at], sel_l[at], sel_e[at]))
+                        rows.append(_taken_rows(sel_t, sel_l, sel_e, at, hits, stale))
             for run, k in zip(runs, taken):
                 run.pos += k
                 if run.remaining:
@@ -316,6 +315,19 @@ class SharedQueue:
                 else:
                     self._retire(run)
         return delivered, last_key
+
+
+def _taken_rows(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, at: np.ndarray, hits: Any,
+                live: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows ``at`` (of one ledger) that delivered ``hits``: one row per position, at its live time."""
+    if len(hits) == len(at):  # the common case: every row was delivered, each a distinct position
+        return ts[at], ledgers[at], entries[at]
+    taken = np.isin(entries[at], np.fromiter(hits, dtype=np.uint64, count=len(hits)))
+    if live is not None:
+        taken &= live
+    at = at[taken]
+    at = at[np.unique(entries[at], return_index=True)[1]]  # duplicates of a row: keep one
+    return ts[at], ledgers[at], entries[at]
 
 
 def _max_key(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> tuple[int, int, int]:

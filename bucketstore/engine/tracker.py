@@ -460,7 +460,7 @@ class BucketTracker:
                         self._index.add_ghosts(ledger, bm)
             if last_key is not None:
                 batch = tuple(np.concatenate(cols) for cols in zip(*rows)) if rows else None
-                key = self._handoff.delivered(last_key, batch)
+                key = self._handoff.delivered(last_key, batch, delivered)
                 if key is not None and journal is not None:
                     journal.frontier(key)  # at-most-once: durable before the batch is returned
             self._delete_exhausted()
