@@ -341,3 +341,25 @@ def test_clear_forgets_unconfirmed_deliveries(tmp_path, clock):
     q = p.reopen()
     assert q.tracker.number_of_delayed_messages == 0 and not _tracked(q.tracker, batch)
     q.store.close()
+
+
+def test_a_superseded_position_sealed_at_its_new_time_survives_a_checkpoint(tmp_path, clock):
+    """Expired, re-added, delivered from the mutable bucket, re-added again, then sealed at the
+    new time: the checkpoint must not untrack it (its live row is in the new bucket)."""
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(8)])
+    assert not p.tracker.add_message(1, 0, 900)  # due: untracked (a ghost), dispatch now
+    assert p.tracker.add_message(1, 0, 1050)  # tracked again, at a new time
+    clock.now = 1050
+    assert p.tracker.get_scheduled_messages(10) == [(1, 0)]  # from the mutable bucket, unconfirmed
+    assert p.tracker.add_message(1, 0, 5000)  # superseded
+    p.tracker.add_message(2, 0, 6000)  # rolls over: seals [1, 1] with (1, 0) at 5000; checkpoints
+    assert p.tracker.stats()["create"]["succeeded"] == 1
+    p.die()
+    q = p.reopen()
+    assert q.tracker.contains_message(1, 0), "the checkpoint untracked a position sealed at its new time"
+    clock.now = 4999
+    assert (1, 0) not in q.tracker.get_scheduled_messages(100)
+    clock.now = 5000
+    assert q.tracker.get_scheduled_messages(100) == [(1, 0)]
+    q.store.close()

@@ -609,12 +609,24 @@ class BucketTracker:
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
         # bucket: the checkpoint replaces the file that held its untrack record, so it must
         # carry the untrack on, or recovery tracks the position again from the bitmap.
-        # So must a delivered position whose batch is not confirmed: it is a ghost too, and
-        # the replay tracks it again from the redelivered rows, or (superseded) from its re-add.
+        # So must a delivered position whose batch is not confirmed (the replay then tracks
+        # it again from the carried rows), and one such position tracked again at a time held
+        # only in memory (the replay then tracks it from the memory rows, at the new time);
+        # never one whose live row is in a sealed bucket: the untrack would cancel that row.
         handoff = self._handoff
-        untracked = [(ledger, entry) for ledger, ghosts in self._index._ghosts.items()
-                     if self._covering(ledger) is not None
-                     for entry in ghosts if not self._index.contains(ledger, entry) or handoff.holds(ledger, entry)]
+        in_memory: set[tuple[int, int]] | None = None
+        untracked = []
+        for ledger, ghosts in self._index._ghosts.items():
+            if self._covering(ledger) is None:
+                continue
+            for entry in ghosts:
+                if not self._index.contains(ledger, entry):
+                    untracked.append((ledger, entry))
+                elif handoff.holding and handoff.holds(ledger, entry):
+                    if in_memory is None:
+                        in_memory = set(zip(ledgers.tolist(), entries.tolist()))
+                    if (ledger, entry) in in_memory:
+                        untracked.append((ledger, entry))
         # The confirmed frontier, never the delivered one: what the embedder has not
         # confirmed is carried as rows to deliver again.
         self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
