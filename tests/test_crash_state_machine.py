@@ -148,6 +148,18 @@ class CrashMachine(RuleBasedStateMachine):
         if ok and result:
             self.delivered.discard(position)  # tracked anew: delivering it again is right
 
+    @rule(data=st.data(), delay=st.integers(1, 600))
+    def re_add_delivered(self, data: st.DataObject, delay: int) -> None:
+        """Track a position delivered in this lifetime again, due later (in journal mode often
+        before its delivery is confirmed: its new time must replace its redelivery)."""
+        if not self.delivered:
+            return
+        position = data.draw(st.sampled_from(sorted(self.delivered)))
+        at = self.clock.now + CONFIG.tick_time_ms + delay
+        ok, result = self._step(lambda: self.tracker.add_message(*position, at), lambda m: m.add(*position, at))
+        if ok and result:
+            self.delivered.discard(position)
+
     @rule(first=st.integers(0, 40), count=st.integers(1, 12), spread=st.integers(1, 800))
     def add_batch_next_ledger(self, first: int, count: int, spread: int) -> None:
         """A batch for the next ledger: the log rolls over, which seals the mutable bucket."""

@@ -438,6 +438,13 @@ class BucketTracker:
         list is sorted by position ``(ledger_id, entry_id)``. Each position is
         returned at most once. Segments are read from disk as needed before
         returning, so the call never comes back short while due indexes remain.
+
+        In ``journal`` mode the call first confirms the batches returned before
+        (see :meth:`confirm_delivered`): with ``delivery="at-least-once"`` (the
+        default) the batch it returns is durably delivered only once confirmed, so
+        a crash before that delivers it again; with ``delivery="at-most-once"`` it
+        is durably delivered before the call returns, so a crash before the caller
+        uses it loses it.
         """
         max_messages = check_max(max_messages)
         with self._lock:
