@@ -14,7 +14,9 @@ import dataclasses
 import random
 
 import pytest
-from helpers import FakeClock
+from helpers import FakeClock, example_count
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import TrackerConfig
@@ -363,3 +365,63 @@ def test_a_superseded_position_sealed_at_its_new_time_survives_a_checkpoint(tmp_
     clock.now = 5000
     assert q.tracker.get_scheduled_messages(100) == [(1, 0)]
     q.store.close()
+
+
+# -- group commit: a wider redelivery window, never a loss -------------------------------------------
+handoff_ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(1, 12), st.integers(1, 400)),
+    st.tuples(st.just("tick"), st.integers(0, 150), st.just(0)),
+    st.tuples(st.just("get"), st.integers(0, 10), st.just(0)),
+    st.tuples(st.just("confirm"), st.just(0), st.just(0)),
+    st.tuples(st.just("flush"), st.just(0), st.just(0)),
+    st.tuples(st.just("crash"), st.just(0), st.just(0)),
+), max_size=60)
+
+
+@settings(max_examples=example_count(100), deadline=None)
+@given(handoff_ops, st.sampled_from([-1, 2]))
+def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_list, max_buckets):
+    """With ``sync_interval_ms`` far away (commits only at flush, seals and bucket deletions),
+    a crash keeps every add that a flush made durable and not since confirmed-and-flushed,
+    and never brings back a delivery whose confirmation a flush made durable."""
+    cfg = dataclasses.replace(CFG, max_num_buckets=max_buckets)
+    path = tmp_path_factory.mktemp("gc")
+    clock = FakeClock(1000)
+    p = Process(path, clock, cfg, sync_interval_ms=10**9)
+    ledger, entry = 1, 0
+    added: set[tuple[int, int]] = set()  # since the last flush
+    durable: set[tuple[int, int]] = set()  # added before a flush, not durably confirmed since
+    delivered: list[tuple[int, int]] = []  # since the last confirmation
+    confirmed: set[tuple[int, int]] = set()  # confirmed, not yet flushed
+    gone: set[tuple[int, int]] = set()  # confirmed and flushed: never to come back
+    for kind, a, b in ops_list:
+        if kind == "add":
+            rows = [(ledger, entry + i, clock.now + b + i) for i in range(a)]
+            entry += a
+            if entry > 8:
+                ledger, entry = ledger + 1, 0  # the log rolls over: seals
+            assert p.tracker.add_messages(rows) == a
+            added.update((l, e) for l, e, _ in rows)
+        elif kind == "tick":
+            clock.advance(a)
+        elif kind in ("get", "confirm", "flush"):
+            confirmed.update(delivered)
+            delivered = []
+            if kind == "get":
+                delivered = p.tracker.get_scheduled_messages(a)
+                assert not set(delivered) & (gone | confirmed), "delivered twice in one lifetime"
+            elif kind == "confirm":
+                p.tracker.confirm_delivered()
+            else:
+                p.tracker.flush()
+                durable = (durable | added) - confirmed
+                gone |= confirmed
+                added, confirmed = set(), set()
+        else:
+            p.die()
+            p = p.reopen()
+            tracked = _tracked(p.tracker, durable | added | confirmed | gone | set(delivered))
+            assert durable <= tracked, f"lost {sorted(durable - tracked)[:5]}"
+            assert not tracked & gone, f"durably confirmed deliveries came back: {sorted(tracked & gone)[:5]}"
+            durable, added, confirmed, delivered = tracked, set(), set(), []
+    p.store.close()
