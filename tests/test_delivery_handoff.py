@@ -15,7 +15,7 @@ import random
 
 import pytest
 from helpers import FakeClock, example_count
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import bucketstore
@@ -368,10 +368,11 @@ def test_a_superseded_position_sealed_at_its_new_time_survives_a_checkpoint(tmp_
 
 
 # -- group commit: a wider redelivery window, never a loss -------------------------------------------
+_add = st.tuples(st.just("add"), st.integers(3, 9), st.integers(1, 400))
+_get = st.tuples(st.just("get"), st.integers(0, 10), st.just(0))
 handoff_ops = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.integers(1, 12), st.integers(1, 400)),
+    _add, _add, _get, _get,
     st.tuples(st.just("tick"), st.integers(0, 150), st.just(0)),
-    st.tuples(st.just("get"), st.integers(0, 10), st.just(0)),
     st.tuples(st.just("confirm"), st.just(0), st.just(0)),
     st.tuples(st.just("flush"), st.just(0), st.just(0)),
     st.tuples(st.just("crash"), st.just(0), st.just(0)),
@@ -380,6 +381,9 @@ handoff_ops = st.lists(st.one_of(
 
 @settings(max_examples=example_count(100), deadline=None)
 @given(handoff_ops, st.sampled_from([-1, 2]))
+# A seal's checkpoint right after a delivery of flushed adds, then a crash: at-most-once's
+# frontier would become durable there and lose the batch.
+@example([("add", 9, 100), ("flush", 0, 0), ("tick", 150, 0), ("get", 10, 0), ("add", 9, 100), ("crash", 0, 0)], -1)
 def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_list, max_buckets):
     """With ``sync_interval_ms`` far away (commits only at flush, seals and bucket deletions),
     a crash keeps every add that a flush made durable and not since confirmed-and-flushed,
@@ -388,7 +392,7 @@ def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_li
     path = tmp_path_factory.mktemp("gc")
     clock = FakeClock(1000)
     p = Process(path, clock, cfg, sync_interval_ms=10**9)
-    ledger, entry = 1, 0
+    ledger = 1
     added: set[tuple[int, int]] = set()  # since the last flush
     durable: set[tuple[int, int]] = set()  # added before a flush, not durably confirmed since
     delivered: list[tuple[int, int]] = []  # since the last confirmation
@@ -396,10 +400,8 @@ def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_li
     gone: set[tuple[int, int]] = set()  # confirmed and flushed: never to come back
     for kind, a, b in ops_list:
         if kind == "add":
-            rows = [(ledger, entry + i, clock.now + b + i) for i in range(a)]
-            entry += a
-            if entry > 8:
-                ledger, entry = ledger + 1, 0  # the log rolls over: seals
+            rows = [(ledger, i, clock.now + b + (i * 53) % 300) for i in range(a)]  # spread: part falls due
+            ledger += 1  # each batch rolls the log over: the previous ledger seals if big enough
             assert p.tracker.add_messages(rows) == a
             added.update((l, e) for l, e, _ in rows)
         elif kind == "tick":
@@ -421,7 +423,9 @@ def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_li
             p.die()
             p = p.reopen()
             tracked = _tracked(p.tracker, durable | added | confirmed | gone | set(delivered))
-            assert durable <= tracked, f"lost {sorted(durable - tracked)[:5]}"
+            # (A confirmation not yet flushed may have been made durable by a seal's checkpoint.)
+            must = durable - confirmed
+            assert must <= tracked, f"lost {sorted(must - tracked)[:5]}"
             assert not tracked & gone, f"durably confirmed deliveries came back: {sorted(tracked & gone)[:5]}"
             durable, added, confirmed, delivered = tracked, set(), set(), []
     p.store.close()
