@@ -429,3 +429,44 @@ def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_li
             assert not tracked & gone, f"durably confirmed deliveries came back: {sorted(tracked & gone)[:5]}"
             durable, added, confirmed, delivered = tracked, set(), set(), []
     p.store.close()
+
+
+# -- found by the journal crash state machine ----------------------------------------------------------
+def test_a_position_re_added_before_confirmation_keeps_its_new_time_across_two_recoveries(tmp_path, clock):
+    """Delivered from a sealed bucket, re-added (superseded) and the tracker reopened: the first
+    recovery tracked it at its new time, but its checkpoint wrote only the new row, without an
+    untrack: the second recovery tracked it again from the bucket's bitmap at its old time,
+    delivered it early, and left the frontier behind what had been confirmed."""
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(2, e, 1015 + 11 * e) for e in range(6)])
+    p.tracker.add_message(3, 0, 1015)  # rolls over: seals [2, 2]
+    clock.now = 1015
+    assert p.tracker.get_scheduled_messages(2) == [(2, 0), (3, 0)]
+    assert p.tracker.add_message(2, 0, 1016)  # tracked again, before the batch is confirmed
+    p.store.close()  # a close does not confirm: (3, 0) comes back
+    q = p.reopen()
+    q.die()
+    r = q.reopen()
+    assert r.tracker.get_scheduled_messages(1) == [(3, 0)], "the re-added position came out at its old time"
+    clock.now = 1016
+    assert r.tracker.get_scheduled_messages(1) == [(2, 0)]
+    r.store.close()
+
+
+def test_an_expired_re_add_of_a_sealed_position_keeps_its_new_time_across_two_recoveries(tmp_path, clock):
+    """The same through an expired re-add (the open finding of docs/crash_safety.md): the
+    first recovery's checkpoint lost the untrack of a position tracked again at a new time."""
+    p = Process(tmp_path, clock)
+    p.tracker.add_messages([(2, e, 5000 + e) for e in range(6)])
+    p.tracker.add_message(3, 0, 9000)  # seals [2, 2]
+    assert not p.tracker.add_message(2, 0, 900)  # due: untracked, dispatched now
+    assert p.tracker.add_message(2, 0, 7000)  # tracked again, later
+    p.store.close()
+    q = p.reopen()
+    q.die()
+    r = q.reopen()
+    clock.now = 6000
+    assert (2, 0) not in r.tracker.get_scheduled_messages(100), "delivered at its old time"
+    clock.now = 7000
+    assert r.tracker.get_scheduled_messages(100) == [(2, 0)]
+    r.store.close()

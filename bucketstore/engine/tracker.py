@@ -615,10 +615,11 @@ class BucketTracker:
         ledgers, entries, ts = self._memory_only_rows()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
         # bucket: the checkpoint replaces the file that held its untrack record, so it must
-        # carry the untrack on, or recovery tracks the position again from the bitmap.
-        # So must a delivered position whose batch is not confirmed (the replay then tracks
-        # it again from the carried rows), and one such position tracked again at a time held
-        # only in memory (the replay then tracks it from the memory rows, at the new time);
+        # carry the untrack on, or recovery tracks the position again from the bitmap. So
+        # must a delivered position whose batch is not confirmed (its old row may lie after
+        # the durable frontier; the replay then tracks it again from the carried rows), and
+        # a position tracked again at a new time held only in memory (the replay then
+        # tracks it from the memory rows, at that time, not from its old row in the bucket);
         # never one whose live row is in a sealed bucket: the untrack would cancel that row.
         handoff = self._handoff
         in_memory: set[tuple[int, int]] | None = None
@@ -629,11 +630,11 @@ class BucketTracker:
             for entry in ghosts:
                 if not self._index.contains(ledger, entry):
                     untracked.append((ledger, entry))
-                elif handoff.holding and handoff.holds(ledger, entry):
-                    if in_memory is None:
-                        in_memory = set(zip(ledgers.tolist(), entries.tolist()))
-                    if (ledger, entry) in in_memory:
-                        untracked.append((ledger, entry))
+                    continue
+                if in_memory is None:
+                    in_memory = set(zip(ledgers.tolist(), entries.tolist()))
+                if (ledger, entry) in in_memory:
+                    untracked.append((ledger, entry))
         # The confirmed frontier, never the delivered one: what the embedder has not
         # confirmed is carried as rows to deliver again.
         self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
