@@ -12,12 +12,22 @@ Opening a store removes what a crash can leave behind: temporary ledger files
 (``*.ledger.tmp``) and ledger files no catalog key references (a seal that
 crashed between the file's rename and the catalog commit, or a delete that
 crashed between the key's removal and the unlink).
+
+Deleting is the dangerous part, so it happens only when it is proven safe:
+the catalog must be this store's healthy catalog (a missing, empty, new or
+truncated ``data.mdb`` beside ledger or journal files is a
+:class:`~bucketstore.CatalogError`, and nothing is touched), and an
+unreferenced file must carry this store's id in its header (a file of another
+store means the catalog is not the one these files belong to: an error, not
+garbage). ``bucketstore repair --rebuild-catalog`` rebuilds a lost catalog
+from the files themselves.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import re
 import threading
@@ -26,16 +36,17 @@ from typing import Any
 from .catalog import Catalog, validate_tracker_name
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
-from ..errors import StoreClosedError, StoreLockedError
+from ..errors import CatalogError, CorruptLedgerError, StoreClosedError, StoreLockedError
 from ..format.fs import REAL_FS, FileSystem
 from .journal import journal_directory
-from ..format.ledger_file import ledger_file_name
+from ..format.ledger_file import LedgerReader, ledger_file_name
 from .tracker import BucketTracker
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]
 
 DURABILITY_MODES = ("sealed", "journal")
 _LEDGER_NAME = re.compile(r"^(\d{20})\.ledger$")
+log = logging.getLogger("bucketstore")
 
 
 class Store:
@@ -57,7 +68,14 @@ class Store:
         if isinstance(sync_interval_ms, bool) or not isinstance(sync_interval_ms, int) or sync_interval_ms < 0:
             raise ValueError("sync_interval_ms must be an int >= 0")
         self.sync_interval_ms = sync_interval_ms
-        self.path = os.path.abspath(os.fspath(path))
+        raw_path = os.fspath(path)
+        if isinstance(raw_path, bytes):
+            raise TypeError("store path must be a str or os.PathLike[str], not bytes")
+        if not raw_path:
+            raise ValueError("store path is empty (give the store's directory)")
+        self.path = os.path.abspath(raw_path)
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ValueError(f"store path {self.path} exists and is not a directory")
         self.durability = durability
         self.repair = repair
         self.fs = fs
@@ -70,8 +88,14 @@ class Store:
         catalog = None
         try:
             fs.makedirs(self.ledgers_dir)
-            catalog = self.catalog = Catalog(os.path.join(self.path, "catalog"))
+            # With ledger or journal files present, the catalog must already exist: a lost
+            # one is an error, never an empty catalog that makes every file an orphan.
+            catalog = self.catalog = Catalog(os.path.join(self.path, "catalog"), must_exist=_holds_files(self.path))
+            #: The store's identity, written into every ledger and journal file header.
+            self.store_id: str = catalog.store_id  # type: ignore[assignment]
             self._next_ledger_id = self.catalog.next_ledger_id()
+            #: Unreferenced ledger files left in place because they could not be proven garbage.
+            self.orphans_kept: list[str] = []
             self.orphans_removed = self._remove_orphans()
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
@@ -86,21 +110,50 @@ class Store:
         removed = 0
         highest = -1
         for name in os.listdir(self.ledgers_dir):
+            path = os.path.join(self.ledgers_dir, name)
             m = _LEDGER_NAME.match(name)
             if m:
                 lid = int(m.group(1))
                 highest = max(highest, lid)
-                if lid in referenced:
+                if lid in referenced or not self._provably_garbage(path, lid):
                     continue
             elif not name.endswith(".ledger.tmp"):
                 continue  # not ours: leave it alone
-            self.fs.unlink(os.path.join(self.ledgers_dir, name))
+            self.fs.unlink(path)
             removed += 1
         if removed:
             self.fs.fsync_dir(self.ledgers_dir)
         # Never reuse an id a file on disk had, even one that was just removed.
         self._next_ledger_id = max(self._next_ledger_id, highest + 1, max(referenced, default=-1) + 1)
         return removed
+
+    def _provably_garbage(self, path: str, ledger_id: int) -> bool:
+        """Whether an unreferenced ledger file may be deleted: its header must be readable,
+        name this ledger id and carry this store's id (files written before store ids
+        existed carry none and are judged by the catalog alone).
+
+        :raises CatalogError: the file belongs to another store, so this catalog is
+            not the one the files were written with; deleting would destroy data.
+        """
+        try:
+            with LedgerReader(path) as reader:
+                header_id, owner = reader.ledger_id, reader.properties.get("store_id")
+        except (CorruptLedgerError, OSError) as exc:
+            # Renamed into place only after an fsync, a crash cannot leave such a file:
+            # it is damage, which an operator should see; deleting it proves nothing.
+            log.warning("unreferenced ledger file %s is kept: it cannot be read (%s)", path, exc)
+            self.orphans_kept.append(path)
+            return False
+        if owner is not None and owner != self.store_id:
+            raise CatalogError(f"{path} belongs to store {owner}, but the catalog {self.catalog.path} is "
+                               f"store {self.store_id}: it is not these files' catalog, so nothing is deleted "
+                               "(restore the right catalog, or run `bucketstore repair --rebuild-catalog`)",
+                               path=path)
+        if header_id != ledger_id:
+            log.warning("unreferenced ledger file %s is kept: its header says ledger %d", path, header_id)
+            self.orphans_kept.append(path)
+            return False
+        return True
 
     def allocate_ledger_id(self) -> int:
         """Hand out a fresh ledger id. The catalog commit that registers the ledger
@@ -192,6 +245,7 @@ class Store:
                 "ledger_files": len(files),
                 "ledger_bytes": sum(os.path.getsize(os.path.join(self.ledgers_dir, f)) for f in files),
                 "orphans_removed_on_open": self.orphans_removed,
+                "orphans_kept": len(self.orphans_kept),
                 "next_ledger_id": self._next_ledger_id,
             }
 
@@ -212,6 +266,20 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _holds_files(store_path: str) -> bool:
+    """Whether the store directory holds any sealed ledger file or journal file."""
+    ledgers = os.path.join(store_path, "ledgers")
+    if os.path.isdir(ledgers) and any(_LEDGER_NAME.match(n) for n in os.listdir(ledgers)):
+        return True
+    journal = os.path.join(store_path, "journal")
+    if os.path.isdir(journal):
+        for sub in os.listdir(journal):
+            d = os.path.join(journal, sub)
+            if os.path.isdir(d) and any(n.endswith(".journal") for n in os.listdir(d)):
+                return True
+    return False
 
 
 def _acquire_lock(path: str) -> int:

@@ -35,6 +35,7 @@ from ..format.ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
 from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
+from .identity import LedgerIdentityError, check_identity
 from .sealed_bucket import BucketMap, SealedBucket
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
@@ -98,6 +99,11 @@ class BucketTracker:
         run = self._direct.flush()
         if run is not None:
             self._queue.push(run)
+
+    @property
+    def _file_identity(self) -> dict[str, str]:
+        """The header properties that tie a ledger file to this tracker of this store."""
+        return {"tracker": self.name, "store_id": self._store.store_id}
 
     @property
     def _state(self) -> dict[str, Any]:
@@ -278,7 +284,7 @@ class BucketTracker:
             meta, payloads = build_bucket(start, end, ts, ledgers, entries,
                                           time_step_ms=cfg.max_time_step_per_segment_ms,
                                           max_indexes_per_segment=cfg.max_indexes_per_segment)
-            path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, {"tracker": self.name}, fs=store.fs)
+            path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, self._file_identity, fs=store.fs)
             store.catalog.commit(self.name, put={meta.key: ledger_id}, next_ledger_id=ledger_id + 1)
         except (OSError, BucketStoreError) as exc:
             self._ops.record("create", time.perf_counter() - started, False)
@@ -333,7 +339,7 @@ class BucketTracker:
                 meta, payloads = build_bucket(start, end, ts, ledgers, entries,
                                               time_step_ms=cfg.max_time_step_per_segment_ms,
                                               max_indexes_per_segment=cfg.max_indexes_per_segment)
-                path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, {"tracker": self.name},
+                path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, self._file_identity,
                                     fs=store.fs)
                 put[meta.key] = ledger_id
             store.catalog.commit(self.name, put=put, remove=[b.key for b in window], next_ledger_id=ledger_id + 1)
@@ -634,16 +640,21 @@ class BucketTracker:
             key = bucket_key(start, end)
             path = os.path.join(store.ledgers_dir, ledger_file_name(ledger_id))
             try:
-                if not os.path.exists(path):
+                try:
+                    bf = BucketFile(path)
+                except FileNotFoundError:
                     raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
-                                       f"but {path} is missing", path=path, key=key)
-                with BucketFile(path) as bf:
+                                       f"but {path} is missing", path=path, key=key) from None
+                with bf:
                     meta = bf.metadata
                     size = bf.size
-                if (meta.start_ledger, meta.end_ledger) != (start, end):
-                    raise CatalogError(f"tracker {self.name!r}: catalog key {key} names {path}, which holds "
-                                       f"ledgers [{meta.start_ledger}, {meta.end_ledger}]", path=path, key=key)
+                    check_identity(bf, ledger_id=ledger_id, tracker=self.name, store_id=store.store_id,
+                                   key=key)
+            except LedgerIdentityError:
+                raise  # an intact file of someone else: not damage that repair may drop
             except (CatalogError, CorruptLedgerError) as exc:
+                # Only proven damage is dropped; an OSError (EACCES, EMFILE, EIO) says nothing
+                # about the file and propagates, leaving the key and the file in place.
                 if not store.repair:
                     raise
                 dropped.append(f"{key}: {exc}")
