@@ -132,7 +132,7 @@ def test_read_frontier_ignores_files_a_checkpoint_superseded(tmp_path):
     j.checkpoint(np.array([], np.uint64), np.array([], np.uint64), np.array([], np.uint64), (5, 0, 0))
     j.close()
     for name, data in old.items():  # a crash before the old file's unlink became durable
-        (tmp_path / "journal" / "74" / name).write_bytes(data)
+        (tmp_path / "journal" / os.path.basename(directory) / name).write_bytes(data)
     before = _snapshot(directory)
     assert len(before) == 2
     assert read_frontier(store, "t") == (5, 0, 0)

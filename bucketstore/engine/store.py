@@ -38,7 +38,7 @@ from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
 from ..errors import CatalogError, CorruptLedgerError, StoreClosedError, StoreLockedError
 from ..format.fs import REAL_FS, FileSystem
-from .journal import journal_directory
+from .journal import FdPool, journal_directory
 from ..format.ledger_file import LedgerReader, ledger_file_name
 from .tracker import BucketTracker
 
@@ -47,6 +47,8 @@ __all__ = ["Store", "open_store", "DURABILITY_MODES"]
 DURABILITY_MODES = ("sealed", "journal")
 _LEDGER_NAME = re.compile(r"^(\d{20})\.ledger$")
 log = logging.getLogger("bucketstore")
+#: At most this many journal files are kept open at once (the rest reopen on their next commit).
+JOURNAL_OPEN_FILES = 64
 
 
 class Store:
@@ -83,6 +85,8 @@ class Store:
         self._lock = threading.RLock()
         self._trackers: dict[str, BucketTracker] = {}
         self._closed = False
+        #: Open journal files, bounded: thousands of journal trackers share these descriptors.
+        self.journal_fds = FdPool(JOURNAL_OPEN_FILES)
         fs.makedirs(self.path)
         self._lock_fd = _acquire_lock(os.path.join(self.path, "LOCK"))
         catalog = None

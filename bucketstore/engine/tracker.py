@@ -79,7 +79,8 @@ class BucketTracker:
         self._replaying = False
         self._last_sync = time.monotonic()
         if store.durability == "journal":
-            self._journal = Journal(journal_directory(store.path, name), store.fs)
+            self._journal = Journal(journal_directory(store.path, name), store.fs, tracker=name,
+                                    store_id=store.store_id, pool=store.journal_fds)
         self.recovery_seconds = 0.0
         self.recovery_report: dict[str, Any] = {}
         self._recover()
