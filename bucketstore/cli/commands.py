@@ -189,9 +189,32 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_from_args)
 
 
+def _add_repair(commands: argparse._SubParsersAction) -> None:
+    from .repair import add_arguments, run_from_args
+    p = commands.add_parser("repair", help="rebuild a lost or damaged catalog from the store's own files",
+                            description="Rebuild catalog/ from the headers of the ledger and journal files "
+                                        "(tracker, store, ledger range, segment metadata). Nothing is deleted; "
+                                        "mark-delete positions cannot be rebuilt and are reset.")
+    add_arguments(p)
+    p.set_defaults(run=_checked(run_from_args))
+
+
+def _checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a command whose refusals are typed errors: one line naming the reason, exit 1."""
+    def wrapped(args: argparse.Namespace) -> int:
+        from ..errors import BucketStoreError
+        _existing_path(args.store)
+        try:
+            return run(args)
+        except (BucketStoreError, OSError, ValueError) as exc:
+            print(f"bucketstore: {exc}", file=sys.stderr)
+            return EXIT_DAMAGE
+    return wrapped
+
+
 #: The subcommands, in the order ``--help`` lists them.
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats]
+    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats, _add_repair]
 
 
 def build_parser() -> argparse.ArgumentParser:
