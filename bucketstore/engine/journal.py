@@ -469,7 +469,9 @@ def read_identity(path: str) -> tuple[str, str] | None:
     with open(path, "rb") as f:
         data = f.read(_HEADER.size + _IDENTITY.size + _MAX_NAME + 4)
     m = _FILE_NAME.match(os.path.basename(path))
-    header = _parse_header(data, path, int(m.group(1)) if m else -1, last=False)
+    # A file under another name (a copy, a golden file) is judged by its own header's number.
+    number = int(m.group(1)) if m else int.from_bytes(data[12:20], "little")
+    header = _parse_header(data, path, number, last=False)
     assert header is not None
     return header[1]
 
