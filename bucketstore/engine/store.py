@@ -84,6 +84,7 @@ class Store:
         self.ledgers_dir = os.path.join(self.path, "ledgers")
         self._lock = threading.RLock()
         self._trackers: dict[str, BucketTracker] = {}
+        self._deleting: set[str] = set()
         self._closed = False
         #: Open journal files, bounded: thousands of journal trackers share these descriptors.
         self.journal_fds = FdPool(JOURNAL_OPEN_FILES)
@@ -196,6 +197,8 @@ class Store:
         config = config_or_default(config)
         with self._lock:
             self._check_open()
+            if name in self._deleting:
+                raise ValueError(f"tracker {name!r} is being deleted")
             live = self._trackers.get(name)
             if live is not None:
                 if live.config != config:
@@ -222,20 +225,31 @@ class Store:
         with self._lock:
             self._check_open()
             live = self._trackers.pop(name, None)
+            self._deleting.add(name)  # no new handle may recover it meanwhile
+        try:
             if live is not None:
-                live._closed = True
-            ledger_ids = list(self.catalog.buckets(name).values())
-            self.catalog.delete_tracker(name)
-            for lid in ledger_ids:
-                self.remove_ledger_file(self.ledger_path(lid))
-            if live is not None and live._journal is not None:
-                live._journal.close()
-            journal_dir = journal_directory(self.path, name)
-            if os.path.isdir(journal_dir):
-                for f in os.listdir(journal_dir):
-                    self.fs.unlink(os.path.join(journal_dir, f))
-                os.rmdir(journal_dir)
-                self.fs.fsync_dir(os.path.dirname(journal_dir))
+                # Under the tracker's own lock, taken without holding the store's (a seal holds
+                # its tracker's lock and then takes the store's): an in-flight call finishes
+                # first, and every later call sees the tracker closed.
+                with live._lock:
+                    live._closed = True
+                    if live._journal is not None:
+                        live._journal.close()
+            with self._lock:
+                self._check_open()
+                ledger_ids = list(self.catalog.buckets(name).values())
+                self.catalog.delete_tracker(name)
+                for lid in ledger_ids:
+                    self.remove_ledger_file(self.ledger_path(lid))
+                journal_dir = journal_directory(self.path, name)
+                if os.path.isdir(journal_dir):
+                    for f in os.listdir(journal_dir):
+                        self.fs.unlink(os.path.join(journal_dir, f))
+                    os.rmdir(journal_dir)
+                    self.fs.fsync_dir(os.path.dirname(journal_dir))
+        finally:
+            with self._lock:
+                self._deleting.discard(name)
 
     def stats(self) -> dict[str, Any]:
         """Store-level figures: trackers, buckets, bytes on disk, orphans removed on open."""

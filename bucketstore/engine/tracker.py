@@ -65,7 +65,7 @@ class BucketTracker:
         self._queue = SharedQueue(self._bucket_exhausted)
         # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
         # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
-        # 2**bits - 1 ms early, never late.
+        # 2**bits - 1 ms early (late instead, never early, when deliver_at_time_strict).
         self._bits = config.precision_bits
         self._mutable = TimeBucketMutable(self._bits) if self._bits else MutableBucket()
         self._direct = RunBuffer()
@@ -141,7 +141,7 @@ class BucketTracker:
                         self._sync()
                 return False
             if self._bits:
-                deliver_at = deliver_at >> self._bits << self._bits
+                deliver_at = self._trim_time(deliver_at)
             # Track first (one lookup for the membership test and the insert); a
             # seal triggered by routing only looks at rows already in the mutable bucket.
             if not self._index.add(ledger_id, entry_id, deliver_at):
@@ -228,7 +228,7 @@ class BucketTracker:
         live_e = entries[live]
         live_t = deliver_at[live].astype(_U64)
         if self._bits:
-            live_t = live_t >> np.uint64(self._bits) << np.uint64(self._bits)
+            live_t = self._trim_times(live_t)
         if not len(live_e):
             return 0
         ledgers = np.full(len(live_e), ledger_id, dtype=_U64)
@@ -259,6 +259,25 @@ class BucketTracker:
         else:
             self._index.add_many(ls, es, ts)
         return len(live_e)
+
+    def _trim_time(self, deliver_at: int) -> int:
+        """A timestamp on the precision grid: rounded down (delivery up to one step early), or,
+        with ``deliver_at_time_strict``, up (never early; up to one step late), as Pulsar does.
+        A time within one step of 2**64 cannot round up and rounds down."""
+        floor = deliver_at >> self._bits << self._bits
+        if self.config.deliver_at_time_strict and floor != deliver_at and floor + (1 << self._bits) < 1 << 64:
+            return floor + (1 << self._bits)
+        return floor
+
+    def _trim_times(self, ts: np.ndarray) -> np.ndarray:
+        """:meth:`_trim_time` of a uint64 column."""
+        bits = np.uint64(self._bits)
+        floor = ts >> bits << bits
+        if not self.config.deliver_at_time_strict:
+            return floor
+        step = np.uint64(1 << self._bits)
+        up = (floor != ts) & (floor <= np.uint64((1 << 64) - 1) - step)
+        return np.where(up, floor + step, floor).astype(_U64)
 
     # -- sealing --------------------------------------------------------------------------------
     def _seal(self, cutoff: int) -> None:
@@ -457,7 +476,10 @@ class BucketTracker:
 
     @property
     def number_of_delayed_messages(self) -> int:
-        """How many positions are tracked and undelivered (O(1))."""
+        """How many positions are tracked and undelivered (O(1)).
+
+        :raises StoreClosedError: the tracker is closed (a closed tracker knows nothing)."""
+        self._check_open()
         return len(self._index)
 
     # -- acknowledging --------------------------------------------------------------------------
@@ -577,6 +599,7 @@ class BucketTracker:
     def stats(self) -> dict[str, Any]:
         """Counters: buckets, indexes, loaded indexes, bytes on disk and in memory, op counts/latencies."""
         with self._lock:
+            self._check_open()
             loaded = self._queue.loaded_indexes() + len(self._direct)
             stats: dict[str, Any] = {
                 "tracker": self.name,
