@@ -554,10 +554,16 @@ class BucketTracker:
         ledgers, entries, ts = self._memory_only_rows()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
         # bucket: the checkpoint replaces the file that held its untrack record, so it must
-        # carry the untrack on, or recovery tracks the position again from the bitmap.
+        # carry the untrack on, or recovery tracks the position again from the bitmap. The
+        # same holds for such a position tracked again with a new time in memory: without
+        # the untrack, recovery tracks it from the bitmap at its old time and the
+        # checkpoint's add of the new time finds it tracked already (delivering it early).
+        # A ghost tracked again in a sealed bucket needs no untrack (that would drop it).
+        memory = set(zip(ledgers.tolist(), entries.tolist())) if self._index._ghosts else set()
         untracked = [(ledger, entry) for ledger, ghosts in self._index._ghosts.items()
                      if self._covering(ledger) is not None
-                     for entry in ghosts if not self._index.contains(ledger, entry)]
+                     for entry in ghosts
+                     if not self._index.contains(ledger, entry) or (ledger, entry) in memory]
         self._journal.checkpoint(ledgers, entries, ts, self._frontier, untracked)
         self._last_sync = time.monotonic()
 
