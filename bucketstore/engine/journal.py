@@ -202,7 +202,10 @@ class Journal:
         frontier, out = _fold([p.records for _, _, p in parsed[start:]])
         for _, path, _ in parsed[:start]:
             self._fs.unlink(path)
-        self._number = files[-1][0] if files else -1
+        # Appends go to the newest file that still exists (a torn file with nothing durable
+        # was removed above); with none, the next commit starts file 0 with a checkpoint.
+        kept = [number for number, path, result in parsed[start:] if result.torn_at != 0]
+        self._number = kept[-1] if kept else -1
         return JournalState(frontier, out, len(parsed) - start, cut)
 
     def _cut(self, path: str, at: int) -> None:
