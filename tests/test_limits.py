@@ -194,3 +194,20 @@ def test_strict_mode_with_precision_bits_never_delivers_early(tmp_path, batch, s
                 assert ts <= first[entry] < ts + 16, (entry, ts, first[entry])  # never early
             else:
                 assert ts - 16 < first[entry] <= ts, (entry, ts, first[entry])  # never late
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_in_memory_timebucket_tracker_strict_mode_never_delivers_early(strict):
+    from bucketstore.memory.timebucket_tracker import TimeBucketTracker
+    clock = FakeClock(0)
+    t = TimeBucketTracker(TrackerConfig(tick_time_ms=0, deliver_at_time_strict=strict, precision_bits=4), clock)
+    times = [1001, 1008, 1015, 1016]
+    for e, ts in enumerate(times):
+        assert t.add_message(1, e, ts)
+    first = {}
+    for now in range(990, 1040):
+        clock.now = now
+        for _, entry in t.get_scheduled_messages(100):
+            first[entry] = now
+    for entry, ts in enumerate(times):
+        assert (ts <= first[entry] < ts + 16) if strict else (ts - 16 < first[entry] <= ts), (entry, first[entry])
