@@ -50,7 +50,7 @@ def _render_store(doc: dict, *, detail: bool) -> str:
              f"indexes      {doc['indexes']}  (sealed, as recorded in entry 0 of each bucket)",
              f"bytes        {doc['bytes']}" + (f"  ({doc['bytes'] / doc['indexes']:.2f} B/idx)" if doc['indexes'] else ""),
              f"ledger files {doc['ledger_files']} ({len(doc['orphan_files'])} orphan, "
-             f"{len(doc['temporary_files'])} temporary)",
+             f"{len(doc['temporary_files'])} temporary, {len(doc['in_flight_files'])} in flight)",
              f"next ledger  {doc['next_ledger_id']}"]
     for name, tracker in doc["trackers"].items():
         lines.append("")
@@ -107,7 +107,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     for path in args.paths:
         _existing_path(path)
-    files = segments = indexes = 0
+    files = segments = indexes = in_flight = 0
     findings_all = []
     plain = []
     for path in args.paths:
@@ -119,17 +119,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         files += counts["files"]
         segments += counts["segments"]
         indexes += counts["indexes"]
+        in_flight += counts["in_flight"]
     reports = verify_paths(plain) if plain else []
     for report in reports:
         findings_all += report.findings
     for finding in findings_all:
         print(finding)
     files += len(reports)
-    damaged = len({finding.path for finding in findings_all})
+    damage = [finding for finding in findings_all if not finding.warning]
+    warnings = len(findings_all) - len(damage)
+    summary = (f"{len(damage)} problem(s) in {len({finding.path for finding in damage})} file(s)" if damage
+               else "ok")
+    if warnings:
+        summary += f", {warnings} warning(s)"
+    if in_flight:
+        summary += f" ({in_flight} file(s) in flight beside the live writer)"
     print(f"verified {files} file(s), {segments + sum(r.segments for r in reports)} segment(s), "
-          f"{indexes + sum(r.indexes for r in reports)} index(es): "
-          + (f"{len(findings_all)} problem(s) in {damaged} file(s)" if findings_all else "ok"))
-    return EXIT_DAMAGE if findings_all else EXIT_OK
+          f"{indexes + sum(r.indexes for r in reports)} index(es): " + summary)
+    return EXIT_DAMAGE if damage else EXIT_OK
 
 
 def _non_negative(text: str) -> int:
