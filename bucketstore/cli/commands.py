@@ -2,7 +2,11 @@
 
 Every command exits 0 on success, 1 when it meets damage (or fails
 unexpectedly), 2 on a usage error such as a missing path, and never prints a
-traceback. Each command is one ``_cmd_*`` function taking the parsed arguments
+traceback. Damage is worded as damage: a typed error of the engine
+(:class:`~bucketstore.CatalogError`, :class:`~bucketstore.JournalError`,
+:class:`~bucketstore.CorruptLedgerError`) is one line with what it names
+(file, offset), an ``OSError`` one line naming its path; only an error of no
+known kind is an "unexpected error". Each command is one ``_cmd_*`` function taking the parsed arguments
 and returning the exit code, registered by one ``_add_*`` function; a new
 command is one more pair.
 """
@@ -15,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError
 from .dump import describe_file, render_text
 from .store_check import describe_store, is_store, verify_store
 from .verify import verify_paths
@@ -211,6 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _damage_kind(exc: BucketStoreError) -> str:
+    if isinstance(exc, CorruptLedgerError):
+        return "damaged ledger file"
+    if isinstance(exc, JournalError):
+        return "damaged journal"
+    if isinstance(exc, CatalogError):
+        return "catalog"
+    return type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code (the console script exits with it)."""
     parser = build_parser()
@@ -230,6 +245,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
+    except BucketStoreError as exc:
+        print(f"bucketstore: {_damage_kind(exc)}: {exc}", file=sys.stderr)
+        return EXIT_DAMAGE
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else "-"
+        print(f"bucketstore: {where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_DAMAGE
     except Exception as exc:  # the promise is "never a traceback": one line, exit 1
         print(f"bucketstore: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_DAMAGE
