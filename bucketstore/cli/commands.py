@@ -70,6 +70,9 @@ def _render_store(doc: dict, *, detail: bool) -> str:
             if "error" in b:
                 lines.append(f"  {rng:>23} {b['ledger_id']:>10}  ERROR {b['error']}")
                 continue
+            if "in_flight" in b:
+                lines.append(f"  {rng:>23} {b['ledger_id']:>10}  in flight: {b['in_flight']}")
+                continue
             lines.append(f"  {rng:>23} {b['ledger_id']:>10} {b['indexes']:>9} {b['segments']:>5} {b['size']:>9}  "
                          f"{b['min_timestamp'] if b['min_timestamp'] is not None else '-':>14} "
                          f"{b['max_timestamp'] if b['max_timestamp'] is not None else '-':>14}")
