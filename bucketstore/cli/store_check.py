@@ -114,9 +114,9 @@ def _consistent_view(path: str, examine: Examine | None) -> dict[str, Any]:
                 entry["in_flight"] = "retired by the writer while being read"
             break
         snapshot = fresh
-    writer = writer or _lock_holder(path)
-    doc["writer_pid"] = writer
-    _classify_files(path, doc, snapshot, writer is not None or _lock_holder(path) is not None)
+    # Live at the start or now: either way its files may be moving under the listing.
+    doc["writer_pid"] = writer or _lock_holder(path)
+    _classify_files(path, doc, snapshot, doc["writer_pid"] is not None)
     doc["indexes"] = sum(t["indexes"] for t in doc["trackers"].values())
     doc["bytes"] = sum(t["bytes"] for t in doc["trackers"].values())
     return doc
