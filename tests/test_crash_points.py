@@ -38,8 +38,8 @@ import pytest
 import bucketstore
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, abandon_store
 
-from crash_oracle import Expectation, check_files, check_recovered, expect
-from crash_workloads import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
+from bucketstore.testing.oracle import Expectation, check_files, check_recovered, expect
+from bucketstore.testing.crash_points import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
                              damaged_images, reference, shape)
 from helpers import FakeClock
 

@@ -47,9 +47,9 @@ import pytest
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.engine.store import Store
 
-from crash_oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
+from bucketstore.testing.oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)
-from crash_workloads import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
+from bucketstore.testing.crash_points import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
                              damaged_images, reference, shape)
 from helpers import FakeClock
 

@@ -36,7 +36,7 @@ from bucketstore import TrackerConfig
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.engine.store import Store
 
-from crash_oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
+from bucketstore.testing.oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
                           check_journal_recovered, check_recovered, expect, reseed)
 from helpers import FakeClock, example_count
 

@@ -18,11 +18,10 @@ from typing import Any
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.testing.faults import FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.engine.store import Store
-
-from crash_oracle import CatalogState
-from helpers import FakeClock
+from bucketstore.testing.clock import FakeClock
+from bucketstore.testing.faults import FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.testing.oracle import CatalogState
 
 TRACKER = "sub"
 
