@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .dump import describe_file, render_text
+from .simulate import add_arguments, run_from_args
 from .store_check import describe_store, is_store, verify_store
 from .verify import verify_paths
 
@@ -180,7 +181,6 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_simulate(commands: argparse._SubParsersAction) -> None:
-    from .simulate import add_arguments, run_from_args
     p = commands.add_parser("simulate", help="run a realistic delayed-message workload against a store",
                             description="Producers with random delays, rolling ledgers, a simulated clock, "
                                         "seals, merges and trims, a crash and recovery half way, and every "

@@ -35,6 +35,7 @@ from ..errors import CorruptLedgerError
 from ..format.ledger_file import HEADER_FIXED_SIZE, LedgerReader
 from ..format.segment_codec import SegmentCodecError, check_sorted, decode_segment
 from ..format.snapshot import MetadataCodecError, decode_metadata
+from ..memory.dedup import Deduplicator
 
 __all__ = [
     "Finding",
@@ -254,8 +255,6 @@ KIND_CHECKERS["bucket"] = _check_bucket
 
 def _check_dedup_snapshot(reader: LedgerReader, payloads: list[bytes | None], report: FileReport) -> None:
     """A de-duplicator snapshot is checked by loading it, as Deduplicator.load does."""
-    from ..memory.dedup import Deduplicator  # imported here: dedup is an optional structure, not a reader dependency
-
     if any(p is None for p in payloads):
         return  # the CRC failures are already reported
     try:

@@ -29,7 +29,7 @@ from ..cutoff import Clock
 from ..errors import StoreClosedError, StoreLockedError
 from ..format.fs import REAL_FS, FileSystem
 from .journal import journal_directory
-from ..format.ledger_file import ledger_file_name
+from .store_services import StoreServices
 from .tracker import BucketTracker
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]
@@ -71,8 +71,12 @@ class Store:
         try:
             fs.makedirs(self.ledgers_dir)
             catalog = self.catalog = Catalog(os.path.join(self.path, "catalog"))
-            self._next_ledger_id = self.catalog.next_ledger_id()
-            self.orphans_removed = self._remove_orphans()
+            self.orphans_removed, next_ledger_id = self._remove_orphans(catalog.next_ledger_id())
+            # What the trackers may use of the store: they get this, never the store itself.
+            self._services = StoreServices(
+                path=self.path, durability=durability, repair=repair, sync_interval_ms=sync_interval_ms,
+                fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
+                tracker_closed=self._forget)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
             if catalog is not None:
@@ -81,7 +85,8 @@ class Store:
             raise
 
     # -- files ----------------------------------------------------------------------------------
-    def _remove_orphans(self) -> int:
+    def _remove_orphans(self, next_ledger_id: int) -> tuple[int, int]:
+        """Remove temporary and unreferenced ledger files; return how many, and the next free ledger id."""
         referenced = {lid for keys in self.catalog.all_buckets().values() for lid in keys.values()}
         removed = 0
         highest = -1
@@ -99,30 +104,19 @@ class Store:
         if removed:
             self.fs.fsync_dir(self.ledgers_dir)
         # Never reuse an id a file on disk had, even one that was just removed.
-        self._next_ledger_id = max(self._next_ledger_id, highest + 1, max(referenced, default=-1) + 1)
-        return removed
+        return removed, max(next_ledger_id, highest + 1, max(referenced, default=-1) + 1)
 
     def allocate_ledger_id(self) -> int:
-        """Hand out a fresh ledger id. The catalog commit that registers the ledger
-        persists the allocator, so ids are never reused."""
-        with self._lock:
-            lid = self._next_ledger_id
-            self._next_ledger_id += 1
-            return lid
+        """Hand out a fresh ledger id (see :meth:`StoreServices.allocate_ledger_id`)."""
+        return self._services.allocate_ledger_id()
 
     def remove_ledger_file(self, path: str) -> None:
-        """Unlink a ledger file and make the removal durable. A missing file is fine;
-        a failure leaves an orphan that the next open removes."""
-        try:
-            self.fs.unlink(path)
-            self.fs.fsync_dir(os.path.dirname(path))
-        except FileNotFoundError:
-            pass
-        except OSError:
-            pass
+        """Unlink a ledger file durably (see :meth:`StoreServices.remove_ledger_file`)."""
+        self._services.remove_ledger_file(path)
 
     def ledger_path(self, ledger_id: int) -> str:
-        return os.path.join(self.ledgers_dir, ledger_file_name(ledger_id))
+        """The path of ledger file ``ledger_id``."""
+        return self._services.ledger_path(ledger_id)
 
     # -- trackers -------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -144,7 +138,7 @@ class Store:
                 if live.config != config:
                     raise ValueError(f"tracker {name!r} is already open with a different config")
                 return live
-            tracker = BucketTracker(self, name, config, clock)
+            tracker = BucketTracker(self._services, name, config, clock)
             self._trackers[name] = tracker
             return tracker
 
@@ -192,7 +186,7 @@ class Store:
                 "ledger_files": len(files),
                 "ledger_bytes": sum(os.path.getsize(os.path.join(self.ledgers_dir, f)) for f in files),
                 "orphans_removed_on_open": self.orphans_removed,
-                "next_ledger_id": self._next_ledger_id,
+                "next_ledger_id": self._services.next_ledger_id,
             }
 
     # -- lifecycle ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pyroaring import BitMap
@@ -38,9 +38,7 @@ from .op_stats import OpStats
 from .sealed_bucket import BucketMap, SealedBucket
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
-
-if TYPE_CHECKING:
-    from .store import Store
+from .store_services import StoreServices
 
 __all__ = ["BucketTracker"]
 
@@ -51,10 +49,11 @@ _U64 = np.dtype("<u8")
 class BucketTracker:
     """One subscription's delayed index, backed by sealed bucket snapshots.
 
-    Obtain one with :meth:`bucketstore.Store.tracker`; the store owns its files.
+    Obtain one with :meth:`bucketstore.Store.tracker`; the store owns its files and hands the
+    tracker only its :class:`~bucketstore.engine.store_services.StoreServices`.
     """
 
-    def __init__(self, store: "Store", name: str, config: TrackerConfig, clock: Clock | None) -> None:
+    def __init__(self, store: StoreServices, name: str, config: TrackerConfig, clock: Clock | None) -> None:
         self._store = store
         self.name = name
         self.config = config
@@ -559,7 +558,7 @@ class BucketTracker:
             self._queue.clear()
             self._mutable.clear()
             self._index.clear()
-        self._store._forget(self)
+        self._store.tracker_closed(self)
 
     def __enter__(self) -> "BucketTracker":
         return self

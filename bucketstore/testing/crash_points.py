@@ -20,7 +20,7 @@ import bucketstore
 from bucketstore import TrackerConfig
 from bucketstore.engine.store import Store
 from bucketstore.testing.clock import FakeClock
-from bucketstore.testing.faults import FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.testing.faults import DAMAGES, DataLoss, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.testing.oracle import CatalogState
 
 TRACKER = "sub"
@@ -227,8 +227,6 @@ def damaged_images(fs: FaultyFileSystem, live: Path, k: int, tmp_path: Path, whe
     """Materialize each damage mode of the crash image at ``live`` into its own copy, once per
     distinct resulting disk (modes that leave identical bytes are counted in ``skipped[0]``).
     The copy is removed once the caller has checked it."""
-    from bucketstore.testing.faults import DAMAGES, DataLoss
-
     seen: set[object] = set()
     for damage in DAMAGES:
         for s in range(scale if damage.data is DataLoss.TORN else 1):

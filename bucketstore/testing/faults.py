@@ -43,14 +43,11 @@ import os
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import lmdb
 
+from ..engine.catalog import Catalog
 from ..format.fs import FileSystem
-
-if TYPE_CHECKING:
-    from ..engine.catalog import Catalog
 
 __all__ = [
     "SimulatedCrash",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bucketstore.engine.journal import journal_directory, parse_file
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key
 from bucketstore.cli.verify import verify_file
@@ -291,8 +292,6 @@ def check_deliveries(tracker: Any, model: Model, context: str) -> None:
 
 def check_journal_files(store_path: Path, tracker: str, context: str) -> None:
     """After recovery the tracker's journal is exactly one file, a complete checkpoint."""
-    from bucketstore.engine.journal import journal_directory, parse_file
-
     directory = journal_directory(str(store_path), tracker)
     names = sorted(os.listdir(directory))
     assert len(names) == 1 and names[0].endswith(".journal"), f"{context}: journal directory holds {names}"
