@@ -28,17 +28,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from bucketstore import TrackerConfig
-from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.engine.store import Store
-
+from bucketstore.testing.clock import FakeClock
+from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.testing.oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
-                          check_journal_recovered, check_recovered, expect, reseed)
-from helpers import FakeClock, example_count
+                                        check_journal_recovered, check_recovered, expect, reseed)
 
 T = TypeVar("T")
 NAME = "sub"
@@ -207,10 +206,6 @@ class CrashMachine(RuleBasedStateMachine):
             assert self.tracker.contains_message(*position) == (position in self.model.where), position
 
 
-CrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40, deadline=None,
-                                          suppress_health_check=[HealthCheck.too_slow])
-TestCrashMachine = CrashMachine.TestCase
-
 
 class JournalCrashMachine(CrashMachine):
     """The same rules with ``durability="journal"`` (``sync_interval_ms=0``) and the exact journal oracle.
@@ -241,8 +236,3 @@ class JournalCrashMachine(CrashMachine):
         check_files(self.store, NAME, context)
         check_journal_files(self.path, NAME, context)
         self.model = reseed(bounds, got, self.tracker)
-
-
-JournalCrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40,
-                                                 deadline=None, suppress_health_check=[HealthCheck.too_slow])
-TestJournalCrashMachine = JournalCrashMachine.TestCase
