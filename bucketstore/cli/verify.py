@@ -5,7 +5,7 @@ it finds as a :class:`Finding` (file, byte offset, message) instead of stopping
 at the first one, so that an operator sees the full extent of the damage.
 :func:`verify_paths` does the same for files and directory trees.
 
-What is checked, beyond what :class:`~bucketstore.snapshot.BucketFile` checks
+What is checked, beyond what :class:`~bucketstore.format.snapshot.BucketFile` checks
 when the engine opens a bucket:
 
 * every entry's CRC (the engine reads only the segments it needs);
@@ -15,7 +15,7 @@ when the engine opens a bucket:
   the bucket's range, and its per-ledger bitmaps hold exactly its entry ids;
   no position (ledger, entry) appears twice in the bucket.
 
-Segments do *not* have to be cut as :func:`~bucketstore.snapshot.cut_segments`
+Segments do *not* have to be cut as :func:`~bucketstore.format.snapshot.cut_segments`
 would cut them: a merge may cut differently. Only their order is required.
 
 Kinds of ledger other than ``bucket`` get the framing checks only, unless a

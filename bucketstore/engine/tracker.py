@@ -8,7 +8,7 @@ Data flow::
     get_scheduled_messages <- shared queue <- segment slots of sealed buckets
 
 Every public method takes the tracker's lock; they are safe to call from any
-thread. The tracker-wide :class:`~bucketstore.index_set.DelayedIndexSet` is the
+thread. The tracker-wide :class:`~bucketstore.engine.index_set.DelayedIndexSet` is the
 one source of truth for what is tracked: ``number_of_delayed_messages`` is its
 cardinality, and a queue row is delivered only if removing it from the index
 succeeds.
