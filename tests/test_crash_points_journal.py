@@ -10,7 +10,7 @@ commits). Then for every k it runs again with ``sync_interval_ms=0`` and dies
 before call k; every call that returned is applied to a :class:`Model` (and its
 result compared), and the call in flight is remembered. The disk is damaged six
 ways (``bucketstore.testing.faults.DAMAGES``), the store reopened with the real file
-layer, and checked against :class:`crash_oracle.JournalBounds`:
+layer, and checked against :class:`bucketstore.testing.oracle.JournalBounds`:
 
 (i)   recovery succeeds under every damage mode (each loses only unsynced data);
 (ii)  nothing acknowledged is lost: every index whose add returned and that no
@@ -47,9 +47,9 @@ import pytest
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.engine.store import Store
 
-from crash_oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
+from bucketstore.testing.oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)
-from crash_workloads import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
+from bucketstore.testing.crash_points import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
                              damaged_images, reference, shape)
 from helpers import FakeClock
 

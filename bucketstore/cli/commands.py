@@ -20,7 +20,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError
+from . import repair
 from .dump import describe_file, render_text
+from .simulate import add_arguments, run_from_args
 from .store_check import describe_store, is_store, verify_store
 from .verify import verify_paths
 
@@ -195,7 +197,6 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_simulate(commands: argparse._SubParsersAction) -> None:
-    from .simulate import add_arguments, run_from_args
     p = commands.add_parser("simulate", help="run a realistic delayed-message workload against a store",
                             description="Producers with random delays, rolling ledgers, a simulated clock, "
                                         "seals, merges and trims, a crash and recovery half way, and every "
@@ -205,19 +206,17 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_repair(commands: argparse._SubParsersAction) -> None:
-    from .repair import add_arguments, run_from_args
     p = commands.add_parser("repair", help="rebuild a lost or damaged catalog from the store's own files",
                             description="Rebuild catalog/ from the headers of the ledger and journal files "
                                         "(tracker, store, ledger range, segment metadata). Nothing is deleted; "
                                         "mark-delete positions cannot be rebuilt and are reset.")
-    add_arguments(p)
-    p.set_defaults(run=_checked(run_from_args))
+    repair.add_arguments(p)
+    p.set_defaults(run=_checked(repair.run_from_args))
 
 
 def _checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Run a command whose refusals are typed errors: one line naming the reason, exit 1."""
     def wrapped(args: argparse.Namespace) -> int:
-        from ..errors import BucketStoreError
         _existing_path(args.store)
         try:
             return run(args)

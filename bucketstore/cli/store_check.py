@@ -27,7 +27,6 @@ What makes their view consistent there:
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any
 
 from ..engine.catalog import CatalogSnapshot, read_catalog_snapshot
 from ..engine.identity import identity_problems
+from ..engine.store_lock import writer_pid
 from ..engine.journal import journal_directory, parse_file
 from ..errors import CatalogError, CorruptLedgerError, JournalError
 from ..format.ledger_file import ledger_file_name
@@ -58,23 +58,6 @@ def is_store(path: str | os.PathLike[str]) -> bool:
     and a damaged one)."""
     return os.path.isfile(os.path.join(path, "catalog", "data.mdb")) \
         or os.path.isdir(os.path.join(path, "catalog")) or os.path.isdir(os.path.join(path, "ledgers"))
-
-
-def _lock_holder(path: str) -> str | None:
-    """The pid recorded by the process holding the store's write lock, or None if unlocked."""
-    try:
-        fd = os.open(os.path.join(path, "LOCK"), os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 def describe_store(path: str | os.PathLike[str], *, read_files: bool = True) -> dict[str, Any]:
@@ -102,7 +85,7 @@ def describe_store(path: str | os.PathLike[str], *, read_files: bool = True) -> 
 
 def _consistent_view(path: str, examine: Examine | None) -> dict[str, Any]:
     catalog_dir = os.path.join(path, "catalog")
-    writer = _lock_holder(path)
+    writer = writer_pid(path)
     snapshot = read_catalog_snapshot(catalog_dir)
     for attempt in range(_ATTEMPTS):
         doc, gone = _view_of(path, snapshot, examine)
@@ -119,7 +102,7 @@ def _consistent_view(path: str, examine: Examine | None) -> dict[str, Any]:
             break
         snapshot = fresh
     # Live at the start or now: either way its files may be moving under the listing.
-    doc["writer_pid"] = writer or _lock_holder(path)
+    doc["writer_pid"] = writer or writer_pid(path)
     _classify_files(path, doc, snapshot, doc["writer_pid"] is not None)
     doc["indexes"] = sum(t["indexes"] for t in doc["trackers"].values())
     doc["bytes"] = sum(t["bytes"] for t in doc["trackers"].values())

@@ -5,7 +5,7 @@ it finds as a :class:`Finding` (file, byte offset, message) instead of stopping
 at the first one, so that an operator sees the full extent of the damage.
 :func:`verify_paths` does the same for files and directory trees.
 
-What is checked, beyond what :class:`~bucketstore.snapshot.BucketFile` checks
+What is checked, beyond what :class:`~bucketstore.format.snapshot.BucketFile` checks
 when the engine opens a bucket:
 
 * every entry's CRC (the engine reads only the segments it needs);
@@ -15,7 +15,7 @@ when the engine opens a bucket:
   the bucket's range, and its per-ledger bitmaps hold exactly its entry ids;
   no position (ledger, entry) appears twice in the bucket.
 
-Segments do *not* have to be cut as :func:`~bucketstore.snapshot.cut_segments`
+Segments do *not* have to be cut as :func:`~bucketstore.format.snapshot.cut_segments`
 would cut them: a merge may cut differently. Only their order is required.
 
 Kinds of ledger other than ``bucket`` get the framing checks only, unless a
@@ -35,6 +35,7 @@ from ..errors import CorruptLedgerError
 from ..format.ledger_file import HEADER_FIXED_SIZE, LedgerReader
 from ..format.segment_codec import SegmentCodecError, check_sorted, decode_segment
 from ..format.snapshot import MetadataCodecError, decode_metadata
+from ..memory.dedup import Deduplicator
 
 __all__ = [
     "Finding",
@@ -267,8 +268,6 @@ KIND_CHECKERS["bucket"] = _check_bucket
 
 def _check_dedup_snapshot(reader: LedgerReader, payloads: list[bytes | None], report: FileReport) -> None:
     """A de-duplicator snapshot is checked by loading it, as Deduplicator.load does."""
-    from ..memory.dedup import Deduplicator  # imported here: dedup is an optional structure, not a reader dependency
-
     if any(p is None for p in payloads):
         return  # the CRC failures are already reported
     try:

@@ -25,7 +25,6 @@ LMDB's default ``sync=True`` makes a committed transaction durable when
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 import secrets
@@ -39,6 +38,7 @@ import msgpack
 
 from ..errors import CatalogError
 from .lmdb_file import check_data_file
+from .store_lock import writer_pid
 
 __all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "new_store_id", "read_catalog_snapshot",
            "validate_tracker_name"]
@@ -357,28 +357,6 @@ def _is_permission_error(exc: lmdb.Error) -> bool:
     return any(os.strerror(code) in text for code in (errno.EACCES, errno.EPERM, errno.EROFS))
 
 
-def _writer_is_live(store_path: str) -> bool:
-    """Whether a process holds the store's write lock (``LOCK``, flock), without keeping any lock.
-
-    The shared test lock is released at once; an ``open`` that races it is
-    refused with StoreLockedError as with any other holder, so only the
-    lock-less path (which has no better option) calls this.
-    """
-    try:
-        fd = os.open(os.path.join(store_path, "LOCK"), os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
 @dataclass(frozen=True)
 class CatalogSnapshot:
     """The whole catalog as of one committed transaction: the same read methods as :class:`Catalog`.
@@ -443,7 +421,7 @@ def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) ->
     for _ in range(attempts):
         catalog = Catalog(path, readonly=True)
         try:
-            if catalog.lockless and _writer_is_live(store):
+            if catalog.lockless and (writer_pid(store) is not None):
                 raise _lockless_refusal(path)
             try:
                 snapshot = catalog._snapshot()  # one read transaction
@@ -451,7 +429,7 @@ def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) ->
                 continue  # the writer grew the map after we opened: open again and re-read
             except lmdb.Error as exc:
                 raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
-            if catalog.lockless and _writer_is_live(store):
+            if catalog.lockless and (writer_pid(store) is not None):
                 raise _lockless_refusal(path)
             return snapshot
         finally:

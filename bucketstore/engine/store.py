@@ -25,8 +25,6 @@ from the files themselves.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import re
@@ -36,10 +34,12 @@ from typing import Any
 from .catalog import Catalog, validate_tracker_name
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
-from ..errors import CatalogError, CorruptLedgerError, StoreClosedError, StoreLockedError
+from ..errors import CatalogError, CorruptLedgerError, StoreClosedError
 from ..format.fs import REAL_FS, FileSystem
 from .journal import FdPool, journal_directory
-from ..format.ledger_file import LedgerReader, ledger_file_name
+from .store_lock import acquire_write_lock
+from .store_services import StoreServices
+from ..format.ledger_file import LedgerReader
 from .tracker import BucketTracker
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]
@@ -89,7 +89,7 @@ class Store:
         #: Open journal files, bounded: thousands of journal trackers share these descriptors.
         self.journal_fds = FdPool(JOURNAL_OPEN_FILES)
         fs.makedirs(self.path)
-        self._lock_fd = _acquire_lock(os.path.join(self.path, "LOCK"))
+        self._lock_fd = acquire_write_lock(self.path)
         catalog = None
         try:
             fs.makedirs(self.ledgers_dir)
@@ -98,10 +98,14 @@ class Store:
             catalog = self.catalog = Catalog(os.path.join(self.path, "catalog"), must_exist=_holds_files(self.path))
             #: The store's identity, written into every ledger and journal file header.
             self.store_id: str = catalog.store_id  # type: ignore[assignment]
-            self._next_ledger_id = self.catalog.next_ledger_id()
             #: Unreferenced ledger files left in place because they could not be proven garbage.
             self.orphans_kept: list[str] = []
-            self.orphans_removed = self._remove_orphans()
+            self.orphans_removed, next_ledger_id = self._remove_orphans(catalog.next_ledger_id())
+            # What the trackers may use of the store: they get this, never the store itself.
+            self._services = StoreServices(
+                path=self.path, durability=durability, repair=repair, sync_interval_ms=sync_interval_ms,
+                fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
+                store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
             if catalog is not None:
@@ -110,7 +114,8 @@ class Store:
             raise
 
     # -- files ----------------------------------------------------------------------------------
-    def _remove_orphans(self) -> int:
+    def _remove_orphans(self, next_ledger_id: int) -> tuple[int, int]:
+        """Remove temporary and unreferenced ledger files; return how many, and the next free ledger id."""
         referenced = {lid for keys in self.catalog.all_buckets().values() for lid in keys.values()}
         removed = 0
         highest = -1
@@ -129,8 +134,7 @@ class Store:
         if removed:
             self.fs.fsync_dir(self.ledgers_dir)
         # Never reuse an id a file on disk had, even one that was just removed.
-        self._next_ledger_id = max(self._next_ledger_id, highest + 1, max(referenced, default=-1) + 1)
-        return removed
+        return removed, max(next_ledger_id, highest + 1, max(referenced, default=-1) + 1)
 
     def _provably_garbage(self, path: str, ledger_id: int) -> bool:
         """Whether an unreferenced ledger file may be deleted: its header must be readable,
@@ -161,26 +165,16 @@ class Store:
         return True
 
     def allocate_ledger_id(self) -> int:
-        """Hand out a fresh ledger id. The catalog commit that registers the ledger
-        persists the allocator, so ids are never reused."""
-        with self._lock:
-            lid = self._next_ledger_id
-            self._next_ledger_id += 1
-            return lid
+        """Hand out a fresh ledger id (see :meth:`StoreServices.allocate_ledger_id`)."""
+        return self._services.allocate_ledger_id()
 
     def remove_ledger_file(self, path: str) -> None:
-        """Unlink a ledger file and make the removal durable. A missing file is fine;
-        a failure leaves an orphan that the next open removes."""
-        try:
-            self.fs.unlink(path)
-            self.fs.fsync_dir(os.path.dirname(path))
-        except FileNotFoundError:
-            pass
-        except OSError:
-            pass
+        """Unlink a ledger file durably (see :meth:`StoreServices.remove_ledger_file`)."""
+        self._services.remove_ledger_file(path)
 
     def ledger_path(self, ledger_id: int) -> str:
-        return os.path.join(self.ledgers_dir, ledger_file_name(ledger_id))
+        """The path of ledger file ``ledger_id``."""
+        return self._services.ledger_path(ledger_id)
 
     # -- trackers -------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -204,7 +198,7 @@ class Store:
                 if live.config != config:
                     raise ValueError(f"tracker {name!r} is already open with a different config")
                 return live
-            tracker = BucketTracker(self, name, config, clock)
+            tracker = BucketTracker(self._services, name, config, clock)
             self._trackers[name] = tracker
             return tracker
 
@@ -264,7 +258,7 @@ class Store:
                 "ledger_bytes": sum(os.path.getsize(os.path.join(self.ledgers_dir, f)) for f in files),
                 "orphans_removed_on_open": self.orphans_removed,
                 "orphans_kept": len(self.orphans_kept),
-                "next_ledger_id": self._next_ledger_id,
+                "next_ledger_id": self._services.next_ledger_id,
             }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -298,28 +292,6 @@ def _holds_files(store_path: str) -> bool:
             if os.path.isdir(d) and any(n.endswith(".journal") for n in os.listdir(d)):
                 return True
     return False
-
-
-def _acquire_lock(path: str) -> int:
-    """Take the store's write lock (flock on LOCK) and record our pid in it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = ""
-        try:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-        finally:
-            os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            who = f"process {holder}" if holder else "another process"
-            if holder == str(os.getpid()):
-                who = "this process (another open handle)"
-            raise StoreLockedError(f"{os.path.dirname(path)} is open for writing by {who}") from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
-    return fd
 
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,

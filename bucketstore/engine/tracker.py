@@ -8,7 +8,7 @@ Data flow::
     get_scheduled_messages <- shared queue <- segment slots of sealed buckets
 
 Every public method takes the tracker's lock; they are safe to call from any
-thread. The tracker-wide :class:`~bucketstore.index_set.DelayedIndexSet` is the
+thread. The tracker-wide :class:`~bucketstore.engine.index_set.DelayedIndexSet` is the
 one source of truth for what is tracked: ``number_of_delayed_messages`` is its
 cardinality, and a queue row is delivered only if removing it from the index
 succeeds.
@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pyroaring import BitMap
@@ -39,9 +39,7 @@ from .identity import LedgerIdentityError, check_identity
 from .sealed_bucket import BucketMap, SealedBucket
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
-
-if TYPE_CHECKING:
-    from .store import Store
+from .store_services import StoreServices
 
 __all__ = ["BucketTracker"]
 
@@ -52,10 +50,11 @@ _U64 = np.dtype("<u8")
 class BucketTracker:
     """One subscription's delayed index, backed by sealed bucket snapshots.
 
-    Obtain one with :meth:`bucketstore.Store.tracker`; the store owns its files.
+    Obtain one with :meth:`bucketstore.Store.tracker`; the store owns its files and hands the
+    tracker only its :class:`~bucketstore.engine.store_services.StoreServices`.
     """
 
-    def __init__(self, store: "Store", name: str, config: TrackerConfig, clock: Clock | None) -> None:
+    def __init__(self, store: StoreServices, name: str, config: TrackerConfig, clock: Clock | None) -> None:
         self._store = store
         self.name = name
         self.config = config
@@ -598,7 +597,7 @@ class BucketTracker:
             self._queue.clear()
             self._mutable.clear()
             self._index.clear()
-        self._store._forget(self)
+        self._store.tracker_closed(self)
 
     def __enter__(self) -> "BucketTracker":
         return self

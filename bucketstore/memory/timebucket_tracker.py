@@ -2,7 +2,7 @@
 
 It answers the tracker API of the bucket tracker and of ``InMemoryTracker``
 (add, due messages, membership, acknowledgement, stats) while holding the
-indexes in a :class:`~bucketstore.timebucket.TimeBucketIndex` instead of a
+indexes in a :class:`~bucketstore.memory.timebucket.TimeBucketIndex` instead of a
 heap of triples: a fraction of a byte to a few bytes per index rather than
 about 180. Nothing is on disk. With ``precision_bits > 0`` messages may be
 delivered up to ``2**precision_bits - 1`` ms before their time, never after;
