@@ -38,7 +38,7 @@ import pytest
 import bucketstore
 from bucketstore.errors import StoreLockedError
 
-from crash_oracle import check_files
+from bucketstore.testing.oracle import check_files
 from crash_writer import CONFIG, JOURNAL_CONFIG, NAME, SideLog, read_side_log, run_journal_writer, run_writer
 from helpers import FakeClock
 
