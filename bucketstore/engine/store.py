@@ -116,7 +116,7 @@ class Store:
             # What the trackers may use of the store: they get this, never the store itself.
             self._services = StoreServices(
                 path=self.path, durability=durability, repair=repair, sync_interval_ms=sync_interval_ms,
-                fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
+                delivery=delivery, fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
                 store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.

@@ -27,6 +27,7 @@ class StoreServices:
     :ivar durability: ``"sealed"`` or ``"journal"``.
     :ivar repair: drop damaged or missing buckets on recovery instead of raising.
     :ivar sync_interval_ms: journal mode's group-commit interval.
+    :ivar delivery: journal mode's delivery handoff, ``"at-least-once"`` or ``"at-most-once"``.
     :ivar fs: the file layer every durable call goes through.
     :ivar catalog: the store's LMDB catalog.
     :ivar ledgers_dir: the directory of ledger files.
@@ -36,11 +37,12 @@ class StoreServices:
 
     def __init__(self, *, path: str, durability: str, repair: bool, sync_interval_ms: int, fs: FileSystem,
                  catalog: Catalog, ledgers_dir: str, next_ledger_id: int, store_id: str, journal_fds: FdPool,
-                 tracker_closed: Callable[[Any], None]) -> None:
+                 tracker_closed: Callable[[Any], None], delivery: str = "at-least-once") -> None:
         self.path = path
         self.durability = durability
         self.repair = repair
         self.sync_interval_ms = sync_interval_ms
+        self.delivery = delivery
         self.fs = fs
         self.catalog = catalog
         self.ledgers_dir = ledgers_dir
