@@ -162,11 +162,12 @@ class WindowHolder(ModelHolder):
         self.window = [before, after] if self._synced_since() else self.window + [after]
 
     def window_bounds(self) -> tuple[set[tuple[int, int]], set[tuple[int, int]], Model]:
-        """(must, may, oldest): positions tracked in every state since the last sync (and the
-        call in flight), positions tracked in any of them, and the oldest such state."""
+        """(must, may, oldest): positions recoverable (tracked, or delivered unconfirmed) in
+        every state since the last sync (and the call in flight), positions recoverable in any
+        of them, and the oldest such state."""
         states = self.window + ([self.in_flight] if self.in_flight is not None else [])
-        must = set.intersection(*(set(m.where) for m in states))
-        may = set.union(*(set(m.where) for m in states))
+        must = set.intersection(*(set(m.recoverable) for m in states))
+        may = set.union(*(set(m.recoverable) for m in states))
         return must, may, self.window[0]
 
 
@@ -327,7 +328,7 @@ def test_every_journal_crash_point_with_a_sync_window_recovers(workload: Workloa
                 assert tracker.number_of_delayed_messages == len(got), f"{context}: count"
                 assert not must - got, f"{context}: lost {sorted(must - got)[:5]}, tracked throughout the window"
                 assert not got - may, f"{context}: {sorted(got - may)[:5]} tracked, never in the window"
-                lost_window += len(holder.model.where.keys() - got)
+                lost_window += len(holder.model.recoverable.keys() - got)
                 fr = oldest.durable_frontier
                 assert tracker.stats()["cutoff"] >= (fr[0] if fr else 0), f"{context}: cutoff behind the frontier"
                 check_files(store, TRACKER, context)
