@@ -20,6 +20,7 @@ pytest.importorskip("pyarrow", reason="the spark extra is not installed (pip ins
 import bucketstore  # noqa: E402
 import bucketstore.spark as bspark  # noqa: E402
 from bucketstore.engine.catalog import Catalog  # noqa: E402
+from bucketstore.engine.journal import journal_directory  # noqa: E402
 from bucketstore.engine.journal import read_frontier  # noqa: E402
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key  # noqa: E402
 from bucketstore.spark.bucketing import LedgerRangeConflict, Rows, cut_buckets, order_positions  # noqa: E402
@@ -254,7 +255,7 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
         assert len(delivered) == 130
         fresh = store.tracker("fresh", CFG, clock)  # created in journal mode, never seals
         fresh.add_message(1, 1, 50_000)
-    journal = os.path.join(path, "journal", "journaled".encode().hex())
+    journal = journal_directory(path, "journaled")
     before = {n: open(os.path.join(journal, n), "rb").read() for n in os.listdir(journal)}
 
     rows = spark.read.format("bucketstore").load(path).collect()
@@ -267,7 +268,7 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
 
     # Planning (no Spark): one frontier per tracker in every range; a tracker without buckets
     # contributes no range and its journal is not read, so even a damaged one fails nothing.
-    fresh_journal = os.path.join(path, "journal", "fresh".encode().hex())
+    fresh_journal = journal_directory(path, "fresh")
     for name in os.listdir(fresh_journal):
         with open(os.path.join(fresh_journal, name), "r+b") as f:
             f.write(b"garbage!")

@@ -15,8 +15,9 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from ..errors import BucketStoreError
+from . import repair, simulate
 from .dump import describe_file, render_text
-from .simulate import add_arguments, run_from_args
 from .store_check import describe_store, is_store, verify_store
 from .verify import verify_paths
 
@@ -185,13 +186,34 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
                             description="Producers with random delays, rolling ledgers, a simulated clock, "
                                         "seals, merges and trims, a crash and recovery half way, and every "
                                         "delivery checked against an oracle.")
-    add_arguments(p)
-    p.set_defaults(run=run_from_args)
+    simulate.add_arguments(p)
+    p.set_defaults(run=simulate.run_from_args)
+
+
+def _add_repair(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("repair", help="rebuild a lost or damaged catalog from the store's own files",
+                            description="Rebuild catalog/ from the headers of the ledger and journal files "
+                                        "(tracker, store, ledger range, segment metadata). Nothing is deleted; "
+                                        "mark-delete positions cannot be rebuilt and are reset.")
+    repair.add_arguments(p)
+    p.set_defaults(run=_checked(repair.run_from_args))
+
+
+def _checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a command whose refusals are typed errors: one line naming the reason, exit 1."""
+    def wrapped(args: argparse.Namespace) -> int:
+        _existing_path(args.store)
+        try:
+            return run(args)
+        except (BucketStoreError, OSError, ValueError) as exc:
+            print(f"bucketstore: {exc}", file=sys.stderr)
+            return EXIT_DAMAGE
+    return wrapped
 
 
 #: The subcommands, in the order ``--help`` lists them.
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats]
+    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats, _add_repair]
 
 
 def build_parser() -> argparse.ArgumentParser:

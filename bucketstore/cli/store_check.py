@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from ..engine.catalog import Catalog
+from ..engine.identity import identity_problems
 from ..errors import CatalogError, CorruptLedgerError
 from ..format.ledger_file import ledger_file_name
 from ..format.snapshot import BucketFile, parse_bucket_key
@@ -25,8 +26,11 @@ _LEDGER_NAME = re.compile(r"^(\d{20})\.ledger$")
 
 
 def is_store(path: str | os.PathLike[str]) -> bool:
-    """True if ``path`` looks like a store directory (has ``catalog/data.mdb``)."""
-    return os.path.isfile(os.path.join(path, "catalog", "data.mdb"))
+    """True if ``path`` looks like a store directory: it has ``catalog/data.mdb``, or a
+    ``catalog/`` or ``ledgers/`` directory (a store whose catalog is lost is still a store,
+    and a damaged one)."""
+    return os.path.isfile(os.path.join(path, "catalog", "data.mdb")) \
+        or os.path.isdir(os.path.join(path, "catalog")) or os.path.isdir(os.path.join(path, "ledgers"))
 
 
 def _lock_holder(path: str) -> str | None:
@@ -53,6 +57,7 @@ def describe_store(path: str | os.PathLike[str], *, read_files: bool = True) -> 
     doc: dict[str, Any] = {"store": os.path.abspath(path), "writer_pid": _lock_holder(path), "trackers": {}}
     with Catalog(os.path.join(path, "catalog"), readonly=True) as catalog:
         doc["next_ledger_id"] = catalog.next_ledger_id()
+        doc["store_id"] = catalog.store_id
         referenced = set()
         for name in catalog.tracker_names():
             state = catalog.tracker_state(name) or {}
@@ -138,12 +143,15 @@ def verify_store(path: str | os.PathLike[str]) -> tuple[list[Finding], dict[str,
             if not report.findings:
                 try:
                     with BucketFile(b["file"]) as bf:
-                        held = (bf.metadata.start_ledger, bf.metadata.end_ledger)
+                        # The file must be the one the entry names: ledger id, tracker, store, range.
+                        problems = identity_problems(bf, ledger_id=b["ledger_id"], tracker=name,
+                                                     store_id=doc.get("store_id"), key=b["key"])
                 except CorruptLedgerError as exc:
                     findings.append(Finding(exc.path, exc.offset, exc.reason))
                     continue
-                if held != (b["start_ledger"], b["end_ledger"]):
-                    findings.append(Finding(b["file"], None, f"{where}: file holds ledgers [{held[0]}, {held[1]}]"))
+                if problems:
+                    findings.append(Finding(b["file"], None, f"{where} (ledger {b['ledger_id']}) disagrees with "
+                                                             f"the file: {'; '.join(problems)}"))
     ledgers_dir = os.path.join(path, "ledgers")
     for f in doc["orphan_files"]:
         findings.append(Finding(os.path.join(ledgers_dir, f), None,

@@ -4,7 +4,10 @@ Three named databases:
 
 ``meta``
     ``format`` -> ``b"1"``; ``next_ledger_id`` -> u64 LE: ledger ids are never
-    handed out twice, even across crashes.
+    handed out twice, even across crashes; ``store_id`` -> 32 hex digits, the
+    store's identity, also written into every ledger file header and journal
+    file header, so that a catalog and the files it describes prove they
+    belong together.
 ``trackers``
     tracker name (UTF-8) -> msgpack map of the tracker's durable state
     (mark-delete position, delivery frontier, ...).
@@ -22,6 +25,8 @@ LMDB's default ``sync=True`` makes a committed transaction durable when
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -30,13 +35,20 @@ import lmdb
 import msgpack
 
 from ..errors import CatalogError
+from .lmdb_file import check_data_file
 
-__all__ = ["Catalog", "CATALOG_FORMAT", "validate_tracker_name"]
+__all__ = ["Catalog", "CATALOG_FORMAT", "validate_tracker_name", "new_store_id"]
 
 CATALOG_FORMAT = b"1"
 _INITIAL_MAP_SIZE = 64 << 20
 _U64 = struct.Struct("<Q")
 _MAX_NAME_BYTES = 200
+_STORE_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def new_store_id() -> str:
+    """A fresh random store identity (128 bits as 32 lowercase hex digits)."""
+    return secrets.token_hex(16)
 
 
 def validate_tracker_name(name: object) -> bytes:
@@ -56,13 +68,29 @@ class Catalog:
     :param readonly: open for inspection only (the CLI).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False, must_exist: bool = False) -> None:
         self.path = os.fspath(path)
         self.readonly = readonly
         #: Called just before each write transaction commits (fault-injection seam).
         self.before_commit: Callable[[], None] | None = None
-        if readonly and not os.path.exists(os.path.join(self.path, "data.mdb")):
-            raise CatalogError(f"{self.path}: no catalog here (data.mdb is missing)", path=self.path)
+        #: The store's identity (None only for a read-only catalog written before store ids existed).
+        self.store_id: str | None = None
+        data = os.path.join(self.path, "data.mdb")
+        try:
+            size = os.path.getsize(data)
+        except FileNotFoundError:
+            size = -1
+        except OSError as exc:
+            raise CatalogError(f"{data}: cannot read the catalog: {exc.strerror or exc}", path=data) from None
+        if size <= 0 and (readonly or must_exist):
+            # Never let LMDB create (or initialise an empty) data.mdb where a catalog must
+            # be: the store's files would then look unreferenced, i.e. like garbage.
+            what = "missing" if size < 0 else "empty (0 bytes)"
+            raise CatalogError(f"{data}: the catalog is {what}" + ("" if readonly else
+                               "; the store holds ledger or journal files, so nothing is opened or deleted "
+                               "(run `bucketstore repair --rebuild-catalog STORE`)"), path=data)
+        if size > 0:
+            check_data_file(data)  # a truncated file would kill the process with SIGBUS once mapped
         try:
             self._env = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=readonly,
                                   lock=not readonly, subdir=True, create=not readonly)
@@ -75,15 +103,44 @@ class Catalog:
                 self._trackers = self._env.open_db(b"trackers")
                 self._buckets = self._env.open_db(b"buckets")
         except lmdb.Error as exc:
+            self.close()
             raise CatalogError(f"{self.path}: cannot open the LMDB catalog: {exc}", path=self.path) from None
-        if not readonly:
-            self._env.reader_check()  # clear reader slots left by killed processes
-            with self._env.begin(write=True) as txn:
-                fmt = txn.get(b"format", db=self._meta)
-                if fmt is None:
-                    txn.put(b"format", CATALOG_FORMAT, db=self._meta)
-                elif fmt != CATALOG_FORMAT:
-                    raise CatalogError(f"{self.path}: catalog format {fmt!r} is not supported", path=self.path)
+        try:
+            if readonly:
+                with self._env.begin() as txn:
+                    self.store_id = self._decode_store_id(txn.get(b"store_id", db=self._meta))
+            else:
+                self._env.reader_check()  # clear reader slots left by killed processes
+                with self._env.begin(write=True) as txn:
+                    fmt = txn.get(b"format", db=self._meta)
+                    if fmt is None:
+                        if must_exist:
+                            raise CatalogError(f"{data}: the catalog is new (no format record), but the store "
+                                               "holds ledger or journal files: refusing to treat them as "
+                                               "garbage (run `bucketstore repair --rebuild-catalog STORE`)",
+                                               path=data)
+                        txn.put(b"format", CATALOG_FORMAT, db=self._meta)
+                    elif fmt != CATALOG_FORMAT:
+                        raise CatalogError(f"{self.path}: catalog format {fmt!r} is not supported", path=self.path)
+                    store_id = self._decode_store_id(txn.get(b"store_id", db=self._meta))
+                    if store_id is None:  # a new store, or one from before store ids: give it one
+                        store_id = new_store_id()
+                        txn.put(b"store_id", store_id.encode("ascii"), db=self._meta)
+                    self.store_id = store_id
+        except lmdb.Error as exc:
+            self.close()
+            raise CatalogError(f"{self.path}: cannot read the LMDB catalog: {exc}", path=self.path) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _decode_store_id(self, raw: bytes | None) -> str | None:
+        if raw is None:
+            return None
+        text = raw.decode("ascii", "replace")
+        if not _STORE_ID.match(text):
+            raise CatalogError(f"{self.path}: store_id {raw!r} is not 32 hex digits", path=self.path)
+        return text
 
     # -- reads ----------------------------------------------------------------------------------
     def next_ledger_id(self) -> int:
@@ -170,6 +227,26 @@ class Catalog:
                     txn.put(b"next_ledger_id", _U64.pack(next_ledger_id), db=self._meta)
 
         self._write(apply)
+
+    def restore(self, store_id: str, buckets: Mapping[str, Mapping[str, int]], next_ledger_id: int,
+                states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Fill a new catalog in one transaction (``bucketstore repair --rebuild-catalog``):
+        the store id found in the files, every tracker's keys and state, the allocator."""
+        if not _STORE_ID.match(store_id):
+            raise ValueError(f"store_id must be 32 lowercase hex digits, not {store_id!r}")
+
+        def apply(txn: lmdb.Transaction) -> None:
+            txn.put(b"store_id", store_id.encode("ascii"), db=self._meta)
+            txn.put(b"next_ledger_id", _U64.pack(next_ledger_id), db=self._meta)
+            for name in set(buckets) | set(states):
+                prefix = validate_tracker_name(name) + b"\x00"
+                txn.put(prefix[:-1], msgpack.packb(dict(states.get(name, {})), use_bin_type=True),
+                        db=self._trackers)
+                for key, ledger_id in buckets.get(name, {}).items():
+                    txn.put(prefix + key.encode("utf-8"), str(ledger_id).encode("ascii"), db=self._buckets)
+
+        self._write(apply)
+        self.store_id = store_id
 
     def delete_tracker(self, name: str) -> None:
         """Remove a tracker's state and every one of its bucket keys, in one transaction."""

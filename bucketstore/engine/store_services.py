@@ -15,6 +15,7 @@ from typing import Any
 from ..format.fs import FileSystem
 from ..format.ledger_file import ledger_file_name
 from .catalog import Catalog
+from .journal import FdPool
 
 __all__ = ["StoreServices"]
 
@@ -29,10 +30,12 @@ class StoreServices:
     :ivar fs: the file layer every durable call goes through.
     :ivar catalog: the store's LMDB catalog.
     :ivar ledgers_dir: the directory of ledger files.
+    :ivar store_id: the store's identity, written into every ledger and journal header.
+    :ivar journal_fds: the store's bounded pool of open journal files.
     """
 
     def __init__(self, *, path: str, durability: str, repair: bool, sync_interval_ms: int, fs: FileSystem,
-                 catalog: Catalog, ledgers_dir: str, next_ledger_id: int,
+                 catalog: Catalog, ledgers_dir: str, store_id: str, journal_fds: FdPool, next_ledger_id: int,
                  tracker_closed: Callable[[Any], None]) -> None:
         self.path = path
         self.durability = durability
@@ -41,6 +44,8 @@ class StoreServices:
         self.fs = fs
         self.catalog = catalog
         self.ledgers_dir = ledgers_dir
+        self.store_id = store_id
+        self.journal_fds = journal_fds
         self._next_ledger_id = next_ledger_id
         self._ids = threading.Lock()
         self._tracker_closed = tracker_closed

@@ -159,8 +159,9 @@ class Run:
     """
 
     def __init__(self, workload: Workload, path: Path, fs: FaultyFileSystem, *, durability: str = "sealed",
-                 wrap: Callable[[Any], Any] | None = None) -> None:
+                 wrap: Callable[[Any], Any] | None = None, sync_interval_ms: int = 0) -> None:
         self.workload = workload
+        self.sync_interval_ms = sync_interval_ms
         self.path = path
         self.fs = fs
         self.durability = durability
@@ -170,7 +171,7 @@ class Run:
         self.crashed_in = "end"
 
     def _open(self) -> object:
-        self.store = Store(self.path, durability=self.durability, fs=self.fs)
+        self.store = Store(self.path, durability=self.durability, fs=self.fs, sync_interval_ms=self.sync_interval_ms)
         self.fs.attach(self.store.catalog)
         return self.wrap(self.store.tracker(TRACKER, self.workload.config, self.clock))
 
@@ -198,10 +199,10 @@ class Run:
         return CatalogState.read(self.store.catalog, TRACKER)
 
 
-def reference(workload: Workload, path: Path, *, durability: str = "sealed") -> Reference:
+def reference(workload: Workload, path: Path, *, durability: str = "sealed", sync_interval_ms: int = 0) -> Reference:
     """Run the workload uncrashed; record its numbered calls and the catalog after each commit."""
     fs = FaultyFileSystem()
-    run = Run(workload, path, fs, durability=durability)
+    run = Run(workload, path, fs, durability=durability, sync_interval_ms=sync_interval_ms)
     states = [CatalogState((), None)]
     seen_commits = 0
     # Record the catalog after each commit: at the start of the next call, or at the end.

@@ -49,7 +49,7 @@ from typing import TypeVar
 
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from bucketstore import TrackerConfig
 from bucketstore.engine.store import Store
@@ -200,6 +200,23 @@ class CrashMachine(RuleBasedStateMachine):
         ok, _ = self._step(lambda: self.tracker.add_messages(rows), lambda m: m.add_batch(rows))
         if ok:
             self.delivered.difference_update((r[0], r[1]) for r in rows if (r[0], r[1]) in self.model.where)
+
+    @precondition(lambda self: self.model.where)
+    @rule(pick=st.integers(0, 2**16), later=st.integers(1, 600))
+    def expire_tracked(self, pick: int, later: int) -> None:
+        """Re-add a tracked position with a time already due (it is untracked and dispatched
+        by the caller), then again with a later time (tracked anew): the row it had may still
+        sit in a sealed bucket, which must neither come back nor shadow the new one."""
+        positions = sorted(self.model.where)
+        position = positions[pick % len(positions)]
+        due = self.clock.now - 1
+        ok, _ = self._step(lambda: self.tracker.add_message(*position, due), lambda m: m.add(*position, due))
+        if not ok:
+            return
+        at = self.clock.now + CONFIG.tick_time_ms + later
+        ok, result = self._step(lambda: self.tracker.add_message(*position, at), lambda m: m.add(*position, at))
+        if ok and result:
+            self.delivered.discard(position)
 
     @rule(by=st.integers(1, 3))
     def roll_ledger(self, by: int) -> None:
