@@ -58,15 +58,19 @@ class Finding:
     :ivar offset: the byte offset in ``path`` of the structure that failed,
         or ``None`` when the problem has no place in a file (a missing file).
     :ivar message: one line, for an operator.
+    :ivar warning: not damage: something the next ``open`` repairs by itself
+        (a journal's torn tail, an orphan file a crash left); ``verify`` prints
+        it and still exits 0.
     """
 
     path: str
     offset: int | None
     message: str
+    warning: bool = False
 
     def __str__(self) -> str:
         where = f"offset {self.offset}" if self.offset is not None else "-"
-        return f"{self.path}: {where}: {self.message}"
+        return f"{'warning: ' if self.warning else ''}{self.path}: {where}: {self.message}"
 
 
 @dataclass(slots=True)
@@ -78,6 +82,10 @@ class FileReport:
     segments: int = 0
     indexes: int = 0
     findings: list[Finding] = field(default_factory=list)
+    #: The file did not exist when opened (a live writer may have retired it).
+    missing: bool = False
+    #: A bucket's ledger range as its entry 0 records it, once decoded.
+    range: tuple[int, int] | None = None
 
     def add(self, offset: int | None, message: str) -> None:
         self.findings.append(Finding(self.path, offset, message))
@@ -101,6 +109,10 @@ def check_file(path: str | os.PathLike[str]) -> FileReport:
     report = FileReport(os.fspath(path))
     try:
         reader = LedgerReader(report.path)
+    except FileNotFoundError:
+        report.missing = True
+        report.add(None, "ledger file is missing")
+        return report
     except CorruptLedgerError as exc:
         report.add(exc.offset, exc.reason)
         return report
@@ -167,6 +179,7 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
     except MetadataCodecError as exc:
         report.add(meta_at + exc.offset, f"entry 0: {exc.reason}")
         return
+    report.range = (meta.start_ledger, meta.end_ledger)
     props = reader.properties
     if (props.get("start_ledger"), props.get("end_ledger")) != (meta.start_ledger, meta.end_ledger):
         report.add(24, f"header ledger range [{props.get('start_ledger')}, {props.get('end_ledger')}] "

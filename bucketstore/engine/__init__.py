@@ -9,7 +9,8 @@ a ledger roll seals it through ``format.snapshot`` into a ledger file registered
 gets only ``store_services`` from its store (catalog, ledger directory, id allocator), so
 ``store`` -> ``tracker`` -> ``store_services`` has no cycle. ``identity`` checks that a ledger
 file is the one its catalog entry names, ``lmdb_file`` checks ``data.mdb`` before LMDB maps it,
-and ``rebuild`` rebuilds a lost catalog from the files' headers.
+``rebuild`` rebuilds a lost catalog from the files' headers, and ``store_lock`` owns ``STORE/LOCK``
+for the writer, the rebuild and the readers.
 
 May import: ``bucketstore.format``, ``bucketstore.memory`` and the root leaves. Never the CLI,
 Spark or ``bucketstore.testing``.

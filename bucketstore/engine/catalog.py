@@ -24,11 +24,13 @@ LMDB's default ``sync=True`` makes a committed transaction durable when
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
 import struct
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import lmdb
@@ -36,8 +38,10 @@ import msgpack
 
 from ..errors import CatalogError
 from .lmdb_file import check_data_file
+from .store_lock import writer_pid
 
-__all__ = ["Catalog", "CATALOG_FORMAT", "validate_tracker_name", "new_store_id"]
+__all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "new_store_id", "read_catalog_snapshot",
+           "validate_tracker_name"]
 
 CATALOG_FORMAT = b"1"
 _INITIAL_MAP_SIZE = 64 << 20
@@ -71,6 +75,8 @@ class Catalog:
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False, must_exist: bool = False) -> None:
         self.path = os.fspath(path)
         self.readonly = readonly
+        #: A read-only catalog opened without LMDB's lock file (see :func:`read_catalog_snapshot`).
+        self.lockless = False
         #: Called just before each write transaction commits (fault-injection seam).
         self.before_commit: Callable[[], None] | None = None
         #: The store's identity (None only for a read-only catalog written before store ids existed).
@@ -92,8 +98,10 @@ class Catalog:
         if size > 0:
             check_data_file(data)  # a truncated file would kill the process with SIGBUS once mapped
         try:
-            self._env = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=readonly,
-                                  lock=not readonly, subdir=True, create=not readonly)
+            if readonly:
+                self._env, self.lockless = _open_readonly_environment(self.path)
+            else:
+                self._env = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, subdir=True)
             if readonly:
                 self._meta = self._env.open_db(b"meta", create=False)
                 self._trackers = self._env.open_db(b"trackers", create=False)
@@ -165,6 +173,9 @@ class Catalog:
             raw = txn.get(key, db=self._trackers)
         if raw is None:
             return None
+        return self._decode_state(name, raw)
+
+    def _decode_state(self, name: str, raw: bytes) -> dict[str, Any]:
         try:
             state = msgpack.unpackb(raw, raw=False)
         except Exception as exc:
@@ -195,6 +206,33 @@ class Catalog:
     def all_buckets(self) -> dict[str, dict[str, int]]:
         """Every tracker's cursor properties."""
         return {name: self.buckets(name) for name in self.tracker_names()}
+
+    def _snapshot(self) -> "CatalogSnapshot":
+        """Every tracker's state and keys and the allocator, in one read transaction."""
+        states: dict[str, dict[str, Any]] = {}
+        keys: dict[str, dict[str, int]] = {}
+        with self._env.begin(buffers=False) as txn:
+            raw_next = txn.get(b"next_ledger_id", db=self._meta)
+            raw_states = list(txn.cursor(db=self._trackers))
+            raw_keys = list(txn.cursor(db=self._buckets))
+        if raw_next is not None and len(raw_next) != 8:
+            raise CatalogError(f"{self.path}: next_ledger_id is {len(raw_next)} bytes, not 8", path=self.path)
+        for raw_name, raw in raw_states:
+            name = self._decode_name(raw_name)
+            states[name] = self._decode_state(name, raw)
+        for k, v in raw_keys:
+            raw_name, sep, raw_key = k.partition(b"\x00")
+            if not sep:
+                raise CatalogError(f"{self.path}: bucket key {k!r} has no tracker name", path=self.path)
+            name = self._decode_name(raw_name)
+            key = raw_key.decode("utf-8", "replace")
+            try:
+                keys.setdefault(name, {})[key] = int(v.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {v!r}, not a ledger id",
+                                   path=self.path, key=key) from None
+        return CatalogSnapshot(self.path, _U64.unpack(raw_next)[0] if raw_next is not None else 0, states, keys,
+                               self.store_id)
 
     def _decode_name(self, raw: bytes) -> str:
         try:
@@ -289,3 +327,117 @@ class Catalog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- read-only snapshots (the CLI's inspection commands, the Spark reader) ---------------------------
+def _open_readonly_environment(path: str) -> tuple[lmdb.Environment, bool]:
+    """Open the environment read-only, registered in LMDB's reader table when possible.
+
+    A reader must use ``lock.mdb``: its slot in the reader table stops a live
+    writer from reusing the pages of the snapshot it reads. Without it, a
+    commit can overwrite those pages mid-read and the reader sees a torn view.
+    Registering needs write access to ``lock.mdb`` (LMDB opens it read-write,
+    and creates it if missing). When that is refused — a read-only directory
+    or file system, another user's store — the environment is opened without
+    the lock and the second value is True; :func:`read_catalog_snapshot` then
+    reads only while no writer holds the store.
+    """
+    try:
+        return lmdb.open(path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=True, lock=True, subdir=True,
+                         create=False), False
+    except lmdb.Error as exc:
+        if not _is_permission_error(exc):
+            raise
+    return lmdb.open(path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=True, lock=False, subdir=True,
+                     create=False), True
+
+
+def _is_permission_error(exc: lmdb.Error) -> bool:
+    text = str(exc)
+    return any(os.strerror(code) in text for code in (errno.EACCES, errno.EPERM, errno.EROFS))
+
+
+@dataclass(frozen=True)
+class CatalogSnapshot:
+    """The whole catalog as of one committed transaction: the same read methods as :class:`Catalog`.
+
+    Taken by :func:`read_catalog_snapshot` in a single LMDB read transaction,
+    so every tracker's keys, states and the allocator belong to one commit of
+    the writer (never half of a seal or a merge).
+    """
+
+    path: str
+    next_id: int
+    states: dict[str, dict[str, Any]]
+    keys: dict[str, dict[str, int]]
+    #: The store's identity (None for a catalog written before store ids existed).
+    store_id: str | None = None
+
+    def next_ledger_id(self) -> int:
+        return self.next_id
+
+    def tracker_names(self) -> list[str]:
+        return sorted(self.states.keys() | self.keys.keys())
+
+    def tracker_state(self, name: str) -> dict[str, Any] | None:
+        return self.states.get(name)
+
+    def buckets(self, name: str) -> dict[str, int]:
+        return dict(self.keys.get(name, {}))
+
+    def all_buckets(self) -> dict[str, dict[str, int]]:
+        return {name: self.buckets(name) for name in self.tracker_names()}
+
+    def referenced_ledgers(self) -> set[int]:
+        """Every ledger id a key of any tracker names."""
+        return {lid for keys in self.keys.values() for lid in keys.values()}
+
+    def close(self) -> None:
+        """Nothing to release (the snapshot is plain data); kept so it replaces a read-only Catalog."""
+
+    def __enter__(self) -> "CatalogSnapshot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) -> CatalogSnapshot:
+    """Read a catalog, possibly beside a live writer, in one read transaction.
+
+    Normally the read registers in ``lock.mdb`` (see
+    :func:`_open_readonly_environment`), which makes it safe against any
+    concurrent commit. When ``lock.mdb`` cannot be opened for writing, the
+    read goes ahead without it only while no process holds the store's write
+    lock, checked before and after the read; beside a live writer it raises
+    :class:`CatalogError` instead of risking a torn view.
+
+    :param path: the ``catalog/`` directory.
+    :param attempts: re-opens when the writer grew the map under the reader.
+    :raises CatalogError: no catalog, an unreadable or damaged one, or the lock-less case beside a writer.
+    """
+    path = os.fspath(path)
+    store = os.path.dirname(os.path.abspath(path))
+    for _ in range(attempts):
+        catalog = Catalog(path, readonly=True)
+        try:
+            if catalog.lockless and (writer_pid(store) is not None):
+                raise _lockless_refusal(path)
+            try:
+                snapshot = catalog._snapshot()  # one read transaction
+            except lmdb.MapResizedError:
+                continue  # the writer grew the map after we opened: open again and re-read
+            except lmdb.Error as exc:
+                raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
+            if catalog.lockless and (writer_pid(store) is not None):
+                raise _lockless_refusal(path)
+            return snapshot
+        finally:
+            catalog.close()
+    raise CatalogError(f"{path}: the catalog map kept growing while being read ({attempts} attempts)", path=path)
+
+
+def _lockless_refusal(path: str) -> CatalogError:
+    return CatalogError(f"{path}: cannot register as a reader in lock.mdb (no write access), and a writer "
+                        "has the store open: a lock-less read could see a torn view; retry when it is closed "
+                        "or with write access to lock.mdb", path=path)

@@ -39,7 +39,7 @@ from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, Journal
 from ..format.snapshot import BucketFile, bucket_key
 from .catalog import Catalog, new_store_id
 from .journal import read_identity
-from .store import _acquire_lock  # the writer's lock: a live writer must not see its catalog vanish
+from .store_lock import acquire_write_lock
 
 __all__ = ["rebuild_catalog", "RebuildReport"]
 
@@ -80,7 +80,7 @@ def rebuild_catalog(store_path: str | os.PathLike[str], *, force: bool = False) 
     path = os.path.abspath(os.fspath(store_path))
     if not os.path.isdir(path):
         raise ValueError(f"{path} is not a store directory")
-    lock_fd = _acquire_lock(os.path.join(path, "LOCK"))
+    lock_fd = acquire_write_lock(path)  # a live writer must not see its catalog vanish
     try:
         report = RebuildReport()
         buckets, store_ids, highest = _scan_ledgers(os.path.join(path, "ledgers"), report)

@@ -25,8 +25,6 @@ from the files themselves.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import re
@@ -36,11 +34,12 @@ from typing import Any
 from .catalog import Catalog, validate_tracker_name
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
-from ..errors import CatalogError, CorruptLedgerError, StoreClosedError, StoreLockedError
+from ..errors import CatalogError, CorruptLedgerError, StoreClosedError
 from ..format.fs import REAL_FS, FileSystem
 from .journal import FdPool, journal_directory
-from ..format.ledger_file import LedgerReader
+from .store_lock import acquire_write_lock
 from .store_services import StoreServices
+from ..format.ledger_file import LedgerReader
 from .tracker import BucketTracker
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]
@@ -90,7 +89,7 @@ class Store:
         #: Open journal files, bounded: thousands of journal trackers share these descriptors.
         self.journal_fds = FdPool(JOURNAL_OPEN_FILES)
         fs.makedirs(self.path)
-        self._lock_fd = _acquire_lock(os.path.join(self.path, "LOCK"))
+        self._lock_fd = acquire_write_lock(self.path)
         catalog = None
         try:
             fs.makedirs(self.ledgers_dir)
@@ -105,8 +104,8 @@ class Store:
             # What the trackers may use of the store: they get this, never the store itself.
             self._services = StoreServices(
                 path=self.path, durability=durability, repair=repair, sync_interval_ms=sync_interval_ms,
-                fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, store_id=self.store_id,
-                journal_fds=self.journal_fds, next_ledger_id=next_ledger_id, tracker_closed=self._forget)
+                fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
+                store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
             if catalog is not None:
@@ -293,28 +292,6 @@ def _holds_files(store_path: str) -> bool:
             if os.path.isdir(d) and any(n.endswith(".journal") for n in os.listdir(d)):
                 return True
     return False
-
-
-def _acquire_lock(path: str) -> int:
-    """Take the store's write lock (flock on LOCK) and record our pid in it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = ""
-        try:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-        finally:
-            os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            who = f"process {holder}" if holder else "another process"
-            if holder == str(os.getpid()):
-                who = "this process (another open handle)"
-            raise StoreLockedError(f"{os.path.dirname(path)} is open for writing by {who}") from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
-    return fd
 
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,

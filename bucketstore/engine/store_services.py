@@ -30,12 +30,12 @@ class StoreServices:
     :ivar fs: the file layer every durable call goes through.
     :ivar catalog: the store's LMDB catalog.
     :ivar ledgers_dir: the directory of ledger files.
-    :ivar store_id: the store's identity, written into every ledger and journal header.
+    :ivar store_id: the store's identity, written into every ledger and journal file header.
     :ivar journal_fds: the store's bounded pool of open journal files.
     """
 
     def __init__(self, *, path: str, durability: str, repair: bool, sync_interval_ms: int, fs: FileSystem,
-                 catalog: Catalog, ledgers_dir: str, store_id: str, journal_fds: FdPool, next_ledger_id: int,
+                 catalog: Catalog, ledgers_dir: str, next_ledger_id: int, store_id: str, journal_fds: FdPool,
                  tracker_closed: Callable[[Any], None]) -> None:
         self.path = path
         self.durability = durability

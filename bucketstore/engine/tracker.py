@@ -181,8 +181,12 @@ class BucketTracker:
     def add_messages(self, indexes: Any) -> int:
         """Track a batch; the same outcome as calling :meth:`add_message` row by row, faster.
 
-        :param indexes: ``(ledger_ids, entry_ids, deliver_at)`` as three arrays or
-            sequences, or an iterable of ``(ledger_id, entry_id, deliver_at)`` triples.
+        :param indexes: columns — a tuple of three 1-D numpy arrays
+            ``(ledger_ids, entry_ids, deliver_at)`` or a mapping of ``"ledger_id"``,
+            ``"entry_id"``, ``"deliver_at"`` to columns — or rows — an ``(n, 3)``
+            array or any iterable of ``(ledger_id, entry_id, deliver_at)`` triples
+            (see :func:`bucketstore.cutoff.as_columns`; an input that fits both
+            raises TypeError).
         :return: how many rows are tracked after the call (rows for which
             :meth:`add_message` would have returned True).
         """
