@@ -7,7 +7,10 @@ a ledger roll seals it through ``format.snapshot`` into a ledger file registered
 ``merge`` picks and rewrites adjacent buckets, ``journal`` is the write-ahead log of
 ``durability="journal"``, and ``store`` owns the directory, its lock and its trackers. A tracker
 gets only ``store_services`` from its store (catalog, ledger directory, id allocator), so
-``store`` -> ``tracker`` -> ``store_services`` has no cycle.
+``store`` -> ``tracker`` -> ``store_services`` has no cycle. ``identity`` checks that a ledger
+file is the one its catalog entry names, ``lmdb_file`` checks ``data.mdb`` before LMDB maps it,
+``rebuild`` rebuilds a lost catalog from the files' headers, and ``store_lock`` owns ``STORE/LOCK``
+for the writer, the rebuild and the readers.
 
 May import: ``bucketstore.format``, ``bucketstore.memory`` and the root leaves. Never the CLI,
 Spark or ``bucketstore.testing``.
