@@ -11,15 +11,70 @@ and hands the rest to the seal.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from .index_set import DelayedIndexSet
 from .shared_queue import Run, RunBuffer, sorted_run
 from ..format.snapshot import drop_repeats
 
-__all__ = ["MutableBucket"]
+__all__ = ["MutableBucket", "PendingCounter"]
 
 _MAX_RUNS = 16
+
+
+class PendingCounter:
+    """How many rows added since the last reset are not yet due: the seal gate, kept
+    as a running count so a ledger roll costs O(log n), not a scan of every row.
+
+    Rows only ever leave the count by falling due (the cutoff never moves back;
+    deliveries and untracks take only due rows or leave the row in place, as the
+    scan did), so each row is counted in once and out at most once. Single rows
+    sit in a min-heap of timestamps; a sorted batch is one heap entry, a cursor
+    into its timestamps that advances with one ``searchsorted`` per step.
+    """
+
+    __slots__ = ("count", "_singles", "_batches", "_seq")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._singles: list[int] = []
+        self._batches: list[tuple[int, int, int, np.ndarray]] = []  # (head ts, seq, pos, sorted ts)
+        self._seq = 0
+
+    def add_one(self, ts: int) -> None:
+        heapq.heappush(self._singles, ts)
+        self.count += 1
+
+    def add_sorted(self, ts: np.ndarray) -> None:
+        """Count a batch whose timestamps are sorted ascending (the array is kept, not copied)."""
+        if len(ts):
+            self._seq += 1
+            heapq.heappush(self._batches, (int(ts[0]), self._seq, 0, ts))
+            self.count += len(ts)
+
+    def pending(self, cutoff: int) -> int:
+        """Rows with a timestamp after ``cutoff`` (amortised O(log n) per row ever added)."""
+        if cutoff < 0:
+            return self.count
+        singles = self._singles
+        while singles and singles[0] <= cutoff:
+            heapq.heappop(singles)
+            self.count -= 1
+        batches = self._batches
+        while batches and batches[0][0] <= cutoff:
+            _, seq, pos, ts = heapq.heappop(batches)
+            nxt = int(np.searchsorted(ts, np.uint64(cutoff), side="right"))
+            self.count -= nxt - pos
+            if nxt < len(ts):
+                heapq.heappush(batches, (int(ts[nxt]), seq, nxt, ts))
+        return self.count
+
+    def reset(self) -> None:
+        self.count = 0
+        self._singles = []
+        self._batches = []
 
 
 class MutableBucket:
@@ -30,6 +85,7 @@ class MutableBucket:
         self.end_ledger = -1
         self._buffer = RunBuffer()
         self._runs: list[Run] = []
+        self._pending = PendingCounter()
 
     def _widen(self, first: int, last: int) -> None:
         if self.start_ledger == -1:
@@ -41,6 +97,7 @@ class MutableBucket:
         buf.ts.append(ts)
         buf.ledgers.append(ledger_id)
         buf.entries.append(entry_id)
+        self._pending.add_one(ts)
         if ledger_id > self.end_ledger:
             self._widen(ledger_id, ledger_id)
 
@@ -48,6 +105,7 @@ class MutableBucket:
         """Add a batch as one sorted run; the caller pushes it into the shared queue."""
         run = sorted_run(ts, ledgers, entries)
         self._runs.append(run)
+        self._pending.add_sorted(run.ts)
         self._widen(int(ledgers.min()), int(ledgers.max()))
         return run
 
@@ -102,8 +160,7 @@ class MutableBucket:
 
     def pending_count(self, cutoff: int) -> int:
         """Rows not yet due: Pulsar's ``size()`` of the mutable bucket, which gates a seal."""
-        buffered = sum(1 for t in self._buffer.ts if t > cutoff)
-        return buffered + sum(r.remaining - r.due_count(cutoff) for r in self._runs if not r.dead)
+        return self._pending.pending(cutoff)
 
     def take_for_seal(self, cutoff: int, index: DelayedIndexSet
                       ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], Run | None]:
@@ -116,6 +173,7 @@ class MutableBucket:
         self.flush()
         merged = self._merge_runs()
         self.start_ledger = self.end_ledger = -1
+        self._pending.reset()
         empty = np.zeros(0, dtype=np.uint64)
         if merged is None:
             return (empty, empty, empty), None
@@ -134,4 +192,5 @@ class MutableBucket:
             r.kill()
         self._runs = []
         self._buffer = RunBuffer()
+        self._pending.reset()
         self.start_ledger = self.end_ledger = -1
