@@ -4,9 +4,8 @@ Indexes are appended to a cheap buffer and turned into sorted runs whenever the
 tracker needs to look at the queue; those runs sit in the shared queue like any
 other, so a mutable index that falls due is delivered without first being
 "moved" (Pulsar copies due entries from the mutable heap into the shared heap
-on every poll). Sealing takes every still-tracked row out of the runs, leaves
-the already-due ones in the queue (they belong to no snapshot, as in Pulsar)
-and hands the rest to the seal.
+on every poll). Sealing freezes the runs: they stay in the queue while the
+seal writes them (see ``seal_pipeline``), and the bucket starts empty.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import numpy as np
 
 from .index_set import DelayedIndexSet
 from .shared_queue import Run, RunBuffer, sorted_run
-from ..format.snapshot import drop_repeats
 
 __all__ = ["MutableBucket", "PendingCounter"]
 
@@ -162,30 +160,16 @@ class MutableBucket:
         """Rows not yet due: Pulsar's ``size()`` of the mutable bucket, which gates a seal."""
         return self._pending.pending(cutoff)
 
-    def take_for_seal(self, cutoff: int, index: DelayedIndexSet
-                      ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], Run | None]:
-        """Empty the bucket for a seal.
-
-        Returns the still-tracked rows that are not yet due, sorted (for the
-        snapshot), and a run of the still-tracked rows that are due (they stay in
-        the shared queue). The bucket's runs are marked dead and its range reset.
-        """
-        self.flush()
-        merged = self._merge_runs()
-        self.start_ledger = self.end_ledger = -1
-        self._pending.reset()
-        empty = np.zeros(0, dtype=np.uint64)
-        if merged is None:
-            return (empty, empty, empty), None
-        ts, ledgers, entries = merged.rest()
-        merged.kill()  # its rows go to the snapshot and the due run below
+    def freeze(self, index: DelayedIndexSet) -> list[Run]:
+        """Hand every run to a seal and start empty. The runs stay in the shared queue
+        (deliverable) until the seal installs its bucket; the buffer must be flushed
+        into the queue first (the tracker's ``_sync_queue``)."""
+        assert not len(self._buffer), "flush the buffer into the queue before freezing"
+        runs = [r for r in self._runs if r.remaining and not r.dead]
         self._runs = []
-        keep = index.present_mask(ledgers, entries, ts)
-        # A position re-added with the time of one of its stale rows leaves two equal rows.
-        ts, ledgers, entries = drop_repeats(ts[keep], ledgers[keep], entries[keep])
-        due = int(np.searchsorted(ts, np.uint64(cutoff), side="right"))
-        due_run = Run(ts[:due].copy(), ledgers[:due].copy(), entries[:due].copy()) if due else None
-        return (ts[due:].copy(), ledgers[due:].copy(), entries[due:].copy()), due_run
+        self._pending.reset()
+        self.start_ledger = self.end_ledger = -1
+        return runs
 
     def clear(self) -> None:
         for r in self._runs:

@@ -29,6 +29,7 @@ from ..cutoff import Clock
 from ..errors import StoreClosedError, StoreLockedError
 from ..format.fs import REAL_FS, FileSystem
 from .journal import journal_directory
+from .maintenance import MaintenanceWorker
 from ..format.ledger_file import ledger_file_name
 from .tracker import BucketTracker
 
@@ -48,14 +49,26 @@ class Store:
     :ivar sync_interval_ms: journal mode's group commit: 0 makes every call
         durable before it returns; N > 0 commits at most every N ms (and at
         :meth:`BucketTracker.flush`), trading that window for throughput.
+    :ivar background: True: seals and merges run on the store's maintenance thread,
+        the tracker's lock held only to freeze and to install; False (the default for
+        now): they run on the calling thread, under the lock (the synchronous design).
+    :ivar max_pending_maintenance: how many seals and merges of one tracker may be
+        queued or running before adds wait for the worker (backpressure; each pending
+        seal holds its frozen bucket's rows in memory).
     """
 
     def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
-                 sync_interval_ms: int = 0, fs: FileSystem = REAL_FS) -> None:
+                 sync_interval_ms: int = 0, fs: FileSystem = REAL_FS, background: bool = False,
+                 max_pending_maintenance: int = 2) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         if isinstance(sync_interval_ms, bool) or not isinstance(sync_interval_ms, int) or sync_interval_ms < 0:
             raise ValueError("sync_interval_ms must be an int >= 0")
+        if isinstance(max_pending_maintenance, bool) or not isinstance(max_pending_maintenance, int) \
+                or max_pending_maintenance < 1:
+            raise ValueError("max_pending_maintenance must be an int >= 1")
+        self.background = bool(background)
+        self.max_pending_maintenance = max_pending_maintenance
         self.sync_interval_ms = sync_interval_ms
         self.path = os.path.abspath(os.fspath(path))
         self.durability = durability
@@ -63,8 +76,10 @@ class Store:
         self.fs = fs
         self.ledgers_dir = os.path.join(self.path, "ledgers")
         self._lock = threading.RLock()
+        self._id_lock = threading.Lock()
         self._trackers: dict[str, BucketTracker] = {}
         self._closed = False
+        self.maintenance = MaintenanceWorker(self.path)
         fs.makedirs(self.path)
         self._lock_fd = _acquire_lock(os.path.join(self.path, "LOCK"))
         catalog = None
@@ -104,8 +119,9 @@ class Store:
 
     def allocate_ledger_id(self) -> int:
         """Hand out a fresh ledger id. The catalog commit that registers the ledger
-        persists the allocator, so ids are never reused."""
-        with self._lock:
+        persists the allocator, so ids are never reused. (Its own lock: the maintenance
+        thread allocates while a closing store holds the store lock, waiting for it.)"""
+        with self._id_lock:
             lid = self._next_ledger_id
             self._next_ledger_id += 1
             return lid
@@ -166,7 +182,10 @@ class Store:
             self._check_open()
             live = self._trackers.pop(name, None)
             if live is not None:
-                live._closed = True
+                with live._lock:  # not while one of its jobs installs: that would re-add a key
+                    live._cancel_jobs()
+                    live._closed = True
+                    live._cond.notify_all()
             ledger_ids = list(self.catalog.buckets(name).values())
             self.catalog.delete_tracker(name)
             for lid in ledger_ids:
@@ -202,7 +221,8 @@ class Store:
             if self._closed:
                 return
             for tracker in list(self._trackers.values()):
-                tracker.close()
+                tracker.close()  # drains its seals and merges
+            self.maintenance.stop()
             self.catalog.close()
             os.close(self._lock_fd)
             self._closed = True
@@ -237,7 +257,7 @@ def _acquire_lock(path: str) -> int:
 
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
-               sync_interval_ms: int = 0) -> Store:
+               sync_interval_ms: int = 0, background: bool = False, max_pending_maintenance: int = 2) -> Store:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
@@ -247,6 +267,11 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
     :param sync_interval_ms: journal group-commit interval (0: every call is durable).
     :param repair: drop catalog keys whose ledger file is missing or damaged, and
         report them in the tracker's ``recovery_report``, instead of raising.
+    :param background: run seals and merges on the store's maintenance thread; False
+        (the default) runs them on the calling thread under the tracker's lock.
+    :param max_pending_maintenance: per tracker, how many seals/merges may be pending
+        before adds wait for the worker (bounds the frozen rows held in memory).
     :raises StoreLockedError: another process or handle has the store open.
     """
-    return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms)
+    return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, background=background,
+                 max_pending_maintenance=max_pending_maintenance)
