@@ -103,7 +103,7 @@ class MergeJob:
         if self.cancelled:
             return
         self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
-                                 {"tracker": tracker.name}, fs=store.fs)
+                                 tracker._file_identity, fs=store.fs)
 
     # -- under the lock -------------------------------------------------------------------------
     def install(self) -> None:

@@ -112,7 +112,7 @@ class SealJob:
             return
         # write_bucket: temp file, fsync, rename, fsync(dir). Durable before the catalog names it.
         self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
-                                 {"tracker": tracker.name}, fs=store.fs)
+                                 tracker._file_identity, fs=store.fs)
         self._sealed = (ts, ledgers, entries)
 
     # -- under the lock -------------------------------------------------------------------------
