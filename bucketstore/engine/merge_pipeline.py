@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -33,8 +33,8 @@ from .liveness import index_snapshot
 from .sealed_bucket import SealedBucket
 from .shared_queue import Slot
 
-if TYPE_CHECKING:
-    from .tracker import BucketTracker
+#: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports us).
+Tracker = Any
 
 __all__ = ["MergeJob"]
 
@@ -46,7 +46,7 @@ class MergeJob:
 
     kind = "merge"
 
-    def __init__(self, tracker: "BucketTracker", window: list[SealedBucket]) -> None:
+    def __init__(self, tracker: Tracker, window: list[SealedBucket]) -> None:
         self.tracker = tracker
         self.window = window
         self.start, self.end = window[0].start_ledger, window[-1].end_ledger
@@ -120,7 +120,7 @@ class MergeJob:
             finally:
                 self.seconds += time.perf_counter() - started
 
-    def _install(self, tracker: "BucketTracker") -> None:
+    def _install(self, tracker: Tracker) -> None:
         store = tracker._store
         tracker._merging.remove(self)
         for b in self.window:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +32,8 @@ from .liveness import FrozenMutableLiveness
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run
 
-if TYPE_CHECKING:
-    from .tracker import BucketTracker
+#: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports us).
+Tracker = Any
 
 __all__ = ["SealJob"]
 
@@ -45,7 +45,7 @@ class SealJob:
 
     kind = "create"
 
-    def __init__(self, tracker: "BucketTracker", start: int, end: int, runs: list[Run], cutoff: int) -> None:
+    def __init__(self, tracker: Tracker, start: int, end: int, runs: list[Run], cutoff: int) -> None:
         self.tracker = tracker
         self.start, self.end = start, end
         #: The frozen runs: in the shared queue until install replaces them.
@@ -130,7 +130,7 @@ class SealJob:
             finally:
                 self.seconds += time.perf_counter() - started
 
-    def _install(self, tracker: "BucketTracker") -> None:
+    def _install(self, tracker: Tracker) -> None:
         store = tracker._store
         tracker._sealing.remove(self)
         if self.cancelled or tracker._closed:  # clear(), close() or delete_tracker() meanwhile
