@@ -125,6 +125,14 @@ class MutableBucket:
                 out = [merged]
         return out
 
+    def flush_buffer(self) -> Run | None:
+        """Turn buffered adds into a run (to push), without compacting the runs: a seal is
+        about to freeze them, and compacting a big bucket here would sort it under the lock."""
+        run = self._buffer.flush()
+        if run is not None:
+            self._runs.append(run)
+        return run
+
     def _merge_runs(self) -> Run | None:
         parts = [r.rest() for r in self._runs]
         for r in self._runs:

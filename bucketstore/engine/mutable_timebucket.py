@@ -57,6 +57,10 @@ class TimeBucketMutable:
         ts, ledgers, entries = self._index.pop_due_columns(cutoff)
         return [Run(ts, ledgers, entries)] if len(ts) else []
 
+    def flush_buffer(self) -> None:
+        """No append buffer here (see :meth:`MutableBucket.flush_buffer`)."""
+        return None
+
     def next_timestamp(self) -> int | None:
         return self._index.next_timestamp()
 

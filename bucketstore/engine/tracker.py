@@ -317,7 +317,9 @@ class BucketTracker:
         """Freeze the mutable bucket and seal it: in the background, or now (synchronous store,
         journal replay). Its indexes stay deliverable from the frozen runs meanwhile."""
         start, end = self._mutable.start_ledger, self._mutable.end_ledger
-        self._sync_queue()  # buffered rows become runs in the queue first
+        run = self._mutable.flush_buffer()  # buffered rows become a run in the queue first
+        if run is not None:
+            self._queue.push(run)
         runs = self._mutable.freeze(self._index)
         if self._bits:  # the TimeBucket variant held its rows outside the queue
             for run in runs:
