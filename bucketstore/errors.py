@@ -21,6 +21,7 @@ __all__ = [
     "StoreLockedError",
     "StoreClosedError",
     "JournalError",
+    "MaintenanceError",
 ]
 
 
@@ -80,3 +81,13 @@ class JournalError(BucketStoreError):
         self.offset = int(offset)
         self.reason = reason
         super().__init__(f"{self.path}: offset {self.offset}: {reason}")
+
+
+class MaintenanceError(BucketStoreError):
+    """A background seal or merge of this tracker failed (I/O error, ENOSPC, damage).
+
+    Raised once, by the first call on the tracker after the failure; that call did
+    nothing. The indexes the failed step held stay in memory (as after a failed
+    synchronous seal) and the tracker remains usable. The original exception is
+    ``__cause__``; ``stats()["maintenance"]`` keeps the count and the last error.
+    """

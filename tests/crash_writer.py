@@ -83,17 +83,19 @@ def resume_point(records: list[dict[str, Any]]) -> tuple[int, int]:
 
 
 def run_writer(store_path: str | os.PathLike[str], log_path: str | os.PathLike[str], seed: int,
-               iterations: int | None = None, ready: int | None = None) -> None:
+               iterations: int | None = None, ready: int | None = None, background: bool = False) -> None:
     """Work on the store until killed (or for ``iterations`` rounds).
 
     :param ready: a pipe descriptor to write one byte to once the store is open,
         so the killer can tell recovery from the work that follows.
+    :param background: seal on the store's maintenance thread (a kill then lands inside
+        background seals as well: mid-write, between write and install).
     """
     rng = random.Random(seed)
     ledger, now = resume_point(read_side_log(log_path))
     side = SideLog(log_path)
     clock = FakeClock(now)
-    store = bucketstore.open(store_path)
+    store = bucketstore.open(store_path, background=background)
     tracker = store.tracker(NAME, CONFIG, clock)
     known = set(store.catalog.buckets(NAME))
     if ready is not None:

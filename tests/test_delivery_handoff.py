@@ -242,15 +242,18 @@ def test_a_seal_checkpoint_carries_unconfirmed_rows_of_a_sealed_bucket(tmp_path,
     q.store.close()
 
 
-def test_a_merge_keeps_unconfirmed_rows(tmp_path, clock):
+@pytest.mark.parametrize("background", [False, True], ids=["synchronous", "background"])
+def test_a_merge_keeps_unconfirmed_rows(tmp_path, clock, background):
     cfg = dataclasses.replace(CFG, max_num_buckets=1)
-    p = Process(tmp_path, clock, cfg)
+    p = Process(tmp_path, clock, cfg, background=background)
     p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)])
     p.tracker.add_messages([(2, e, 2100 + e) for e in range(6)])  # seals [1, 1]
+    assert p.tracker.wait_for_maintenance(60)
     clock.now = 1101
     batch = p.tracker.get_scheduled_messages(10)
     assert batch == [(1, 0), (1, 1)]
     p.tracker.add_messages([(3, e, 3100 + e) for e in range(6)])  # seals [2, 2], merges [1, 2]
+    assert p.tracker.wait_for_maintenance(60)  # confirms nothing, unlike flush()
     assert p.tracker.stats()["merge"]["succeeded"] == 1
     # The seal's checkpoint carries the batch too; the merged file must not count on it.
     (merged,) = p.tracker.buckets()

@@ -25,6 +25,7 @@ confirmed is delivered again, ever.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -109,13 +110,14 @@ def check_store(store_path: Path, log_path: Path) -> int:
         return len(tracked)
 
 
-def test_sigkill_writer_and_recovery(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["synchronous", "background"])
+def test_sigkill_writer_and_recovery(tmp_path: Path, background: bool) -> None:
     store_path, log_path = tmp_path / "store", tmp_path / "side.log"
     rng = random.Random(1234)
     started = time.perf_counter()
     killed_writers = killed_recoveries = 0
     for i in range(KILLS):
-        pid, ready = _fork(run_writer, store_path, log_path, i, None)
+        pid, ready = _fork(functools.partial(run_writer, background=background), store_path, log_path, i, None)
         killed_writers += _kill_after(pid, ready, rng.uniform(0.0, 0.08))
         now = max([1_000] + [r["clock"] for r in read_side_log(log_path) if "clock" in r])
         pid, ready = _fork(_recover, store_path, now)

@@ -17,7 +17,7 @@ index order (deliveries leave in index order, so a key describes a prefix):
 
 Until the durable frontier passes a batch, its rows must stay recoverable: a seal's
 checkpoint carries the unconfirmed ones (:meth:`DeliveryHandoff.carry_rows`), a merge
-keeps them in the merged file (:meth:`DeliveryHandoff.keep_mask`), and a bucket
+keeps them in the merged file (:meth:`DeliveryHandoff.held_rows`), and a bucket
 deleted when read to its end first journals them (:meth:`DeliveryHandoff.carry_rows`
 with its ledger range). Batches are released once the durable frontier passes them
 (:meth:`DeliveryHandoff.release`).
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-__all__ = ["DELIVERY_MODES", "DeliveryHandoff"]
+__all__ = ["DELIVERY_MODES", "DeliveryHandoff", "HeldRows"]
 
 #: ``bucketstore.open(..., delivery=...)``: when a returned batch becomes durably delivered.
 DELIVERY_MODES = ("at-least-once", "at-most-once")
@@ -157,18 +157,42 @@ class DeliveryHandoff:
             return empty, empty, empty
         return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
 
-    def keep_mask(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> np.ndarray:
-        """Which rows of a bucket being merged were delivered in a batch not yet durable
-        (exactly these rows, at their delivered time): the merged file must keep them."""
+    def held_rows(self, start_ledger: int, end_ledger: int) -> HeldRows:
+        """A frozen copy of the rows of ledgers ``[start, end]`` delivered in a batch not yet
+        durable: a merge planned now must keep them in its file (it is their only durable copy
+        once the sources go), and it reads its sources off the lock, so it asks the copy."""
+        rows: set[Key] = set()
+        lo, hi = np.uint64(start_ledger), np.uint64(end_ledger)
+        for b in self._batches:
+            keep = (b.ledgers >= lo) & (b.ledgers <= hi)
+            if keep.any():
+                rows.update(zip(b.ts[keep].tolist(), b.ledgers[keep].tolist(), b.entries[keep].tolist()))
+        return HeldRows(rows)
+
+
+class HeldRows:
+    """Rows delivered and not yet durably confirmed, as of one moment (see
+    :meth:`DeliveryHandoff.held_rows`)."""
+
+    def __init__(self, rows: set[Key]) -> None:
+        self._rows = rows
+        self._entries: dict[int, np.ndarray] = {}
+        for _t, ledger, entry in rows:
+            self._entries.setdefault(ledger, []).append(entry)  # type: ignore[arg-type]
+        self._entries = {ledger: np.array(es, dtype=_U64) for ledger, es in self._entries.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self._rows)
+
+    def mask(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> np.ndarray:
+        """Which of these rows (exactly, at their delivered time) are held."""
         mask = np.zeros(len(ts), dtype=bool)
-        if not self._batches:
+        if not self._rows:
             return mask
-        for ledger in np.unique(ledgers).tolist():
-            rows = np.flatnonzero(ledgers == ledger)
-            mask[rows] = self.held_mask(ledger, entries[rows])
-        if mask.any():
-            held = {(t, l, e) for b in self._batches
-                    for t, l, e in zip(b.ts.tolist(), b.ledgers.tolist(), b.entries.tolist())}
-            for r in np.flatnonzero(mask).tolist():
-                mask[r] = (int(ts[r]), int(ledgers[r]), int(entries[r])) in held
+        for ledger, held in self._entries.items():
+            rows = np.flatnonzero(ledgers == np.uint64(ledger))
+            if len(rows):
+                mask[rows] = np.isin(entries[rows], held)
+        for r in np.flatnonzero(mask).tolist():  # few: at most the held rows
+            mask[r] = (int(ts[r]), int(ledgers[r]), int(entries[r])) in self._rows
         return mask

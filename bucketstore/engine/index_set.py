@@ -227,11 +227,24 @@ class DelayedIndexSet:
         mask = np.zeros(len(ledgers), dtype=bool)
         if not len(ledgers):
             return mask
-        for ledger in np.unique(ledgers).tolist():
+        # Group rows by ledger with one sort (a mask per distinct ledger would be
+        # quadratic when a bucket holds many small ledgers).
+        order = np.argsort(ledgers, kind="stable")
+        sorted_ledgers = ledgers[order]
+        cuts = (np.flatnonzero(sorted_ledgers[1:] != sorted_ledgers[:-1]) + 1).tolist()
+        for lo, hi in zip([0] + cuts, cuts + [len(ledgers)]):
+            ledger = int(sorted_ledgers[lo])
             bm = self._ledgers.get(ledger)
             if bm is None:
                 continue
-            rows = np.flatnonzero(ledgers == ledger)
+            if hi - lo == 1:  # one row: a scalar lookup beats building a bitmap
+                row = int(order[lo])
+                entry = int(entries[row])
+                if _fits(bm, entry) and entry in bm:
+                    live = self._live_rows(ledger, entries[row:row + 1], None if ts is None else ts[row:row + 1])
+                    mask[row] = live is None or bool(live[0])
+                continue
+            rows = order[lo:hi]
             ents = entries[rows]
             hits = bm & bitmap_of(ents, wide=isinstance(bm, BitMap64))
             if hits:

@@ -6,7 +6,7 @@ deleted sources after a failed create (#26239), and threw for
 
 * every segment of every source is read, and a row is kept only if it is still
   live in the tracker's index, so delivered indexes are left out and nothing
-  undelivered is, whichever segments were loaded;
+  undelivered is, whichever segments were loaded (``merge_pipeline`` does it);
 * the merged ledger is made durable first, then *one* catalog transaction adds
   its key and removes the sources' keys, and only then are the source files
   unlinked; a failure before the commit removes the new file and leaves the
@@ -16,15 +16,11 @@ deleted sources after a failed create (#26239), and threw for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import numpy as np
-
-from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket
-from ..format.snapshot import drop_repeats
 
-__all__ = ["MAX_MERGE_NUM", "choose_merge_window", "live_rows"]
+__all__ = ["MAX_MERGE_NUM", "choose_merge_window"]
 
 #: Pulsar merges at most this many adjacent buckets at once.
 MAX_MERGE_NUM = 4
@@ -55,32 +51,3 @@ def choose_merge_window(buckets: Sequence[SealedBucket]) -> list[SealedBucket] |
         if best is not None:
             return ordered[best[2]:best[2] + size]
     return None
-
-
-def live_rows(buckets: Sequence[SealedBucket], index: DelayedIndexSet,
-              also_keep: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every still-live index of the buckets' files, sorted by (timestamp, ledger, entry).
-
-    All segments are read, loaded ones included: a segment in memory may still
-    hold undelivered indexes, and after the merge only the new file holds them.
-    ``also_keep(ts, ledgers, entries)`` marks more rows to keep: delivered rows whose
-    delivery is not durably confirmed (the merged file is then their only copy).
-    """
-    parts_t, parts_l, parts_e = [], [], []
-    for bucket in buckets:
-        for number in range(1, bucket.segment_count + 1):
-            run = bucket.read_segment(number)
-            keep = index.present_mask(run.ledgers, run.entries, run.ts)
-            if also_keep is not None:
-                keep |= also_keep(run.ts, run.ledgers, run.entries)
-            if keep.any():
-                parts_t.append(run.ts[keep])
-                parts_l.append(run.ledgers[keep])
-                parts_e.append(run.entries[keep])
-    if not parts_t:
-        empty = np.zeros(0, dtype=np.uint64)
-        return empty, empty, empty
-    ts, ledgers, entries = np.concatenate(parts_t), np.concatenate(parts_l), np.concatenate(parts_e)
-    order = np.lexsort((entries, ledgers, ts))
-    return drop_repeats(ts[order], ledgers[order], entries[order])

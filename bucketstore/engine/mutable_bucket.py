@@ -4,22 +4,75 @@ Indexes are appended to a cheap buffer and turned into sorted runs whenever the
 tracker needs to look at the queue; those runs sit in the shared queue like any
 other, so a mutable index that falls due is delivered without first being
 "moved" (Pulsar copies due entries from the mutable heap into the shared heap
-on every poll). Sealing takes every still-tracked row out of the runs, leaves
-the already-due ones in the queue (they belong to no snapshot, as in Pulsar)
-and hands the rest to the seal.
+on every poll). Sealing freezes the runs: they stay in the queue while the
+seal writes them (see ``seal_pipeline``), and the bucket starts empty.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 
 from .index_set import DelayedIndexSet
 from .shared_queue import Run, RunBuffer, sorted_run
-from ..format.snapshot import drop_repeats
 
-__all__ = ["MutableBucket"]
+__all__ = ["MutableBucket", "PendingCounter"]
 
 _MAX_RUNS = 16
+
+
+class PendingCounter:
+    """How many rows added since the last reset are not yet due: the seal gate, kept
+    as a running count so a ledger roll costs O(log n), not a scan of every row.
+
+    Rows only ever leave the count by falling due (the cutoff never moves back;
+    deliveries and untracks take only due rows or leave the row in place, as the
+    scan did), so each row is counted in once and out at most once. Single rows
+    sit in a min-heap of timestamps; a sorted batch is one heap entry, a cursor
+    into its timestamps that advances with one ``searchsorted`` per step.
+    """
+
+    __slots__ = ("count", "_singles", "_batches", "_seq")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._singles: list[int] = []
+        self._batches: list[tuple[int, int, int, np.ndarray]] = []  # (head ts, seq, pos, sorted ts)
+        self._seq = 0
+
+    def add_one(self, ts: int) -> None:
+        heapq.heappush(self._singles, ts)
+        self.count += 1
+
+    def add_sorted(self, ts: np.ndarray) -> None:
+        """Count a batch whose timestamps are sorted ascending (the array is kept, not copied)."""
+        if len(ts):
+            self._seq += 1
+            heapq.heappush(self._batches, (int(ts[0]), self._seq, 0, ts))
+            self.count += len(ts)
+
+    def pending(self, cutoff: int) -> int:
+        """Rows with a timestamp after ``cutoff`` (amortised O(log n) per row ever added)."""
+        if cutoff < 0:
+            return self.count
+        singles = self._singles
+        while singles and singles[0] <= cutoff:
+            heapq.heappop(singles)
+            self.count -= 1
+        batches = self._batches
+        while batches and batches[0][0] <= cutoff:
+            _, seq, pos, ts = heapq.heappop(batches)
+            nxt = int(np.searchsorted(ts, np.uint64(cutoff), side="right"))
+            self.count -= nxt - pos
+            if nxt < len(ts):
+                heapq.heappush(batches, (int(ts[nxt]), seq, nxt, ts))
+        return self.count
+
+    def reset(self) -> None:
+        self.count = 0
+        self._singles = []
+        self._batches = []
 
 
 class MutableBucket:
@@ -30,6 +83,7 @@ class MutableBucket:
         self.end_ledger = -1
         self._buffer = RunBuffer()
         self._runs: list[Run] = []
+        self._pending = PendingCounter()
 
     def _widen(self, first: int, last: int) -> None:
         if self.start_ledger == -1:
@@ -41,6 +95,7 @@ class MutableBucket:
         buf.ts.append(ts)
         buf.ledgers.append(ledger_id)
         buf.entries.append(entry_id)
+        self._pending.add_one(ts)
         if ledger_id > self.end_ledger:
             self._widen(ledger_id, ledger_id)
 
@@ -48,6 +103,7 @@ class MutableBucket:
         """Add a batch as one sorted run; the caller pushes it into the shared queue."""
         run = sorted_run(ts, ledgers, entries)
         self._runs.append(run)
+        self._pending.add_sorted(run.ts)
         self._widen(int(ledgers.min()), int(ledgers.max()))
         return run
 
@@ -68,6 +124,14 @@ class MutableBucket:
             if merged is not None:
                 out = [merged]
         return out
+
+    def flush_buffer(self) -> Run | None:
+        """Turn buffered adds into a run (to push), without compacting the runs: a seal is
+        about to freeze them, and compacting a big bucket here would sort it under the lock."""
+        run = self._buffer.flush()
+        if run is not None:
+            self._runs.append(run)
+        return run
 
     def _merge_runs(self) -> Run | None:
         parts = [r.rest() for r in self._runs]
@@ -102,36 +166,23 @@ class MutableBucket:
 
     def pending_count(self, cutoff: int) -> int:
         """Rows not yet due: Pulsar's ``size()`` of the mutable bucket, which gates a seal."""
-        buffered = sum(1 for t in self._buffer.ts if t > cutoff)
-        return buffered + sum(r.remaining - r.due_count(cutoff) for r in self._runs if not r.dead)
+        return self._pending.pending(cutoff)
 
-    def take_for_seal(self, cutoff: int, index: DelayedIndexSet
-                      ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], Run | None]:
-        """Empty the bucket for a seal.
-
-        Returns the still-tracked rows that are not yet due, sorted (for the
-        snapshot), and a run of the still-tracked rows that are due (they stay in
-        the shared queue). The bucket's runs are marked dead and its range reset.
-        """
-        self.flush()
-        merged = self._merge_runs()
-        self.start_ledger = self.end_ledger = -1
-        empty = np.zeros(0, dtype=np.uint64)
-        if merged is None:
-            return (empty, empty, empty), None
-        ts, ledgers, entries = merged.rest()
-        merged.kill()  # its rows go to the snapshot and the due run below
+    def freeze(self, index: DelayedIndexSet) -> list[Run]:
+        """Hand every run to a seal and start empty. The runs stay in the shared queue
+        (deliverable) until the seal installs its bucket; the buffer must be flushed
+        into the queue first (the tracker's ``_sync_queue``)."""
+        assert not len(self._buffer), "flush the buffer into the queue before freezing"
+        runs = [r for r in self._runs if r.remaining and not r.dead]
         self._runs = []
-        keep = index.present_mask(ledgers, entries, ts)
-        # A position re-added with the time of one of its stale rows leaves two equal rows.
-        ts, ledgers, entries = drop_repeats(ts[keep], ledgers[keep], entries[keep])
-        due = int(np.searchsorted(ts, np.uint64(cutoff), side="right"))
-        due_run = Run(ts[:due].copy(), ledgers[:due].copy(), entries[:due].copy()) if due else None
-        return (ts[due:].copy(), ledgers[due:].copy(), entries[due:].copy()), due_run
+        self._pending.reset()
+        self.start_ledger = self.end_ledger = -1
+        return runs
 
     def clear(self) -> None:
         for r in self._runs:
             r.kill()
         self._runs = []
         self._buffer = RunBuffer()
+        self._pending.reset()
         self.start_ledger = self.end_ledger = -1

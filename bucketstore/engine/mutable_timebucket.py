@@ -57,6 +57,10 @@ class TimeBucketMutable:
         ts, ledgers, entries = self._index.pop_due_columns(cutoff)
         return [Run(ts, ledgers, entries)] if len(ts) else []
 
+    def flush_buffer(self) -> None:
+        """No append buffer here (see :meth:`MutableBucket.flush_buffer`)."""
+        return None
+
     def next_timestamp(self) -> int | None:
         return self._index.next_timestamp()
 
@@ -78,16 +82,13 @@ class TimeBucketMutable:
         """Every index held (not yet in the queue), without removing any."""
         return self._index.columns()
 
-    def take_for_seal(self, cutoff: int, index: DelayedIndexSet
-                      ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], Run | None]:
-        """Empty the bucket: not-yet-due live rows for the snapshot, due ones as a run."""
+    def freeze(self, index: DelayedIndexSet) -> list[Run]:
+        """Empty the bucket for a seal: its live rows as one sorted run, which the tracker
+        pushes into the shared queue (deliverable while the seal writes them)."""
         ts, ledgers, entries = self._index.pop_due_columns(_NEVER)
         self.start_ledger = self.end_ledger = -1
         keep = index.present_mask(ledgers, entries, ts)
-        ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
-        due = int(np.searchsorted(ts, np.uint64(max(cutoff, 0)), side="right")) if cutoff >= 0 else 0
-        due_run = Run(ts[:due], ledgers[:due], entries[:due]) if due else None
-        return (ts[due:], ledgers[due:], entries[due:]), due_run
+        return [Run(ts[keep], ledgers[keep], entries[keep])] if keep.any() else []
 
     def memory_bytes(self) -> int:
         return self._index.memory_bytes()

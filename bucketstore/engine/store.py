@@ -38,6 +38,7 @@ from ..errors import CatalogError, CorruptLedgerError, StoreClosedError
 from ..format.fs import REAL_FS, FileSystem
 from .handoff import DELIVERY_MODES
 from .journal import FdPool, journal_directory
+from .maintenance import MaintenanceWorker
 from .store_lock import acquire_write_lock
 from .store_services import StoreServices
 from ..format.ledger_file import LedgerReader
@@ -66,10 +67,17 @@ class Store:
         batch is durably delivered once confirmed; a crash before may deliver it
         again) or ``"at-most-once"`` (durably delivered when returned; a crash before
         the embedder used it loses it).
+    :ivar background: True: seals and merges run on the store's maintenance thread,
+        the tracker's lock held only to freeze and to install; False (the default for
+        now): they run on the calling thread, under the lock (the synchronous design).
+    :ivar max_pending_maintenance: how many seals and merges of one tracker may be
+        queued or running before adds wait for the worker (backpressure; each pending
+        seal holds its frozen bucket's rows in memory).
     """
 
     def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
-                 sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS) -> None:
+                 sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS,
+                 background: bool = False, max_pending_maintenance: int = 2) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         if delivery not in DELIVERY_MODES:
@@ -81,6 +89,11 @@ class Store:
         self.delivery = delivery
         if isinstance(sync_interval_ms, bool) or not isinstance(sync_interval_ms, int) or sync_interval_ms < 0:
             raise ValueError("sync_interval_ms must be an int >= 0")
+        if isinstance(max_pending_maintenance, bool) or not isinstance(max_pending_maintenance, int) \
+                or max_pending_maintenance < 1:
+            raise ValueError("max_pending_maintenance must be an int >= 1")
+        self.background = bool(background)
+        self.max_pending_maintenance = max_pending_maintenance
         self.sync_interval_ms = sync_interval_ms
         raw_path = os.fspath(path)
         if isinstance(raw_path, bytes):
@@ -100,6 +113,7 @@ class Store:
         self._closed = False
         #: Open journal files, bounded: thousands of journal trackers share these descriptors.
         self.journal_fds = FdPool(JOURNAL_OPEN_FILES)
+        self.maintenance = MaintenanceWorker(self.path)
         fs.makedirs(self.path)
         self._lock_fd = acquire_write_lock(self.path)
         catalog = None
@@ -117,7 +131,9 @@ class Store:
             self._services = StoreServices(
                 path=self.path, durability=durability, repair=repair, sync_interval_ms=sync_interval_ms,
                 delivery=delivery, fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
-                store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget)
+                store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget,
+                maintenance=self.maintenance, background=self.background,
+                max_pending_maintenance=max_pending_maintenance)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
             if catalog is not None:
@@ -238,7 +254,9 @@ class Store:
                 # its tracker's lock and then takes the store's): an in-flight call finishes
                 # first, and every later call sees the tracker closed.
                 with live._lock:
+                    live._cancel_jobs()  # a seal or merge in flight installs nothing now
                     live._closed = True
+                    live._cond.notify_all()
                     if live._journal is not None:
                         live._journal.close()
             with self._lock:
@@ -280,7 +298,8 @@ class Store:
             if self._closed:
                 return
             for tracker in list(self._trackers.values()):
-                tracker.close()
+                tracker.close()  # drains its seals and merges
+            self.maintenance.stop()
             self.catalog.close()
             os.close(self._lock_fd)
             self._closed = True
@@ -307,7 +326,8 @@ def _holds_files(store_path: str) -> bool:
 
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
-               sync_interval_ms: int = 0, delivery: str = "at-least-once") -> Store:
+               sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = False,
+               max_pending_maintenance: int = 2) -> Store:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
@@ -323,6 +343,11 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
         return and the embedder's use of the batch loses it (never repeats it).
     :param repair: drop catalog keys whose ledger file is missing or damaged, and
         report them in the tracker's ``recovery_report``, instead of raising.
+    :param background: run seals and merges on the store's maintenance thread; False
+        (the default) runs them on the calling thread under the tracker's lock.
+    :param max_pending_maintenance: per tracker, how many seals/merges may be pending
+        before adds wait for the worker (bounds the frozen rows held in memory).
     :raises StoreLockedError: another process or handle has the store open.
     """
-    return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, delivery=delivery)
+    return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, delivery=delivery,
+                 background=background, max_pending_maintenance=max_pending_maintenance)

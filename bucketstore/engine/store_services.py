@@ -16,6 +16,7 @@ from ..format.fs import FileSystem
 from ..format.ledger_file import ledger_file_name
 from .catalog import Catalog
 from .journal import FdPool
+from .maintenance import MaintenanceWorker
 
 __all__ = ["StoreServices"]
 
@@ -33,11 +34,16 @@ class StoreServices:
     :ivar ledgers_dir: the directory of ledger files.
     :ivar store_id: the store's identity, written into every ledger and journal file header.
     :ivar journal_fds: the store's bounded pool of open journal files.
+    :ivar maintenance: the store's maintenance worker (used when ``background``).
+    :ivar background: seals and merges run on ``maintenance``, off the trackers' locks.
+    :ivar max_pending_maintenance: per tracker, pending seals/merges before adds wait.
     """
 
     def __init__(self, *, path: str, durability: str, repair: bool, sync_interval_ms: int, fs: FileSystem,
                  catalog: Catalog, ledgers_dir: str, next_ledger_id: int, store_id: str, journal_fds: FdPool,
-                 tracker_closed: Callable[[Any], None], delivery: str = "at-least-once") -> None:
+                 tracker_closed: Callable[[Any], None], delivery: str = "at-least-once",
+                 maintenance: MaintenanceWorker | None = None, background: bool = False,
+                 max_pending_maintenance: int = 2) -> None:
         self.path = path
         self.durability = durability
         self.repair = repair
@@ -51,6 +57,9 @@ class StoreServices:
         self._next_ledger_id = next_ledger_id
         self._ids = threading.Lock()
         self._tracker_closed = tracker_closed
+        self.maintenance = maintenance if maintenance is not None else MaintenanceWorker(path)
+        self.background = background
+        self.max_pending_maintenance = max_pending_maintenance
 
     @property
     def next_ledger_id(self) -> int:

@@ -27,19 +27,22 @@ from pyroaring import BitMap
 
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
-from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, StoreClosedError
+from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, MaintenanceError, StoreClosedError
 from .handoff import DeliveryHandoff
 from .index_set import DelayedIndexSet, bitmap_of
 from .journal import Journal, journal_directory
-from .merge import choose_merge_window, live_rows
+from .maintenance import MaintenanceCounters
+from .merge import choose_merge_window
+from .merge_pipeline import MergeJob
 from ..format.ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
 from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
 from .identity import LedgerIdentityError, check_identity
+from .seal_pipeline import SealJob
 from .sealed_bucket import BucketMap, SealedBucket
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
-from ..format.snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
+from ..format.snapshot import BucketFile, bucket_key, parse_bucket_key
 from .store_services import StoreServices
 
 __all__ = ["BucketTracker"]
@@ -60,6 +63,15 @@ class BucketTracker:
         self.name = name
         self.config = config
         self._lock = threading.RLock()
+        # Waits for background work (flush, close, a full backlog) release the lock.
+        self._cond = threading.Condition(self._lock)
+        self._sealing: list[SealJob] = []   # frozen mutable buckets being written, oldest first
+        self._merging: list[MergeJob] = []
+        self._sealing_end = -1              # the newest frozen range's end, -1 when none
+        self._maint = MaintenanceCounters()
+        self._failure: BaseException | None = None  # a background failure not yet raised
+        self._submitted = 0
+        self._finished = 0
         self._cutoff = Cutoff(config, clock)
         self._index = DelayedIndexSet()
         self._queue = SharedQueue(self._bucket_exhausted)
@@ -91,6 +103,11 @@ class BucketTracker:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"tracker {self.name!r} is closed")
+        failure = self._failure
+        if failure is not None:
+            self._failure = None
+            raise MaintenanceError(f"tracker {self.name!r}: background maintenance failed: "
+                                   f"{type(failure).__name__}: {failure}") from failure
 
     def _covering(self, ledger_id: int) -> SealedBucket | None:
         return self._buckets.covering(ledger_id)
@@ -129,38 +146,44 @@ class BucketTracker:
         check_timestamp(deliver_at)
         with self._lock:
             self._check_open()
-            cutoff = self._cutoff.advance()
-            # Expiry before membership: an expired re-add must dispatch now, not be
-            # skipped because an undelivered copy is still tracked (Pulsar #26230).
-            journal = self._journal
-            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
-                return False  # acknowledged already: nothing to track
-            if deliver_at <= cutoff:
-                if self._index.expire(ledger_id, entry_id):
-                    self._mutable.discard(ledger_id, entry_id)
-                    if journal is not None:
-                        journal.untrack(ledger_id, entry_id)
-                        self._sync()
-                return False
-            if self._bits:
-                deliver_at = self._trim_time(deliver_at)
-            # Track first (one lookup for the membership test and the insert); a
-            # seal triggered by routing only looks at rows already in the mutable bucket.
-            if not self._index.add(ledger_id, entry_id, deliver_at):
-                return True
-            mutable = self._mutable
-            if ledger_id == mutable.end_ledger and ledger_id > self._buckets.newest_end:
-                mutable.add(deliver_at, ledger_id, entry_id)  # the ledger being written: no roll, no seal
-            else:
-                self._route(ledger_id, cutoff)(deliver_at, ledger_id, entry_id)
-            if journal is not None:
-                # Journaled after routing: a seal that routing triggers checkpoints the
-                # journal, and this index must land after that checkpoint.
-                if self._handoff.holding and self._handoff.holds(ledger_id, entry_id):
-                    self._supersede(ledger_id, np.array([entry_id], dtype=_U64))
-                journal.add_one(ledger_id, entry_id, deliver_at)
+            self._wait_for_room()
+            tracked = self._add_one(ledger_id, entry_id, deliver_at, self._cutoff.advance())
+            if self._journal is not None:
                 self._sync()
+            return tracked
+
+    def _add_one(self, ledger_id: int, entry_id: int, deliver_at: int, cutoff: int) -> bool:
+        """:meth:`add_message` under the lock, without the journal's group commit."""
+        # Expiry before membership: an expired re-add must dispatch now, not be
+        # skipped because an undelivered copy is still tracked (Pulsar #26230).
+        journal = self._journal
+        if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+            return False  # acknowledged already: nothing to track
+        if deliver_at <= cutoff:
+            if self._index.expire(ledger_id, entry_id):
+                self._mutable.discard(ledger_id, entry_id)
+                if journal is not None:
+                    journal.untrack(ledger_id, entry_id)
+            return False
+        if self._bits:
+            deliver_at = self._trim_time(deliver_at)
+        # Track first (one lookup for the membership test and the insert); a
+        # seal triggered by routing only looks at rows already in the mutable bucket.
+        if not self._index.add(ledger_id, entry_id, deliver_at):
             return True
+        mutable = self._mutable
+        if ledger_id == mutable.end_ledger and ledger_id > self._buckets.newest_end \
+                and ledger_id > self._sealing_end:
+            mutable.add(deliver_at, ledger_id, entry_id)  # the ledger being written: no roll, no seal
+        else:
+            self._route(ledger_id, cutoff)(deliver_at, ledger_id, entry_id)
+        if journal is not None:
+            # Journaled after routing: a seal that routing triggers checkpoints the
+            # journal, and this index must land after that checkpoint.
+            if self._handoff.holding and self._handoff.holds(ledger_id, entry_id):
+                self._supersede(ledger_id, np.array([entry_id], dtype=_U64))
+            journal.add_one(ledger_id, entry_id, deliver_at)
+        return True
 
     def _route(self, ledger_id: int, cutoff: int):
         """Seal if this ledger rolls the mutable bucket over, then pick where the index goes.
@@ -173,12 +196,12 @@ class BucketTracker:
         that overlaps them, which recovery would then resolve by deleting the one
         enclosed. Such old ledgers go straight to the shared queue instead.
         """
-        if ledger_id <= self._buckets.newest_end:
-            return self._direct.append  # covered by a sealed bucket, or in a gap before the newest
+        if ledger_id <= self._buckets.newest_end or ledger_id <= self._sealing_end:
+            return self._direct.append  # covered by a sealed (or sealing) bucket, or in a gap before the newest
         mutable = self._mutable
         if ledger_id > mutable.end_ledger and not mutable.is_empty() \
                 and mutable.pending_count(cutoff) >= self.config.min_index_count_per_bucket:
-            self._seal(cutoff)
+            self._start_seal(cutoff)
         if ledger_id >= mutable.end_ledger:
             return mutable.add
         return self._direct.append
@@ -207,7 +230,14 @@ class BucketTracker:
             cuts = np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1
             bounds = zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(ledgers)])).tolist())
             for lo, hi in bounds:
-                tracked += self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], deliver_at[lo:hi], cutoff)
+                if self._submitted - self._finished >= self._store.max_pending_maintenance:
+                    self._wait_for_room()  # between ledger runs: the state is whole here
+                if hi - lo == 1:
+                    # A one-row ledger (many small ledgers): the scalar path costs a few
+                    # microseconds where the vectorised one costs tens.
+                    tracked += self._add_one(int(ledgers[lo]), int(entries[lo]), int(deliver_at[lo]), cutoff)
+                else:
+                    tracked += self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], deliver_at[lo:hi], cutoff)
             if self._journal is not None:
                 self._sync()
             return tracked
@@ -302,110 +332,112 @@ class BucketTracker:
         up = (floor != ts) & (floor <= np.uint64((1 << 64) - 1) - step)
         return np.where(up, floor + step, floor).astype(_U64)
 
-    # -- sealing --------------------------------------------------------------------------------
-    def _seal(self, cutoff: int) -> None:
-        """Seal the mutable bucket into a ledger file and register it in the catalog.
-
-        Order: write + fsync + rename + fsync(dir) the ledger file, then one
-        catalog transaction adds its key. A crash before the commit leaves an
-        orphan file (removed on open); the indexes were never durable in
-        ``sealed`` mode. If either step fails, the file is removed and the
-        indexes stay in memory, in the shared queue (Pulsar's downgrade).
-        """
+    # -- sealing and merging (see seal_pipeline, merge_pipeline, maintenance) -------------------
+    def _start_seal(self, cutoff: int) -> None:
+        """Freeze the mutable bucket and seal it: in the background, or now (synchronous store,
+        journal replay). Its indexes stay deliverable from the frozen runs meanwhile."""
         start, end = self._mutable.start_ledger, self._mutable.end_ledger
-        (ts, ledgers, entries), due_run = self._mutable.take_for_seal(cutoff, self._index)
-        if due_run is not None:
-            self._queue.push(due_run)
-        if not len(ts):
+        run = self._mutable.flush_buffer()  # buffered rows become a run in the queue first
+        if run is not None:
+            self._queue.push(run)
+        runs = self._mutable.freeze(self._index)
+        if self._bits:  # the TimeBucket variant held its rows outside the queue
+            for run in runs:
+                self._queue.push(run)
+        if not runs:
             return
-        started = time.perf_counter()
-        store = self._store
-        ledger_id = store.allocate_ledger_id()
-        cfg = self.config
-        path = None
-        try:
-            meta, payloads = build_bucket(start, end, ts, ledgers, entries,
-                                          time_step_ms=cfg.max_time_step_per_segment_ms,
-                                          max_indexes_per_segment=cfg.max_indexes_per_segment)
-            path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, self._file_identity, fs=store.fs)
-            store.catalog.commit(self.name, put={meta.key: ledger_id}, next_ledger_id=ledger_id + 1)
-        except (OSError, BucketStoreError) as exc:
-            self._ops.record("create", time.perf_counter() - started, False)
-            log.warning("tracker %r: sealing ledgers [%d, %d] failed, keeping them in memory: %s",
-                        self.name, start, end, exc)
-            if path is not None:
-                store.remove_ledger_file(path)
-            self._queue.push(Run(ts, ledgers, entries))
-            return
-        size = os.path.getsize(path)
-        bucket = SealedBucket(path, ledger_id, meta, size, on_load=self._record_load)
-        self._buckets.add(bucket)
-        # Segment 1 is already in memory: hand it to the queue without reading it back.
-        n1 = meta.segments[0].count
-        bucket.current = 1
-        self._queue.push(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
-        self._ops.record("create", time.perf_counter() - started, True)
-        self._queue.drop_dead()  # the mutable bucket's replaced runs
-        if self._journal is not None and not self._replaying:
-            self._checkpoint()  # the sealed indexes need the journal no more
-        self._merge_while_too_many()
+        job = SealJob(self, start, end, runs, cutoff)
+        self._sealing.append(job)
+        self._sealing_end = max(self._sealing_end, end)
+        self._run_job(job)
 
-    # -- merging --------------------------------------------------------------------------------
     def _merge_while_too_many(self) -> None:
         limit = self.config.max_num_buckets
-        while limit > 0 and len(self._buckets) > limit:
+        while limit > 0 and len(self._buckets) > limit and not self._merging and not self._closed:
             window = choose_merge_window(self._buckets.values())
-            if window is None or not self._merge(window):
+            if window is None:
                 return
+            job = MergeJob(self, window)
+            self._merging.append(job)
+            self._run_job(job)
+            if job.error is not None or self._background:
+                return  # a failed merge is not retried in a loop; a background one installs later
 
-    def _merge(self, window: list[SealedBucket]) -> bool:
-        """Merge adjacent buckets into one covering their whole range; True on success.
+    @property
+    def _background(self) -> bool:
+        return self._store.background and not self._replaying
 
-        Order: read the sources' live rows, write the merged ledger durably, then
-        one catalog transaction adds the new key and removes the old ones, then the
-        old files are unlinked. A crash before the commit leaves an orphan file
-        (removed on open) and the sources intact; after it, the new bucket alone
-        (old files left behind are orphans). Recovery also resolves the overlap if
-        both keys were somehow present: the enclosing range wins.
-        """
-        started = time.perf_counter()
-        store = self._store
-        cfg = self.config
-        start, end = window[0].start_ledger, window[-1].end_ledger
-        path = None
+    def _run_job(self, job: SealJob | MergeJob) -> None:
+        self._submitted += 1
+        self._maint.queued += 1
+        job.number = self._submitted
+        if self._background:
+            self._store.maintenance.submit(job)
+        else:
+            job.work()
+            job.install()
+
+    def _finish_job(self, job: SealJob | MergeJob, outcome: str) -> None:
+        """Record a job's end (under the lock) and wake whoever waits for it."""
+        job.finished = True
+        m = self._maint
+        m.queued -= 1
+        if job.running:
+            m.running -= 1
+            job.running = False
+        m.seconds += job.seconds
+        ok = outcome == "done"
+        if outcome == "cancelled":
+            m.cancelled += 1
+        elif ok:
+            m.done += 1
+        else:
+            m.failed += 1
+            error = job.error
+            m.last_error = f"{job!r}: {type(error).__name__}: {error}"
+            if self._background:
+                log.error("tracker %r: background %s failed, keeping its indexes in memory: %s",
+                          self.name, job.kind, m.last_error)
+                self._failure = error
+            else:
+                log.warning("tracker %r: %s failed, keeping its indexes in memory: %s",
+                            self.name, job.kind, m.last_error)
+        if outcome != "cancelled":
+            self._ops.record(job.kind, job.seconds, ok)
+        if not self._sealing:
+            self._sealing_end = -1  # every frozen range is a sealed bucket (or memory-only) now
+        self._finished = max(self._finished, job.number)
+        self._cond.notify_all()
+
+    def _checkpoint_or_fail(self) -> None:
         try:
-            # Rows delivered in a batch whose confirmation is not durable stay in the merged
-            # file: the sources are their only durable copy, and a crash brings them back.
-            ts, ledgers, entries = live_rows(window, self._index, self._handoff.keep_mask)
-            ledger_id = store.allocate_ledger_id()
-            put: dict[str, int] = {}
-            meta = None
-            if len(ts):
-                meta, payloads = build_bucket(start, end, ts, ledgers, entries,
-                                              time_step_ms=cfg.max_time_step_per_segment_ms,
-                                              max_indexes_per_segment=cfg.max_indexes_per_segment)
-                path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, self._file_identity,
-                                    fs=store.fs)
-                put[meta.key] = ledger_id
-            store.catalog.commit(self.name, put=put, remove=[b.key for b in window], next_ledger_id=ledger_id + 1)
+            self._checkpoint()
         except (OSError, BucketStoreError) as exc:
-            self._ops.record("merge", time.perf_counter() - started, False)
-            log.warning("tracker %r: merging ledgers [%d, %d] failed, keeping the %d buckets: %s",
-                        self.name, start, end, len(window), exc)
-            if path is not None:
-                store.remove_ledger_file(path)
-            return False
-        for b in window:
-            b.dead = True  # their runs and slots in the queue die with them
-            self._buckets.remove(b)
-        for b in window:
-            store.remove_ledger_file(b.path)
-        if meta is not None and path is not None:
-            merged = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load)
-            self._buckets.add(merged)
-            self._queue.push(Slot(merged))
-        self._queue.drop_dead()  # the sources' loaded segments
-        self._ops.record("merge", time.perf_counter() - started, True)
+            self._maint.failed += 1
+            self._maint.last_error = f"journal checkpoint: {type(exc).__name__}: {exc}"
+            log.error("tracker %r: %s", self.name, self._maint.last_error)
+            self._failure = exc
+
+    def _delete_source_files(self, paths: list[str]) -> None:
+        for path in paths:
+            self._store.remove_ledger_file(path)
+
+    def _wait_for_room(self) -> None:
+        """Backpressure: while the store's backlog of this tracker's seals and merges is
+        full, wait (releasing the lock) for the worker. Bounds memory at any add rate."""
+        limit = self._store.max_pending_maintenance
+        while self._background and self._submitted - self._finished >= limit and not self._closed:
+            self._cond.wait()
+        self._check_open()
+
+    def _wait_for_jobs(self, number: int, timeout: float | None = None) -> bool:
+        """Wait (releasing the lock) until every job up to ``number`` has finished."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._finished < number:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self._cond.wait(remaining)
         return True
 
     def _record_load(self, seconds: float, ok: bool) -> None:
@@ -489,7 +521,7 @@ class BucketTracker:
             rows: list | None = [] if journal is not None and self._handoff.at_least_once else None
             delivered, last_key = self._queue.pop_due(cutoff, max_messages, self._index, rows)
             for ledger, hits in delivered.items():
-                if self._covering(ledger) is not None:
+                if self._covering(ledger) is not None or any(job.covers(ledger) for job in self._sealing):
                     # The bucket's file still holds these rows (a merge reads them): should a
                     # position come back with another time, its old row must stay dead.
                     for bm in hits:
@@ -598,15 +630,39 @@ class BucketTracker:
         self._mutable.drop_through(ledger_id, entry_id)
 
     # -- durability and lifecycle ---------------------------------------------------------------
+    def wait_for_maintenance(self, timeout: float | None = None) -> bool:
+        """Wait until no seal or merge is pending (installed, failed or cancelled; merges
+        that finished seals start are waited for too), without :meth:`flush`'s other
+        effects: nothing is confirmed and the journal is not committed.
+
+        :param timeout: seconds to wait at most (None: as long as it takes).
+        :return: True if the work finished, False if the timeout ran out first.
+        :raises MaintenanceError: a seal or merge failed (its indexes stay in memory).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._check_open()
+            while self._finished < self._submitted:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if not self._wait_for_jobs(self._submitted, remaining):
+                    return False
+            self._check_open()
+            return True
+
     def flush(self) -> None:
         """Make everything added, untracked and delivered so far durable.
 
-        In ``journal`` mode this confirms the batches returned so far (see
+        Waits until every seal and merge started before the call is durable and in
+        the catalog (or has failed: then :class:`MaintenanceError` is raised). In
+        ``journal`` mode it then confirms the batches returned so far (see
         :meth:`confirm_delivered`) and commits (writes and fsyncs) the journal's
         pending group. In ``sealed`` mode an index is durable once its bucket is
-        sealed, which happens as ledgers roll; ``flush`` has nothing more to write.
+        sealed, which happens as ledgers roll; ``flush`` does not seal the mutable
+        bucket.
         """
         with self._lock:
+            self._check_open()
+            self._wait_for_jobs(self._submitted)
             self._check_open()
             if self._journal is not None:
                 self._confirm()
@@ -677,6 +733,7 @@ class BucketTracker:
         """Forget every index and delete every bucket (files and keys), durably."""
         with self._lock:
             self._check_open()
+            self._cancel_jobs()
             self._delete_buckets(self._buckets.values())
             self._buckets.clear()
             self._queue.clear()
@@ -688,18 +745,43 @@ class BucketTracker:
             if self._journal is not None:
                 self._checkpoint()
 
-    def close(self) -> None:
-        """Release the tracker. Nothing is deleted; sealed buckets are recovered on the next open.
+    def _cancel_jobs(self) -> None:
+        """Background work in flight is abandoned: each job, when the worker reaches its
+        install, removes its file and changes nothing (the catch is under the lock)."""
+        for job in (*self._sealing, *self._merging):
+            job.cancelled = True
+        self._sealing_end = -1
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Release the tracker, first waiting for its seals and merges to finish.
+
+        Nothing is deleted; sealed buckets are recovered on the next open.
+
+        :param timeout: seconds to wait for background work (None: as long as it
+            takes). If it runs out, the work still pending is abandoned, which is
+            exactly a crash at this point: nothing acknowledged is lost (``journal``
+            mode keeps the rows in the journal until a seal's install; ``sealed``
+            mode never promised unsealed indexes), and files written but not
+            installed are orphans, removed on the next open.
 
         Closing does not confirm deliveries (a ``finally: close()`` also runs when the
         last batch failed): in journal mode with ``delivery="at-least-once"`` a batch
         not confirmed by :meth:`confirm_delivered`, :meth:`flush` or a later
         :meth:`get_scheduled_messages` is delivered again after the next open.
+        :return: True if every pending seal and merge finished; False if the close
+            gave up on some (also logged).
         """
         with self._lock:
             if self._closed:
-                return
+                return True
+            drained = self._wait_for_jobs(self._submitted, timeout)
+            if not drained:
+                log.warning("tracker %r: closed with %d seal/merge jobs unfinished after %.3f s: "
+                            "treated as a crash (nothing acknowledged is lost; their files become orphans)",
+                            self.name, self._submitted - self._finished, timeout)
+                self._cancel_jobs()
             self._closed = True
+            self._cond.notify_all()
             if self._journal is not None:
                 try:
                     self._journal.commit()  # a clean close loses nothing that was added
@@ -709,6 +791,7 @@ class BucketTracker:
             self._mutable.clear()
             self._index.clear()
         self._store.tracker_closed(self)
+        return drained
 
     def __enter__(self) -> "BucketTracker":
         return self
@@ -736,6 +819,8 @@ class BucketTracker:
                 "recovery_seconds": round(self.recovery_seconds, 6),
             }
             stats.update(self._ops.as_dict())
+            stats["maintenance"] = {**self._maint.as_dict(), "background": self._store.background,
+                                    "sealing": len(self._sealing), "merging": len(self._merging)}
             return stats
 
     def buckets(self) -> list[SealedBucket]:

@@ -1,0 +1,166 @@
+"""The merge pipeline: plan under the lock, read/merge/write off it, install under it.
+
+::
+
+    plan (lock)       pick the window, mark its buckets ``merging``, snapshot the
+                      index for their ledger range (and the delivered rows whose
+                      confirmation is not durable yet: they stay in the file)
+    work (no lock)    read every segment of every source, keep the rows live in
+                      the snapshot, sort, encode, write + fsync the merged ledger
+    install (lock)    one catalog commit adds the merged key and removes the
+                      sources' keys; the sources die (their runs and slots leave
+                      the queue); then their files are unlinked
+
+Reconciling what happened during the merge: a row delivered, trimmed or
+untracked after the snapshot is in the new file, but the index (and the ghost
+kept for every delivered position of a covered ledger) keeps it dead, as it did
+in the source; a source deleted meanwhile (``mark_delete``, exhausted,
+``clear``) cancels the merge, whose file is then removed. Nothing can be missing:
+rows only ever leave a sealed bucket, and new indexes of covered ledgers go to
+the queue directly, never into a bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import BucketStoreError
+from ..format.snapshot import BucketMetadata, build_bucket, drop_repeats, write_bucket
+from .liveness import index_snapshot
+from .sealed_bucket import SealedBucket
+from .shared_queue import Slot
+
+#: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports us).
+Tracker = Any
+
+__all__ = ["MergeJob"]
+
+_U64 = np.dtype("<u8")
+
+
+class MergeJob:
+    """One merge of adjacent sealed buckets into one covering their whole range."""
+
+    kind = "merge"
+
+    def __init__(self, tracker: Tracker, window: list[SealedBucket]) -> None:
+        self.tracker = tracker
+        self.window = window
+        self.start, self.end = window[0].start_ledger, window[-1].end_ledger
+        for b in window:
+            b.merging = True
+        self._live = index_snapshot(tracker._index, self.start, self.end)
+        # Rows delivered in a batch whose confirmation is not durable stay in the merged
+        # file: the sources are their only durable copy, and a crash must bring them back.
+        self._held = tracker._handoff.held_rows(self.start, self.end)
+        self.cancelled = False
+        self.running = self.finished = False
+        self.number = 0  # the tracker's submission number
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.path: str | None = None
+        self.ledger_id = -1
+        self.meta: BucketMetadata | None = None
+
+    def __repr__(self) -> str:
+        return f"MergeJob({self.tracker.name!r}, [{self.start}, {self.end}], {len(self.window)} buckets)"
+
+    # -- off the lock ---------------------------------------------------------------------------
+    def work(self) -> None:
+        started = time.perf_counter()
+        self.running = True
+        self.tracker._maint.running += 1
+        try:
+            self._work()
+        except Exception as exc:  # reported by install(), never lost
+            self.error = exc
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _work(self) -> None:
+        parts = []
+        for bucket in self.window:
+            for number in range(1, bucket.segment_count + 1):
+                if self.cancelled or bucket.dead:
+                    return
+                # Every segment, loaded ones included: they may hold undelivered rows (Pulsar #26251).
+                run = bucket.read_segment(number)
+                keep = self._live.present_mask(run.ledgers, run.entries, run.ts)
+                if self._held:
+                    keep |= self._held.mask(run.ts, run.ledgers, run.entries)
+                if keep.any():
+                    parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
+        self._live = self._held = None  # type: ignore[assignment]
+        tracker = self.tracker
+        store, cfg = tracker._store, tracker.config
+        self.ledger_id = store.allocate_ledger_id()
+        if not parts:
+            return  # nothing live: install only removes the sources
+        ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*parts))
+        order = np.lexsort((entries, ledgers, ts))
+        ts, ledgers, entries = drop_repeats(ts[order], ledgers[order], entries[order])
+        self.meta, payloads = build_bucket(self.start, self.end, ts, ledgers, entries,
+                                           time_step_ms=cfg.max_time_step_per_segment_ms,
+                                           max_indexes_per_segment=cfg.max_indexes_per_segment)
+        if self.cancelled:
+            return
+        self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
+                                 tracker._file_identity, fs=store.fs)
+
+    # -- under the lock -------------------------------------------------------------------------
+    def install(self) -> None:
+        tracker = self.tracker
+        with tracker._lock:
+            started = time.perf_counter()
+            try:
+                self._install(tracker)
+            except Exception as exc:  # a bug: still end the job, so nobody waits for it forever
+                if not self.finished:
+                    self.error = exc
+                    tracker._finish_job(self, "failed")
+                raise
+            finally:
+                self.seconds += time.perf_counter() - started
+
+    def _install(self, tracker: Tracker) -> None:
+        store = tracker._store
+        tracker._merging.remove(self)
+        for b in self.window:
+            b.merging = False
+        if self.cancelled or tracker._closed or any(b.dead for b in self.window):
+            # A source was deleted meanwhile (acknowledged, exhausted, cleared): the merged
+            # file would bring its rows back. Drop it; the next roll plans again.
+            if self.path is not None:
+                store.remove_ledger_file(self.path)
+            tracker._finish_job(self, "cancelled")
+            return
+        if self.error is None:
+            put = {self.meta.key: self.ledger_id} if self.meta is not None and self.path is not None else {}
+            try:
+                # One transaction: the merged key in, the sources' keys out. A crash before it
+                # leaves an orphan file; after it, the sources' files are orphans.
+                store.catalog.commit(tracker.name, put=put, remove=[b.key for b in self.window],
+                                     next_ledger_id=self.ledger_id + 1)
+            except (OSError, BucketStoreError) as exc:
+                self.error = exc
+        if self.error is not None:
+            if self.path is not None:
+                store.remove_ledger_file(self.path)
+            tracker._finish_job(self, "failed")  # the sources stay, untouched
+            return
+        for b in self.window:
+            b.dead = True  # their runs and slots in the queue die with them
+            tracker._buckets.remove(b)
+        if self.meta is not None and self.path is not None:
+            merged = SealedBucket(self.path, self.ledger_id, self.meta, os.path.getsize(self.path),
+                                  on_load=tracker._record_load)
+            tracker._buckets.add(merged)
+            tracker._queue.push(Slot(merged))
+        tracker._queue.drop_dead()  # the sources' loaded segments
+        tracker._finish_job(self, "done")
+        tracker._delete_source_files([b.path for b in self.window])
+        tracker._merge_while_too_many()

@@ -1,0 +1,180 @@
+"""The seal pipeline: freeze the mutable bucket, write its ledger off the lock, install it.
+
+::
+
+    freeze (lock)     the mutable bucket's runs stay in the shared queue, frozen
+                      (deliverable, counted, contains_message-visible); a fresh
+                      mutable bucket takes new ledgers
+    work (no lock)    sort, drop dead rows, encode, write + fsync + rename +
+                      fsync(dir) the ledger file
+    install (lock)    one catalog commit adds the key; the sealed bucket replaces
+                      the frozen runs in the queue; journal mode checkpoints
+
+Durability order: the file is durable before the catalog names it (a crash
+between leaves an orphan file, removed on open), and in journal mode the
+journal keeps the frozen rows until the checkpoint that follows the commit
+(a crash before it replays them: nothing is lost). A failure in either step
+removes the file and leaves the frozen runs in the queue: the indexes stay in
+memory (Pulsar's downgrade).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import BucketStoreError
+from ..format.snapshot import BucketMetadata, build_bucket, drop_repeats, write_bucket
+from .liveness import FrozenMutableLiveness
+from .sealed_bucket import SealedBucket
+from .shared_queue import Run
+
+#: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports us).
+Tracker = Any
+
+__all__ = ["SealJob"]
+
+_U64 = np.dtype("<u8")
+
+
+class SealJob:
+    """One seal of a frozen mutable bucket over ledgers ``[start, end]``."""
+
+    kind = "create"
+
+    def __init__(self, tracker: Tracker, start: int, end: int, runs: list[Run], cutoff: int) -> None:
+        self.tracker = tracker
+        self.start, self.end = start, end
+        #: The frozen runs: in the shared queue until install replaces them.
+        self.runs = runs
+        # Views of their unread rows now; the arrays are never written in place.
+        self._views = [r.rest() for r in runs]
+        self._cutoff = cutoff
+        self._liveness = FrozenMutableLiveness(tracker._index, start, end, tracker._mark_delete)
+        self.cancelled = False
+        self.running = self.finished = False
+        self.number = 0  # the tracker's submission number
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.path: str | None = None
+        self.ledger_id = -1
+        self.meta: BucketMetadata | None = None
+        self._sealed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._due: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def __repr__(self) -> str:
+        return f"SealJob({self.tracker.name!r}, [{self.start}, {self.end}])"
+
+    def covers(self, ledger_id: int) -> bool:
+        return self.start <= ledger_id <= self.end
+
+    # -- off the lock ---------------------------------------------------------------------------
+    def work(self) -> None:
+        started = time.perf_counter()
+        self.running = True
+        self.tracker._maint.running += 1
+        try:
+            self._work()
+        except Exception as exc:  # reported by install(), never lost
+            self.error = exc
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _work(self) -> None:
+        if self.cancelled:
+            return
+        if self._views:
+            ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*self._views))
+        else:
+            ts = ledgers = entries = np.zeros(0, dtype=_U64)
+        self._views = []
+        keep = self._liveness.mask(ts, ledgers, entries)
+        ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
+        order = np.lexsort((entries, ledgers, ts))
+        # A position re-added with the time of one of its stale rows leaves two equal rows.
+        ts, ledgers, entries = drop_repeats(ts[order], ledgers[order], entries[order])
+        # Rows already due at the freeze belong to no snapshot (as in Pulsar): they stay in the queue.
+        due = int(np.searchsorted(ts, np.uint64(self._cutoff), side="right")) if self._cutoff >= 0 else 0
+        self._due = (ts[:due], ledgers[:due], entries[:due])
+        ts, ledgers, entries = ts[due:], ledgers[due:], entries[due:]
+        if not len(ts):
+            return
+        tracker = self.tracker
+        store, cfg = tracker._store, tracker.config
+        self.ledger_id = store.allocate_ledger_id()
+        self.meta, payloads = build_bucket(self.start, self.end, ts, ledgers, entries,
+                                           time_step_ms=cfg.max_time_step_per_segment_ms,
+                                           max_indexes_per_segment=cfg.max_indexes_per_segment)
+        if self.cancelled:
+            return
+        # write_bucket: temp file, fsync, rename, fsync(dir). Durable before the catalog names it.
+        self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
+                                 tracker._file_identity, fs=store.fs)
+        self._sealed = (ts, ledgers, entries)
+
+    # -- under the lock -------------------------------------------------------------------------
+    def install(self) -> None:
+        tracker = self.tracker
+        with tracker._lock:
+            started = time.perf_counter()
+            try:
+                self._install(tracker)
+            except Exception as exc:  # a bug: still end the job, so nobody waits for it forever
+                if not self.finished:
+                    self.error = exc
+                    tracker._finish_job(self, "failed")
+                raise
+            finally:
+                self.seconds += time.perf_counter() - started
+
+    def _install(self, tracker: Tracker) -> None:
+        store = tracker._store
+        tracker._sealing.remove(self)
+        if self.cancelled or tracker._closed:  # clear(), close() or delete_tracker() meanwhile
+            if self.path is not None:
+                store.remove_ledger_file(self.path)
+            tracker._finish_job(self, "cancelled")
+            return
+        if self.error is None and self.meta is not None:
+            try:
+                # The commit makes the bucket part of the tracker; the file is durable already.
+                store.catalog.commit(tracker.name, put={self.meta.key: self.ledger_id},
+                                     next_ledger_id=self.ledger_id + 1)
+            except (OSError, BucketStoreError) as exc:
+                self.error = exc
+        if self.error is not None:
+            if self.path is not None:
+                store.remove_ledger_file(self.path)
+            # The frozen runs stay in the queue: the indexes are kept in memory.
+            tracker._finish_job(self, "failed")
+            return
+        for run in self.runs:
+            run.kill()
+        queue = tracker._queue
+        if self._due is not None and len(self._due[0]):
+            queue.push(Run(*self._due))
+        bucket = None
+        if self.meta is not None and self._sealed is not None and self.path is not None:
+            bucket = SealedBucket(self.path, self.ledger_id, self.meta, os.path.getsize(self.path),
+                                  on_load=tracker._record_load)
+            tracker._buckets.add(bucket)
+            # Segment 1 is in memory already: hand it to the queue without reading it back.
+            # Rows delivered since the freeze are in it; the index keeps them dead.
+            n1 = self.meta.segments[0].count
+            ts, ledgers, entries = self._sealed
+            bucket.current = 1
+            queue.push(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
+        self._sealed = self._due = None
+        queue.drop_dead()  # the frozen runs
+        md = tracker._mark_delete
+        if bucket is not None and md is not None and bucket.end_ledger < md[0]:
+            tracker._delete_buckets([bucket])  # acknowledged while it was being written
+        if tracker._journal is not None and not tracker._replaying:
+            # Only now, with the bucket durable and in the catalog, may the journal let
+            # go of its rows (a checkpoint before the commit could lose them in a crash).
+            tracker._checkpoint_or_fail()
+        tracker._finish_job(self, "done")
+        tracker._merge_while_too_many()

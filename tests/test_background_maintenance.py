@@ -1,0 +1,284 @@
+"""Seals and merges on the store's maintenance thread (``background=True``).
+
+The slow steps are held open by a gate in the file layer (a real file system
+whose ledger rename waits for the test), never by sleeps in product code, so
+each test decides exactly what happens while a seal or merge is in flight.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import threading
+
+import pytest
+
+import bucketstore
+from bucketstore import TrackerConfig
+from bucketstore.engine.store import Store
+from bucketstore.errors import MaintenanceError
+from bucketstore.format.fs import FileSystem
+
+from helpers import FakeClock, example_count
+
+
+class GateFS(FileSystem):
+    """Real files; while armed, each rename that publishes a ledger file reports its arrival
+    and waits for one permit from the test."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.arrivals = threading.Semaphore(0)
+        self.permits = threading.Semaphore(0)
+        self.fail_fsync: int | None = None
+
+    def reached(self) -> bool:
+        return self.arrivals.acquire(timeout=60)
+
+    def release(self) -> None:
+        self.permits.release()
+
+    def rename(self, src: str, dst: str) -> None:
+        if self.armed and dst.endswith(".ledger"):
+            self.arrivals.release()
+            assert self.permits.acquire(timeout=60), "test never released the gate"
+        super().rename(src, dst)
+
+    def fsync(self, fd: int) -> None:
+        if self.fail_fsync is not None and os.readlink(f"/proc/self/fd/{fd}").endswith(".ledger.tmp"):
+            raise OSError(self.fail_fsync, os.strerror(self.fail_fsync))
+        super().fsync(fd)
+
+
+def _open(path, fs, durability="sealed", **kw):
+    return Store(path, durability, fs=fs, background=True, **kw)
+
+
+def _fill(t, ledger, n, at):
+    for e in range(n):
+        assert t.add_message(ledger, e, at + e)
+
+
+def test_frozen_bucket_stays_visible_while_its_seal_is_in_flight(tmp_path):
+    """While the seal of ledger 1 is held before its rename: its indexes are counted,
+    contains_message sees them, due ones are delivered; a trim and an add to the frozen
+    range happen too. After the install every index is delivered once, none early."""
+    fs, clock = GateFS(), FakeClock(0)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=50, max_indexes_per_segment=20)
+    with _open(tmp_path / "s", fs) as store:
+        t = store.tracker("t", cfg, clock)
+        _fill(t, 1, 100, 1000)
+        fs.armed = True
+        assert t.add_message(2, 0, 5000)  # rolls: ledger 1 freezes and is sealed in the background
+        assert fs.reached()
+        assert t.stats()["maintenance"]["sealing"] == 1
+        assert t.number_of_delayed_messages == 101
+        assert t.contains_message(1, 99) and t.contains_message(2, 0)
+        clock.now = 1009
+        assert t.get_scheduled_messages(1000) == [(1, e) for e in range(10)]  # from the frozen runs
+        t.mark_delete(1, 19)  # trims 10..19 while they are being written
+        assert t.add_message(1, 500, 1500)  # a ledger of the frozen range: goes to the queue directly
+        assert t.add_message(1, 0, 3000) is False  # acknowledged already
+        fs.release()
+        t.flush()  # returns once the seal is durable and installed
+        m = t.stats()["maintenance"]
+        assert (m["done"], m["failed"], m["queued"], m["sealing"]) == (1, 0, 0, 0)
+        assert [(b.start_ledger, b.end_ledger) for b in t.buckets()] == [(1, 1)]
+        assert t.number_of_delayed_messages == 100 - 20 + 1 + 1
+        assert t.get_scheduled_messages(1000) == []
+        clock.now = 10 ** 6
+        assert t.get_scheduled_messages(1000) == [(1, e) for e in range(20, 100)] + [(1, 500), (2, 0)]
+        assert t.number_of_delayed_messages == 0
+        t._check()
+
+
+def test_merge_reconciles_deliveries_and_trims_made_while_it_runs(tmp_path):
+    """Pulsar #26251's class: indexes delivered or trimmed while a merge is reading and
+    writing must not come back when it installs, and none may go missing."""
+    fs, clock = GateFS(), FakeClock(0)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10,
+                        max_num_buckets=2)
+    with _open(tmp_path / "s", fs) as store:
+        t = store.tracker("t", cfg, clock)
+        for ledger in (1, 2, 3):
+            _fill(t, ledger, 40, 1000 * ledger)
+        t.flush()  # ledgers 1 and 2 are sealed
+        fs.armed = True
+        assert t.add_message(4, 0, 9000)  # seals ledger 3: three buckets > 2, a merge is planned
+        assert fs.reached()  # the seal of ledger 3 reached its rename
+        fs.release()
+        assert fs.reached()  # now the merge holds
+        assert t.stats()["maintenance"]["merging"] == 1
+        clock.now = 1004
+        assert t.get_scheduled_messages(100) == [(1, e) for e in range(5)]
+        t.mark_delete(1, 9)
+        assert t.add_message(1, 3, 2500) is False  # acknowledged
+        fs.release()
+        t.flush()
+        m = t.stats()
+        assert m["merge"]["succeeded"] == 1 and m["maintenance"]["failed"] == 0
+        assert len(t.buckets()) <= 2
+        clock.now = 10 ** 6
+        want = [(1, e) for e in range(10, 40)] + [(2, e) for e in range(40)] + [(3, e) for e in range(40)] + [(4, 0)]
+        assert t.get_scheduled_messages(10 ** 4) == want
+        assert t.number_of_delayed_messages == 0
+        t._check()
+
+
+def test_a_failed_background_seal_is_reported_and_loses_nothing(tmp_path, caplog):
+    fs, clock = GateFS(), FakeClock(0)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=20)
+    with _open(tmp_path / "s", fs) as store:
+        t = store.tracker("t", cfg, clock)
+        _fill(t, 1, 30, 1000)
+        fs.fail_fsync = errno.ENOSPC
+        assert t.add_message(2, 0, 2000)
+        with pytest.raises(MaintenanceError) as info:
+            t.flush()
+        assert isinstance(info.value.__cause__, OSError)
+        m = t.stats()["maintenance"]
+        assert m["failed"] == 1 and "ENOSPC" in m["last_error"] or "No space" in m["last_error"]
+        assert any("background create failed" in r.getMessage() for r in caplog.records)
+        fs.fail_fsync = None
+        t.flush()  # raised once; the tracker goes on
+        assert not t.buckets()
+        assert not [f for f in os.listdir(store.ledgers_dir) if f.endswith((".ledger", ".tmp"))]
+        clock.now = 10 ** 6
+        assert t.get_scheduled_messages(100) == [(1, e) for e in range(30)] + [(2, 0)]
+
+
+def test_close_that_gives_up_is_a_crash_and_loses_nothing_journaled(tmp_path):
+    fs, clock = GateFS(), FakeClock(0)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=20)
+    store = _open(tmp_path / "s", fs, "journal")
+    t = store.tracker("t", cfg, clock)
+    _fill(t, 1, 30, 1000)
+    fs.armed = True
+    assert t.add_message(2, 0, 2000)
+    assert fs.reached()
+    assert t.close(timeout=0.05) is False
+    fs.release()
+    store.close()  # the worker finishes; the abandoned seal removes its own file
+    with bucketstore.open(tmp_path / "s", "journal") as again:
+        t = again.tracker("t", cfg, clock)
+        assert t.number_of_delayed_messages == 31
+        clock.now = 10 ** 6
+        assert t.get_scheduled_messages(100) == [(1, e) for e in range(30)] + [(2, 0)]
+
+
+def test_clear_and_delete_tracker_cancel_a_seal_in_flight(tmp_path):
+    fs, clock = GateFS(), FakeClock(0)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=20)
+    with _open(tmp_path / "s", fs) as store:
+        for action in ("clear", "delete"):
+            fs.armed, clock = True, FakeClock(0)
+            t = store.tracker(action, cfg, clock)
+            _fill(t, 1, 30, 1000)
+            assert t.add_message(2, 0, 2000)
+            assert fs.reached()
+            if action == "clear":
+                t.clear()
+            else:
+                store.delete_tracker(action)
+            fs.release()
+            if action == "clear":
+                t.flush()
+                assert t.stats()["maintenance"]["cancelled"] == 1
+                assert t.number_of_delayed_messages == 0 and not t.buckets()
+                clock.now = 10 ** 6
+                assert t.get_scheduled_messages(100) == []
+                t.close()
+        fs.armed = False
+        store.maintenance.stop()
+        assert not [f for f in os.listdir(store.ledgers_dir) if f.endswith((".ledger", ".tmp"))]
+        assert store.catalog.tracker_names() == ["clear"]
+        assert store.catalog.buckets("clear") == {}
+
+
+def test_full_backlog_makes_adds_wait_for_the_worker(tmp_path):
+    fs, clock = GateFS(), FakeClock(0)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=20)
+    with _open(tmp_path / "s", fs, max_pending_maintenance=1) as store:
+        t = store.tracker("t", cfg, clock)
+        _fill(t, 1, 30, 1000)
+        fs.armed = True
+        assert t.add_message(2, 0, 2000)  # one seal pending: the backlog is full
+        assert fs.reached()
+        done = threading.Event()
+        adder = threading.Thread(target=lambda: (t.add_message(2, 1, 2001), done.set()))
+        adder.start()
+        adder.join(0.2)
+        assert not done.is_set()  # waits for the worker while the seal is held
+        fs.release()
+        adder.join(60)
+        assert done.is_set()
+        assert t.number_of_delayed_messages == 32
+
+
+@pytest.mark.parametrize("durability", ["sealed", "journal"])
+def test_deliveries_stay_exact_under_threads_while_seals_and_merges_run(tmp_path, durability):
+    """Adders, a deliverer, a trimmer and a flusher at once, seals and merges on the worker:
+    every index is delivered at most once, never before its time, and all that were not
+    acknowledged are delivered in the end."""
+    rounds = example_count(3)
+    for seed in range(rounds):
+        rng = random.Random(seed)
+        clock = FakeClock(0)
+        cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=rng.choice([30, 100]),
+                            max_indexes_per_segment=rng.choice([10, 50]), max_num_buckets=rng.choice([2, 3]))
+        with bucketstore.open(tmp_path / f"{durability}{seed}", durability, background=True,
+                              sync_interval_ms=5) as store:
+            t = store.tracker("t", cfg, clock)
+            added: dict[tuple[int, int], int] = {}
+            delivered: list[tuple[int, int, int]] = []
+            lock = threading.Lock()
+            stop = threading.Event()
+            errors: list[BaseException] = []
+
+            def adder(first_ledger: int) -> None:
+                try:
+                    for ledger in range(first_ledger, first_ledger + 40, 2):
+                        for entry in range(rng.randint(5, 60)):
+                            at = clock.now + rng.randint(1, 400)
+                            with lock:
+                                if t.add_message(ledger, entry, at):
+                                    added.setdefault((ledger, entry), at)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            def deliverer() -> None:
+                try:
+                    while not stop.is_set():
+                        clock.now += rng.randint(0, 3)
+                        now = clock.now
+                        for pos in t.get_scheduled_messages(rng.randint(1, 50)):
+                            delivered.append((*pos, now))
+                        if rng.random() < 0.05:
+                            t.flush()
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=adder, args=(1,)), threading.Thread(target=adder, args=(2,)),
+                       threading.Thread(target=deliverer)]
+            for th in threads:
+                th.start()
+            for th in threads[:2]:
+                th.join()
+            stop.set()
+            threads[2].join()
+            assert not errors, errors
+            t.flush()
+            clock.now += 10 ** 6
+            while True:
+                got = t.get_scheduled_messages(1000)
+                if not got:
+                    break
+                delivered.extend((*pos, clock.now) for pos in got)
+            positions = [(l, e) for l, e, _ in delivered]
+            assert len(positions) == len(set(positions)), "an index was delivered twice"
+            assert set(positions) == set(added), "an index went missing (or appeared from nowhere)"
+            for l, e, now in delivered:
+                assert added[(l, e)] <= now, "delivered early"
+            assert t.stats()["maintenance"]["failed"] == 0
+            t._check()
