@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketstore.format.segment_codec import (FLAG_ZLIB, KIND_ARITH, KIND_DELTA_U, KIND_DELTA_Z, MAX_SEGMENT_INDEXES,
+from bucketstore.format.segment_codec import (FLAG_ZLIB, FLAG_ZSTD, KIND_ARITH, KIND_DELTA_U, KIND_DELTA_Z, MAX_SEGMENT_INDEXES,
                                        SegmentCodecError, decode_segment, encode_segment)
 
 U64 = st.integers(0, (1 << 64) - 1)
@@ -74,15 +74,33 @@ def test_byte_planar_layout() -> None:
     assert payload[-16:].hex(" ") == "02 64 00 00 00 00 00 00 00 02 01 02 02 00 02 00"
 
 
-def test_zlib_is_used_only_when_smaller() -> None:
+@pytest.mark.parametrize("codec, flag", [("zlib", FLAG_ZLIB), ("zstd", FLAG_ZSTD)])
+def test_compression_is_used_only_when_smaller(codec, flag) -> None:
     rng = np.random.default_rng(7)
     ts = np.sort(rng.integers(0, 10**6, 2000).astype(np.uint64)) + np.arange(2000, dtype=np.uint64)
     zeros = np.zeros(2000, dtype=np.uint64)
-    compressed = encode_segment(ts, zeros, np.arange(2000, dtype=np.uint64))
+    compressed = encode_segment(ts, zeros, np.arange(2000, dtype=np.uint64), codec=codec)
     plain = encode_segment(ts, zeros, np.arange(2000, dtype=np.uint64), compress=False)
-    assert compressed[0] & FLAG_ZLIB and len(compressed) < len(plain)
-    tiny = encode_segment(np.array([1], np.uint64), zeros[:1], zeros[:1])
-    assert tiny[0] == 0  # 56 bytes: not worth a zlib header
+    assert compressed[0] == flag and len(compressed) < len(plain)
+    back = decode_segment(compressed, 2000)
+    assert np.array_equal(back.timestamps, ts) and np.array_equal(back.entry_ids, np.arange(2000, dtype=np.uint64))
+    tiny = encode_segment(np.array([1], np.uint64), zeros[:1], zeros[:1], codec=codec)
+    assert tiny[0] == 0  # 56 bytes: not worth a header
+
+
+def test_zstd_frame_must_end_at_the_payload_end_and_record_its_size() -> None:
+    ts = np.arange(0, 4000, 2, dtype=np.uint64) ** 2
+    zeros = np.zeros(len(ts), dtype=np.uint64)
+    payload = encode_segment(ts, zeros, np.arange(len(ts), dtype=np.uint64), codec="zstd")
+    assert payload[0] == FLAG_ZSTD
+    with pytest.raises(SegmentCodecError, match="payload's end") as info:
+        decode_segment(payload + b"\x00", len(ts))
+    assert info.value.offset == 9
+    wrong_size = payload[:5] + (int.from_bytes(payload[5:9], "little") - 1).to_bytes(4, "little") + payload[9:]
+    with pytest.raises(SegmentCodecError, match="records"):
+        decode_segment(wrong_size, len(ts))
+    with pytest.raises(SegmentCodecError):
+        decode_segment(bytes([FLAG_ZLIB | FLAG_ZSTD]) + payload[1:], len(ts))
 
 
 @pytest.mark.parametrize("ts, ledgers, entries", [

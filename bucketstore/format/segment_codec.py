@@ -12,8 +12,9 @@ consecutive entry ids make those differences small or constant:
 
 Differences are stored at the narrowest byte width that fits them all (1, 2, 4
 or 8) and *byte-planar* (all low bytes, then all second bytes, ...), which lets
-zlib find the long runs of zero high bytes. The whole body is zlib-compressed
-(level 1) when that makes it smaller. ``formats/bucket_snapshot.md`` specifies
+the compressor find the long runs of zero high bytes. The whole body is compressed
+when that makes it smaller: one zstd frame (format version 2), or a zlib stream
+(version 1 files, which readers keep accepting). ``formats/bucket_snapshot.md`` specifies
 the bytes; tools/bench/bench_codec.py measures the choice against alternatives.
 
 Decoding never trusts a length: the count is checked against a hard cap and the
@@ -24,10 +25,11 @@ the size the columns can legitimately take.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from .compression import ZLIB, ZSTD, CompressionError, compress as _compress, decompress_exact
 
 __all__ = [
     "Segment",
@@ -44,6 +46,9 @@ __all__ = [
 MAX_SEGMENT_INDEXES = 1 << 24
 
 FLAG_ZLIB = 0x01
+#: Format version 2: the body is one zstd frame (never together with FLAG_ZLIB).
+FLAG_ZSTD = 0x02
+_CODEC_FLAG = {ZLIB: FLAG_ZLIB, ZSTD: FLAG_ZSTD}
 KIND_ARITH = 0
 KIND_DELTA_U = 1
 KIND_DELTA_Z = 2
@@ -54,7 +59,6 @@ _ARITH = struct.Struct("<BQQ")  # kind, first, step
 _DELTA = struct.Struct("<BQB")  # kind, first, width
 _WIDTH_DTYPE = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _U64 = np.dtype("<u8")
-_ZLIB_LEVEL = 1
 
 
 class SegmentCodecError(ValueError):
@@ -113,13 +117,16 @@ def _encode_column(values: np.ndarray) -> bytes:
     return _DELTA.pack(kind, first, width) + planes
 
 
-def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, compress: bool = True) -> bytes:
+def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, compress: bool = True,
+                   codec: str = ZSTD) -> bytes:
     """Encode a sorted, non-empty run of indexes as a segment payload.
 
     :param ts: timestamps (uint64-compatible), sorted with ``ledgers`` and ``entries``
         by (timestamp, ledger, entry), no duplicates.
-    :param compress: try zlib and keep it when it is smaller (golden files and
-        benchmarks can turn it off).
+    :param compress: try compressing and keep it when it is smaller (golden files
+        and benchmarks can turn it off).
+    :param codec: ``"zstd"`` (format version 2, the default) or ``"zlib"`` (what a
+        version-1 writer produced).
     :raises ValueError: empty input, mismatched lengths, more than
         :data:`MAX_SEGMENT_INDEXES` rows, or rows out of order.
     """
@@ -136,9 +143,9 @@ def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, 
         raise ValueError(f"segment rows are not strictly increasing at row {bad}")
     body = _encode_column(ts) + _encode_column(ledgers) + _encode_column(entries)
     if compress and len(body) > 64:
-        packed = zlib.compress(body, _ZLIB_LEVEL)
+        packed = _compress(body, codec)
         if len(packed) + _RAW_LEN.size < len(body):
-            return _PREFIX.pack(FLAG_ZLIB, n) + _RAW_LEN.pack(len(body)) + packed
+            return _PREFIX.pack(_CODEC_FLAG[codec], n) + _RAW_LEN.pack(len(body)) + packed
     return _PREFIX.pack(0, n) + body
 
 
@@ -195,26 +202,23 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
     if len(view) < _PREFIX.size:
         raise SegmentCodecError(0, "segment payload is shorter than its 5-byte prefix")
     flags, n = _PREFIX.unpack_from(view)
-    if flags & ~FLAG_ZLIB:
+    if flags & ~(FLAG_ZLIB | FLAG_ZSTD) or flags == FLAG_ZLIB | FLAG_ZSTD:
         raise SegmentCodecError(0, f"unknown segment flags 0x{flags:02x}")
     if n == 0 or n > MAX_SEGMENT_INDEXES:
         raise SegmentCodecError(1, f"segment count {n} is outside 1..{MAX_SEGMENT_INDEXES}")
     if expected_count is not None and n != expected_count:
         raise SegmentCodecError(1, f"segment holds {n} indexes but its metadata says {expected_count}")
     base = _PREFIX.size
-    if flags & FLAG_ZLIB:
+    if flags:
         if len(view) < base + _RAW_LEN.size:
             raise SegmentCodecError(base, "truncated compressed-size field")
         (raw_len,) = _RAW_LEN.unpack_from(view, base)
         if raw_len > _max_body_size(n):
             raise SegmentCodecError(base, f"uncompressed size {raw_len} is impossible for {n} indexes")
-        inflater = zlib.decompressobj()
         try:
-            body_bytes = inflater.decompress(view[base + _RAW_LEN.size:], raw_len)
-        except zlib.error as exc:
-            raise SegmentCodecError(base + _RAW_LEN.size, f"zlib stream is damaged: {exc}") from None
-        if len(body_bytes) != raw_len or not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
-            raise SegmentCodecError(base + _RAW_LEN.size, "zlib stream does not hold exactly the recorded size")
+            body_bytes = decompress_exact(view[base + _RAW_LEN.size:], raw_len, ZSTD if flags & FLAG_ZSTD else ZLIB)
+        except CompressionError as exc:
+            raise SegmentCodecError(base + _RAW_LEN.size, str(exc)) from None
         body, inflated = memoryview(body_bytes), True
         stream_at = base + _RAW_LEN.size
     else:
