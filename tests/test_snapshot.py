@@ -211,3 +211,17 @@ def test_bucket_keys() -> None:
                 "#pulsar.internal.delayed.bucket_-1_2"):
         with pytest.raises(ValueError):
             parse_bucket_key(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 40) | st.integers(0, (1 << 64) - 1),
+                               st.integers(0, 5) | st.integers(0, (1 << 64) - 1),
+                               st.integers(0, 9) | st.integers((1 << 32) - 3, (1 << 32) + 3)
+                               | st.integers(0, (1 << 64) - 1)), max_size=60))
+def test_sort_rows_matches_lexsort(rows) -> None:
+    from bucketstore.format.row_sort import sort_rows
+    cols = [np.array(c, dtype=np.uint64) for c in zip(*rows)] if rows else [np.zeros(0, np.uint64)] * 3
+    got = sort_rows(*cols)
+    order = np.lexsort((cols[2], cols[1], cols[0]))
+    for g, c in zip(got, cols):
+        assert g.dtype == np.uint64 and np.array_equal(g, c[order])

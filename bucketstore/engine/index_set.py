@@ -222,14 +222,18 @@ class DelayedIndexSet:
         mask = np.zeros(len(ledgers), dtype=bool)
         if not len(ledgers):
             return mask
-        for ledger in np.unique(ledgers).tolist():
+        one = ledgers[0] == ledgers[-1] and (ledgers == ledgers[0]).all()  # the common case: skip the sort
+        for ledger in [int(ledgers[0])] if one else np.unique(ledgers).tolist():
             bm = self._ledgers.get(ledger)
             if bm is None:
                 continue
-            rows = np.flatnonzero(ledgers == ledger)
+            rows = slice(None) if one else np.flatnonzero(ledgers == ledger)
             ents = entries[rows]
-            hits = bm & bitmap_of(ents, wide=isinstance(bm, BitMap64))
-            if hits:
+            wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
+            hits = bm & wanted
+            if len(hits) == len(wanted):
+                mask[rows] = True  # every row's entry is tracked: no per-row lookup needed
+            elif hits:
                 mask[rows] = np.isin(ents, np.asarray(hits.to_array() if isinstance(hits, BitMap)
                                                       else list(hits), dtype=np.uint64))
                 live = self._live_rows(ledger, ents, None if ts is None else ts[rows])

@@ -22,6 +22,7 @@ import numpy as np
 
 from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket
+from ..format.row_sort import sort_rows
 from ..format.snapshot import drop_repeats
 
 __all__ = ["MAX_MERGE_NUM", "choose_merge_window", "live_rows"]
@@ -76,6 +77,4 @@ def live_rows(buckets: Sequence[SealedBucket], index: DelayedIndexSet
     if not parts_t:
         empty = np.zeros(0, dtype=np.uint64)
         return empty, empty, empty
-    ts, ledgers, entries = np.concatenate(parts_t), np.concatenate(parts_l), np.concatenate(parts_e)
-    order = np.lexsort((entries, ledgers, ts))
-    return drop_repeats(ts[order], ledgers[order], entries[order])
+    return drop_repeats(*sort_rows(np.concatenate(parts_t), np.concatenate(parts_l), np.concatenate(parts_e)))

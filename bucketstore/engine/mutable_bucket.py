@@ -76,7 +76,10 @@ class MutableBucket:
         self._runs = []
         if not parts:
             return None
-        merged = sorted_run(*(np.concatenate(cols) for cols in zip(*parts)))
+        if len(parts) == 1:
+            merged = Run(*parts[0])  # a run's rest is sorted already
+        else:
+            merged = sorted_run(*(np.concatenate(cols) for cols in zip(*parts)))
         self._runs = [merged]
         return merged
 
@@ -113,8 +116,11 @@ class MutableBucket:
         snapshot), and a run of the still-tracked rows that are due (they stay in
         the shared queue). The bucket's runs are marked dead and its range reset.
         """
-        self.flush()
-        merged = self._merge_runs()
+        run = self._buffer.flush()
+        if run is not None:
+            self._runs.append(run)
+        self._runs = [r for r in self._runs if r.remaining and not r.dead]
+        merged = self._merge_runs()  # one sort of everything (flush() might sort twice)
         self.start_ledger = self.end_ledger = -1
         empty = np.zeros(0, dtype=np.uint64)
         if merged is None:
@@ -124,8 +130,12 @@ class MutableBucket:
         self._runs = []
         keep = index.present_mask(ledgers, entries, ts)
         # A position re-added with the time of one of its stale rows leaves two equal rows.
-        ts, ledgers, entries = drop_repeats(ts[keep], ledgers[keep], entries[keep])
+        if not keep.all():  # usually all are: skip three gathers
+            ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
+        ts, ledgers, entries = drop_repeats(ts, ledgers, entries)
         due = int(np.searchsorted(ts, np.uint64(cutoff), side="right"))
+        if not due:
+            return (ts, ledgers, entries), None
         due_run = Run(ts[:due].copy(), ledgers[:due].copy(), entries[:due].copy()) if due else None
         return (ts[due:].copy(), ledgers[due:].copy(), entries[due:].copy()), due_run
 

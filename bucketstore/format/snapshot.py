@@ -37,6 +37,7 @@ from ..errors import CorruptLedgerError
 from .compression import ZLIB, ZSTD, CompressionError, compress as _compress, decompress_exact
 from .fs import REAL_FS, FileSystem
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
+from .row_sort import sort_rows
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
                             encode_segment)
 
@@ -139,11 +140,7 @@ class BucketMetadata:
 def sort_indexes(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sort three columns by (timestamp, ledger, entry) and drop duplicate rows."""
-    ts = np.asarray(ts, dtype=_U64)
-    ledgers = np.asarray(ledgers, dtype=_U64)
-    entries = np.asarray(entries, dtype=_U64)
-    order = np.lexsort((entries, ledgers, ts))
-    return drop_repeats(ts[order], ledgers[order], entries[order])
+    return drop_repeats(*sort_rows(ts, ledgers, entries))
 
 
 def drop_repeats(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray
