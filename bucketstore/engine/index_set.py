@@ -222,12 +222,10 @@ class DelayedIndexSet:
         mask = np.zeros(len(ledgers), dtype=bool)
         if not len(ledgers):
             return mask
-        one = ledgers[0] == ledgers[-1] and (ledgers == ledgers[0]).all()  # the common case: skip the sort
-        for ledger in [int(ledgers[0])] if one else np.unique(ledgers).tolist():
+        for ledger, rows in _ledger_rows(ledgers):
             bm = self._ledgers.get(ledger)
             if bm is None:
                 continue
-            rows = slice(None) if one else np.flatnonzero(ledgers == ledger)
             ents = entries[rows]
             wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
             hits = bm & wanted
@@ -298,13 +296,24 @@ def _fits(bm: Bitmap, entry_id: int) -> bool:
     return entry_id < _U32_LIMIT or isinstance(bm, BitMap64)
 
 
-def _group_by_ledger(ledgers: np.ndarray, entries: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield ``(ledger, entries of that ledger)``; fast path for the common one-ledger batch."""
+def _ledger_rows(ledgers: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:
+    """Yield ``(ledger, its rows)`` in ledger order: a slice for the common one-ledger
+    input, else index arrays from one stable sort (not one scan per ledger, which is
+    quadratic when a bucket spans thousands of ledgers)."""
     if not len(ledgers):
         return
     first = ledgers[0]
-    if (ledgers == first).all():
-        yield int(first), entries
+    if ledgers[-1] == first and (ledgers == first).all():
+        yield int(first), slice(None)
         return
-    for ledger in np.unique(ledgers).tolist():
-        yield ledger, entries[ledgers == ledger]
+    order = np.argsort(ledgers, kind="stable")
+    ordered = ledgers[order]
+    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
+    for a, b in zip([0, *cuts], [*cuts, len(order)]):
+        yield int(ordered[a]), order[a:b]
+
+
+def _group_by_ledger(ledgers: np.ndarray, entries: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield ``(ledger, entries of that ledger)``; fast path for the common one-ledger batch."""
+    for ledger, rows in _ledger_rows(ledgers):
+        yield ledger, entries[rows]

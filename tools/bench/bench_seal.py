@@ -32,14 +32,22 @@ EPOCH = 1_700_000_000_000
 TARGET = 5.0  # M idx/s
 
 
-def batches(shape: str, n: int, seed: int):
-    """Yield (ledgers, entries, deliver_at) batches of about 10,000 rows."""
+def batches(shape: str, n: int, seed: int, ledger_size: int | None = None):
+    """Yield (ledgers, entries, deliver_at) batches of about 10,000 rows.
+
+    A and B write ledgers of ``ledger_size`` entries (default: one ledger), one
+    message a millisecond; S its own many small ledgers.
+    """
     rng = np.random.default_rng(seed)
     if shape in "AB":
+        size = ledger_size or n
         for lo in range(0, n, 10_000):
-            ents = np.arange(lo, min(n, lo + 10_000), dtype=np.uint64)
-            delay = 60_000 if shape == "A" else rng.integers(0, 600_000, len(ents)).astype(np.uint64)
-            yield np.ones(len(ents), np.uint64), ents, EPOCH + 1_000 + ents + delay
+            hi = min(n, lo + 10_000, (lo // size + 1) * size)
+            publish = np.arange(lo, hi, dtype=np.uint64)
+            delay = 60_000 if shape == "A" else rng.integers(0, 600_000, len(publish)).astype(np.uint64)
+            ledger = 1 + lo // size
+            yield (np.full(len(publish), ledger, np.uint64), publish - np.uint64((ledger - 1) * size),
+                   EPOCH + 1_000 + publish + delay)
         return
     # S: ledger L holds entries 0..9,999 published 1/ms; 1 % of them are delayed.
     per_ledger, done, ledger = 10_000, 0, 1
