@@ -7,7 +7,8 @@ runs into one sorted set, dropping untracked rows, cutting segments, encoding
 them and the bitmaps, writing and fsyncing the ledger file and committing the
 catalog. Shapes: A (fixed delay), B (random delays up to 10 min), S (sparse:
 1 % of entries delayed, 10,000-entry ledgers, random 10-minute delays, so a
-bucket spans many ledgers). Prints the best and median of ``--repeat`` runs.
+bucket spans many ledgers; not run by default, see ``--shapes``). Prints the best and median of
+``--repeat`` runs.
 
     PYTHONPATH=. python tools/bench/bench_seal.py [--indexes 1000000] [--repeat 5]
 """
@@ -81,7 +82,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--indexes", type=int, default=1_000_000)
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--shapes", default="ABS")
+    # S is left out by default: filling a bucket of 10,000 small ledgers through a tracker is
+    # itself slow until ledger rolls are O(1) (issue 13 item 7); its seal is measured with --shapes S.
+    p.add_argument("--shapes", default="AB")
     args = p.parse_args()
     print(f"$ PYTHONPATH=. python tools/bench/bench_seal.py --indexes {args.indexes} --repeat {args.repeat} "
           f"--shapes {args.shapes}")
