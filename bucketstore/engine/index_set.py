@@ -234,9 +234,12 @@ class DelayedIndexSet:
             elif hits:
                 mask[rows] = np.isin(ents, np.asarray(hits.to_array() if isinstance(hits, BitMap)
                                                       else list(hits), dtype=np.uint64))
-                live = self._live_rows(ledger, ents, None if ts is None else ts[rows])
-                if live is not None:
-                    mask[rows] &= live
+            else:
+                continue
+            # Either way, a re-added expired position is live only in its row of the current time.
+            live = self._live_rows(ledger, ents, None if ts is None else ts[rows])
+            if live is not None:
+                mask[rows] &= live
         return mask
 
     def drop_ledgers_below(self, first_live_ledger: int) -> int:
