@@ -159,7 +159,7 @@ def cut_segments(ts: np.ndarray, time_step_ms: int, max_indexes: int) -> list[tu
 
     A segment opened at ``t0`` takes every following index with timestamp
     ``<= t0 + time_step_ms - 1``, up to ``max_indexes`` of them (-1: no cap, but
-    never more than :data:`~bucketstore.segment_codec.MAX_SEGMENT_INDEXES`).
+    never more than :data:`~bucketstore.format.segment_codec.MAX_SEGMENT_INDEXES`).
     """
     if time_step_ms < 1:
         raise ValueError("time_step_ms must be at least 1")
