@@ -27,7 +27,7 @@ import bucketstore
 PACKAGE = Path(bucketstore.__file__).parent
 ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff"}
 FACADE = {"bucketstore", "bucketstore.__main__"}
-CORE_DEPENDENCIES = {"pyroaring", "msgpack", "lmdb", "crc32c", "sortedcontainers", "numpy"}
+CORE_DEPENDENCIES = {"pyroaring", "msgpack", "lmdb", "crc32c", "sortedcontainers", "numpy", "zstandard"}
 
 # layer -> the layers its modules may import (besides their own).
 ALLOWED = {

@@ -95,12 +95,23 @@ def test_verify_finds_a_bitmap_that_lies(capsys, tmp_path) -> None:
     assert code == 1 and "segment 1: ledger 3: the bitmap in entry 0 (20 entries) differs" in out
 
 
+def test_verify_finds_a_v2_bucket_bitmap_that_lies(capsys, tmp_path) -> None:
+    def edit(meta, payloads):
+        meta.bitmaps[3] = BitMap(list(range(1, 21)))  # entry 0 instead of 20: same cardinality
+        return [encode_metadata(meta), *payloads[1:]]
+    path = _rewrite(tmp_path, "v2_one_segment.ledger", edit)
+    assert run(capsys, "dump", path)[0] == 0  # the engine's reader cannot see it...
+    code, out, _ = run(capsys, "verify", path)
+    assert code == 1 and "ledger 3: entry 0's bitmap (20 entries) differs from the 20 entry ids" in out
+
+
 def test_verify_finds_a_position_in_two_segments(capsys, tmp_path) -> None:
     def edit(meta, payloads):
         # Rebuild as two single-row segments holding the same position at two times.
         u = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
-        m1, p1 = build_bucket(20, 20, u(1), u(20), u(0), time_step_ms=1, max_indexes_per_segment=1)
-        m2, p2 = build_bucket(20, 20, u(5), u(20), u(0), time_step_ms=1, max_indexes_per_segment=1)
+        # (Version 1 can express this; version 2's one bitmap per ledger cannot count a position twice.)
+        m1, p1 = build_bucket(20, 20, u(1), u(20), u(0), time_step_ms=1, max_indexes_per_segment=1, version=1)
+        m2, p2 = build_bucket(20, 20, u(5), u(20), u(0), time_step_ms=1, max_indexes_per_segment=1, version=1)
         m1.segments += m2.segments
         m1.count = 2
         return [encode_metadata(m1), *p1, *p2]

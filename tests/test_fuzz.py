@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 import msgpack
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -205,14 +206,22 @@ def test_random_properties_with_valid_crc(target: str, name: str, data: st.DataO
     check_damaged(target, frame_ledger(lid, raw, payloads))
 
 
-def _entry0(body: bytes, compressed: bytes | None = None, claimed: int | None = None) -> bytes:
+def _entry0(body: bytes, compressed: bytes | None = None, claimed: int | None = None, flag: int = 1) -> bytes:
     if compressed is None:
         return struct.pack("<BI", 0, len(body) if claimed is None else claimed) + body
-    return struct.pack("<BI", 1, len(body) if claimed is None else claimed) + compressed
+    return struct.pack("<BI", flag, len(body) if claimed is None else claimed) + compressed
 
 
-def _segment(count: int, compressed: bytes, raw_len: int) -> bytes:
-    return struct.pack("<BII", 1, count, raw_len) + compressed
+def _segment(count: int, compressed: bytes, raw_len: int, flag: int = 1) -> bytes:
+    return struct.pack("<BII", flag, count, raw_len) + compressed
+
+
+def _zstd(data: bytes, content_size: bool = True) -> bytes:
+    return zstandard.ZstdCompressor(level=19, write_content_size=content_size).compress(data)
+
+
+_ZSTD_ZEROS = _zstd(bytes(50_000_000))  # a few KB that inflate to 50 MB
+_V2_BODY = msgpack.packb([2, 3, 4, 1, [1, 1, 1], [3, 32, b"junk"]])
 
 
 # Crafted hostile entries, each framed with correct CRCs so it reaches a decoder.
@@ -228,26 +237,41 @@ HOSTILE_ENTRY0 = {
     "zlib bomb, honest size": _entry0(bytes(50_000_000), _ZEROS),
     "zlib bomb, size understated": _entry0(bytes(1000), _ZEROS),
     "zlib stream with trailing bytes": _entry0(b"\x90", zlib.compress(b"\x90") + b"junk"),
+    "zstd bomb, honest size": _entry0(bytes(50_000_000), _ZSTD_ZEROS, flag=2),
+    "zstd bomb, size understated": _entry0(bytes(1000), _ZSTD_ZEROS, flag=2),
+    "zstd frame with trailing bytes": _entry0(b"\x90" * 100, _zstd(b"\x90" * 100) + b"junk", flag=2),
+    "zstd frame without a content size": _entry0(b"\x90" * 100, _zstd(b"\x90" * 100, False), flag=2),
+    "zstd frame, size overstated": _entry0(b"\x90" * 100, _zstd(b"\x90" * 100), 101, flag=2),
+    "zlib and zstd flags together": _entry0(b"\x90" * 100, _zstd(b"\x90" * 100), flag=3),
+    "v2: bitmap that is not roaring": _entry0(_V2_BODY),
+    "v2: 100000 segments claimed": _entry0(b"\x96\x02\x00\x00\x00\xdd\x00\x01\x86\xa0"),
+    "v2: 2**32-1 bitmaps claimed": _entry0(b"\x96\x02\x00\x00\x00\x90\xdd\xff\xff\xff\xff"),
 }
 HOSTILE_SEGMENT = {
     "count 2**32-1": struct.pack("<BI", 0, (1 << 32) - 1) + bytes(51),
     "zlib bomb, raw_len at its cap": _segment(1, _ZEROS, 3 * 10 + 51),
     "zlib bomb, raw_len 2**32-1": _segment(2, _ZEROS, (1 << 32) - 1),
     "raw_len larger than the stream": _segment(1, zlib.compress(bytes(51)), 60),
+    "zstd bomb, raw_len at its cap": _segment(1, _ZSTD_ZEROS, 3 * 10 + 51, flag=2),
+    "zstd bomb, raw_len 2**32-1": _segment(2, _ZSTD_ZEROS, (1 << 32) - 1, flag=2),
+    "zstd frame with trailing bytes": _segment(1, _zstd(bytes(51)) + b"x", 51, flag=2),
+    "zstd frame truncated": _segment(1, _zstd(bytes(range(51)))[:-2], 51, flag=2),
     "width 3": struct.pack("<BI", 0, 2) + b"\x01" + bytes(8) + b"\x03" + bytes(3) + bytes(34),
     "unknown kind 7": struct.pack("<BI", 0, 1) + b"\x07" + bytes(16) + bytes(34),
 }
 
 
+@pytest.mark.parametrize("base", ["one_segment.ledger", "v2_one_segment.ledger"])
 @pytest.mark.parametrize("label", sorted(HOSTILE_ENTRY0))
-def test_hostile_entry0(target: str, label: str) -> None:
-    lid, props, payloads = PARTS["one_segment.ledger"]
+def test_hostile_entry0(target: str, label: str, base: str) -> None:
+    lid, props, payloads = PARTS[base]
     assert not check_damaged(target, frame_ledger(lid, props, [HOSTILE_ENTRY0[label], *payloads[1:]]))
 
 
+@pytest.mark.parametrize("base", ["one_segment.ledger", "v2_one_segment.ledger"])
 @pytest.mark.parametrize("label", sorted(HOSTILE_SEGMENT))
-def test_hostile_segment(target: str, label: str) -> None:
-    lid, props, payloads = PARTS["one_segment.ledger"]
+def test_hostile_segment(target: str, label: str, base: str) -> None:
+    lid, props, payloads = PARTS[base]
     assert not check_damaged(target, frame_ledger(lid, props, [payloads[0], HOSTILE_SEGMENT[label]]))
 
 

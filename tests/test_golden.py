@@ -39,23 +39,39 @@ def _read_back(path: str) -> dict:
         segments = []
         for number, seg_meta in enumerate(meta.segments, start=1):
             seg = bucket.read_segment(number)
-            segments.append({
+            flags = bucket.ledger.read_entry(number)[0]
+            assert flags in (0, _CODEC_FLAG[meta.version])  # v1 writes zlib, v2 zstd
+            segment = {
                 "min_timestamp": seg_meta.min_timestamp,
                 "max_timestamp": seg_meta.max_timestamp,
                 "count": seg_meta.count,
-                "compressed": bool(bucket.ledger.read_entry(number)[0] & 1),
-                "bitmaps": [{"ledger_id": ledger, "width": 64 if isinstance(bm, BitMap64) else 32,
-                             "entries": list(bm)} for ledger, bm in sorted(seg_meta.bitmaps.items())],
-                "indexes": [list(r) for r in zip(seg.timestamps.tolist(), seg.ledger_ids.tolist(),
-                                                 seg.entry_ids.tolist())],
-            })
+                "compressed": flags != 0,
+            }
+            if meta.version == 1:
+                segment["bitmaps"] = _bitmap_docs(seg_meta.bitmaps)
+            segment["indexes"] = [list(r) for r in zip(seg.timestamps.tolist(), seg.ledger_ids.tolist(),
+                                                       seg.entry_ids.tolist())]
+            segments.append(segment)
+        flags = bucket.ledger.read_entry(0)[0]
+        assert flags in (0, _CODEC_FLAG[meta.version])
+        metadata = {"compressed": flags != 0, "snapshot_version": meta.version, "start_ledger": meta.start_ledger,
+                    "end_ledger": meta.end_ledger, "count": meta.count}
+        if meta.version >= 2:
+            metadata["bitmaps"] = _bitmap_docs(meta.bitmaps)
+        metadata["segments"] = segments
         return {
             "header": {"ledger_id": bucket.ledger_id, "format_version": bucket.ledger.version, "flags": 0},
             "properties": bucket.ledger.properties,
-            "metadata": {"compressed": bool(bucket.ledger.read_entry(0)[0] & 1),
-                         "snapshot_version": meta.version, "start_ledger": meta.start_ledger,
-                         "end_ledger": meta.end_ledger, "count": meta.count, "segments": segments},
+            "metadata": metadata,
         }
+
+
+_CODEC_FLAG = {1: 0x01, 2: 0x02}
+
+
+def _bitmap_docs(bitmaps: dict) -> list[dict]:
+    return [{"ledger_id": ledger, "width": 64 if isinstance(bm, BitMap64) else 32, "entries": list(bm)}
+            for ledger, bm in sorted(bitmaps.items())]
 
 
 def _bitmap(spec: dict) -> BitMap | BitMap64:
@@ -67,30 +83,35 @@ def _bitmap(spec: dict) -> BitMap | BitMap64:
 def _encode(doc: dict, directory: str) -> bytes:
     """Encode a golden JSON document with the library's encoders; return the file's bytes."""
     m = doc["metadata"]
+    version = m["snapshot_version"]
     metas, payloads = [], []
     for seg in m["segments"]:
         cols = np.array(seg["indexes"], dtype=np.uint64).reshape(-1, 3).T
-        payloads.append(encode_segment(cols[0], cols[1], cols[2], compress=seg["compressed"]))
+        payloads.append(encode_segment(cols[0], cols[1], cols[2], compress=seg["compressed"],
+                                       codec="zlib" if version == 1 else "zstd"))
         metas.append(SegmentMetadata(seg["min_timestamp"], seg["max_timestamp"], seg["count"],
-                                     {b["ledger_id"]: _bitmap(b) for b in seg["bitmaps"]}))
-    meta = BucketMetadata(m["start_ledger"], m["end_ledger"], m["count"], metas, m["snapshot_version"])
+                                     {b["ledger_id"]: _bitmap(b) for b in seg.get("bitmaps", [])}))
+    meta = BucketMetadata(m["start_ledger"], m["end_ledger"], m["count"], metas, version,
+                          {b["ledger_id"]: _bitmap(b) for b in m.get("bitmaps", [])})
     extra = {k: v for k, v in doc["properties"].items() if k not in AUTOMATIC_PROPERTIES}
     path = write_bucket(directory, doc["header"]["ledger_id"], meta, payloads, extra, compress=m["compressed"])
     with open(path, "rb") as f:
         return f.read()
 
 
-def test_golden_set_covers_the_required_shapes() -> None:
-    docs = [_expected(p) for p in FILES]
+@pytest.mark.parametrize("version", [1, 2])
+def test_golden_set_covers_the_required_shapes(version) -> None:
+    docs = [d for d in map(_expected, FILES) if d["metadata"]["snapshot_version"] == version]
     segments = [s for d in docs for s in d["metadata"]["segments"]]
+    bitmap_sets = [s["bitmaps"] for s in segments] if version == 1 else [d["metadata"]["bitmaps"] for d in docs]
     assert any(d["metadata"]["count"] == 0 for d in docs)
     assert any(len(d["metadata"]["segments"]) == 1 for d in docs)
     cuts = [(d["segmenting"]["max_indexes_per_segment"], s["count"])
             for d in docs for s in d["metadata"]["segments"][:-1]]  # every segment but a bucket's last was cut
     assert any(count != cap for cap, count in cuts), "no segment cut by the time step"
     assert any(count == cap for cap, count in cuts), "no segment cut by the count"
-    assert any(len(s["bitmaps"]) > 2 for s in segments)
-    assert any(b["width"] == 64 for s in segments for b in s["bitmaps"])
+    assert any(len(bitmaps) > 2 for bitmaps in bitmap_sets)
+    assert any(b["width"] == 64 for bitmaps in bitmap_sets for b in bitmaps)
     assert any(s["compressed"] for s in segments) and not all(s["compressed"] for s in segments)
     assert any(d["metadata"]["compressed"] for d in docs) and not all(d["metadata"]["compressed"] for d in docs)
 

@@ -36,8 +36,9 @@ def test_crc_definition_matches_the_library() -> None:
 
 def test_worked_example_of_the_spec(tmp_path) -> None:
     u = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
+    # The example is a version-1 snapshot (bucket_snapshot.md's "Version 1" section decodes its entries).
     meta, segs = build_bucket(5, 5, u(1000, 1001, 1003), u(5, 5, 5), u(7, 8, 9), time_step_ms=300_000,
-                              max_indexes_per_segment=5_000, compress=False)
+                              max_indexes_per_segment=5_000, compress=False, version=1)
     path = write_bucket(tmp_path, 42, meta, segs, compress=False)
     data = open(path, "rb").read()
     assert os.path.basename(path) == "00000000000000000042.ledger" and len(data) == 276

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketstore.format.segment_codec import (FLAG_ZLIB, KIND_ARITH, KIND_DELTA_U, KIND_DELTA_Z, MAX_SEGMENT_INDEXES,
+from bucketstore.format.segment_codec import (FLAG_ZLIB, FLAG_ZSTD, KIND_ARITH, KIND_DELTA_U, KIND_DELTA_Z, KIND_FRAME,
+                                              KIND_PACKED, MAX_SEGMENT_INDEXES,
                                        SegmentCodecError, decode_segment, encode_segment)
 
 U64 = st.integers(0, (1 << 64) - 1)
@@ -20,11 +21,12 @@ def _sorted_rows(rows: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarr
 
 
 @settings(max_examples=300, deadline=None)
-@given(rows=st.lists(st.tuples(U64 | EDGE, U64 | EDGE, U64 | EDGE), min_size=1, max_size=60),
-       compress=st.booleans())
-def test_round_trip_any_uint64(rows, compress) -> None:
+@given(rows=st.lists(st.tuples(U64 | EDGE, U64 | EDGE | st.integers(0, 20), U64 | EDGE | st.integers(0, 300)),
+                     min_size=1, max_size=60),
+       compress=st.booleans(), codec=st.sampled_from(["zlib", "zstd"]))
+def test_round_trip_any_uint64(rows, compress, codec) -> None:
     ts, ledgers, entries = _sorted_rows(rows)
-    payload = encode_segment(ts, ledgers, entries, compress=compress)
+    payload = encode_segment(ts, ledgers, entries, compress=compress, codec=codec)
     seg = decode_segment(payload, len(ts))
     for got, want in ((seg.timestamps, ts), (seg.ledger_ids, ledgers), (seg.entry_ids, entries)):
         assert got.dtype == np.uint64 and np.array_equal(got, want)
@@ -51,10 +53,14 @@ def _column_kinds(payload: bytes, n: int) -> list[tuple[int, int]]:
         if kind == KIND_ARITH:
             out.append((kind, 0))
             pos += 17
+        elif kind == KIND_PACKED:
+            bits = payload[pos + 9]
+            out.append((kind, bits))
+            pos += 10 + -(-n * bits // 8)
         else:
             width = payload[pos + 9]
             out.append((kind, width))
-            pos += 10 + width * (n - 1)
+            pos += 10 + width * (n if kind == KIND_FRAME else n - 1)
     assert pos == len(payload)
     return out
 
@@ -63,26 +69,62 @@ def test_writer_picks_kind_and_narrowest_width() -> None:
     ts = np.array([10, 11, 13, 300, 70_000], dtype=np.uint64)  # rising, largest delta 69,700: width 4
     ledgers = np.array([1, 2, 1, 2, 1], dtype=np.uint64)  # goes down: zigzag, width 1
     entries = np.array([5, 5, 6, 6, 1 << 40], dtype=np.uint64)  # rising, huge last delta: width 8
-    assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False), 5) == [
+    assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False, codec="zlib"), 5) == [
         (KIND_DELTA_U, 4), (KIND_DELTA_Z, 1), (KIND_DELTA_U, 8)]
+    # Version 2: the ledger column jumps within [1, 2]: bit-packed offsets, 1 bit each.
+    assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False), 5) == [
+        (KIND_DELTA_U, 4), (KIND_PACKED, 1), (KIND_DELTA_U, 8)]
+
+
+def test_v2_frame_and_packed_columns() -> None:
+    n = 1000
+    rng = np.random.default_rng(5)
+    ts = np.arange(n, dtype=np.uint64) * np.uint64(3)
+    ledgers = rng.integers(100, 110, n).astype(np.uint64)  # offsets 0..9: 4 bits packed
+    entries = rng.integers(5_000, 60_000, n).astype(np.uint64)  # offsets < 2**16, differences not
+    payload = encode_segment(ts, ledgers, entries, compress=False)
+    assert _column_kinds(payload, n) == [(KIND_ARITH, 0), (KIND_PACKED, 4), (KIND_FRAME, 2)]
+    seg = decode_segment(payload, n)
+    assert np.array_equal(seg.ledger_ids, ledgers) and np.array_equal(seg.entry_ids, entries)
+    packed = encode_segment(ts, ledgers, entries)
+    assert packed[0] == FLAG_ZSTD and len(packed) < len(payload)
+    assert np.array_equal(decode_segment(packed, n).entry_ids, entries)
 
 
 def test_byte_planar_layout() -> None:
     ts = np.arange(4, dtype=np.uint64)
-    payload = encode_segment(ts, ts, np.array([100, 99, 356, 357], dtype=np.uint64), compress=False)
+    payload = encode_segment(ts, ts, np.array([100, 99, 356, 357], dtype=np.uint64), compress=False, codec="zlib")
     # The example of formats/bucket_snapshot.md: deltas -1, 257, 1 zigzag to 1, 514, 2.
     assert payload[-16:].hex(" ") == "02 64 00 00 00 00 00 00 00 02 01 02 02 00 02 00"
 
 
-def test_zlib_is_used_only_when_smaller() -> None:
+@pytest.mark.parametrize("codec, flag", [("zlib", FLAG_ZLIB), ("zstd", FLAG_ZSTD)])
+def test_compression_is_used_only_when_smaller(codec, flag) -> None:
     rng = np.random.default_rng(7)
     ts = np.sort(rng.integers(0, 10**6, 2000).astype(np.uint64)) + np.arange(2000, dtype=np.uint64)
     zeros = np.zeros(2000, dtype=np.uint64)
-    compressed = encode_segment(ts, zeros, np.arange(2000, dtype=np.uint64))
+    compressed = encode_segment(ts, zeros, np.arange(2000, dtype=np.uint64), codec=codec)
     plain = encode_segment(ts, zeros, np.arange(2000, dtype=np.uint64), compress=False)
-    assert compressed[0] & FLAG_ZLIB and len(compressed) < len(plain)
-    tiny = encode_segment(np.array([1], np.uint64), zeros[:1], zeros[:1])
-    assert tiny[0] == 0  # 56 bytes: not worth a zlib header
+    assert compressed[0] == flag and len(compressed) < len(plain)
+    back = decode_segment(compressed, 2000)
+    assert np.array_equal(back.timestamps, ts) and np.array_equal(back.entry_ids, np.arange(2000, dtype=np.uint64))
+    tiny = encode_segment(np.array([1], np.uint64), zeros[:1], zeros[:1], codec=codec)
+    assert tiny[0] == 0  # 56 bytes: not worth a header
+
+
+def test_zstd_frame_must_end_at_the_payload_end_and_record_its_size() -> None:
+    ts = np.arange(0, 4000, 2, dtype=np.uint64) ** 2
+    zeros = np.zeros(len(ts), dtype=np.uint64)
+    payload = encode_segment(ts, zeros, np.arange(len(ts), dtype=np.uint64), codec="zstd")
+    assert payload[0] == FLAG_ZSTD
+    with pytest.raises(SegmentCodecError, match="no zstd frame at byte") as info:
+        decode_segment(payload + b"\x00", len(ts))
+    assert info.value.offset == 9
+    wrong_size = payload[:5] + (int.from_bytes(payload[5:9], "little") - 1).to_bytes(4, "little") + payload[9:]
+    with pytest.raises(SegmentCodecError, match="recorded"):
+        decode_segment(wrong_size, len(ts))
+    with pytest.raises(SegmentCodecError):
+        decode_segment(bytes([FLAG_ZLIB | FLAG_ZSTD]) + payload[1:], len(ts))
 
 
 @pytest.mark.parametrize("ts, ledgers, entries", [

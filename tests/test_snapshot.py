@@ -56,18 +56,23 @@ rows_strategy = st.lists(st.tuples(st.integers(0, 2_000_000), st.integers(10, 14
 
 
 @settings(max_examples=120, deadline=None)
-@given(rows=rows_strategy, cap=st.integers(1, 30) | st.just(-1), compress=st.booleans())
-def test_bucket_round_trip_and_bitmaps_equal_contents(tmp_path_factory, rows, cap, compress) -> None:
+@given(rows=rows_strategy, cap=st.integers(1, 30) | st.just(-1), compress=st.booleans(), version=st.sampled_from([1, 2]))
+def test_bucket_round_trip_and_bitmaps_equal_contents(tmp_path_factory, rows, cap, compress, version) -> None:
     rows = list({(ledger, entry): ts for ts, ledger, entry in rows}.items())  # one time per position
     rows = [(ts, ledger, entry) for (ledger, entry), ts in rows]
     ts, ledgers, entries = (np.array(c, dtype=np.uint64) for c in zip(*rows)) if rows else (np.zeros(0, np.uint64),) * 3
     ts, ledgers, entries = sort_indexes(ts, ledgers, entries)
     meta, payloads = build_bucket(10, 14, ts, ledgers, entries, time_step_ms=300_000,
-                                  max_indexes_per_segment=cap, compress=compress)
+                                  max_indexes_per_segment=cap, compress=compress, version=version)
     path = write_bucket(tmp_path_factory.mktemp("b"), 77, meta, payloads, {"tracker": "t"}, compress=compress)
     seen = []
     with BucketFile(path) as bucket:
+        assert bucket.metadata.version == version
         assert bucket.metadata.count == len(ts) and bucket.segment_count == len(payloads)
+        whole: dict[int, list[int]] = {}
+        for ledger, entry in zip(ledgers.tolist(), entries.tolist()):
+            whole.setdefault(ledger, []).append(entry)
+        assert {k: sorted(v) for k, v in whole.items()} == {k: list(bm) for k, bm in bucket.metadata.bitmaps.items()}
         assert bucket.ledger.properties["bucket_key"] == bucket_key(10, 14)
         for number, seg_meta in enumerate(bucket.metadata.segments, start=1):
             seg = bucket.read_segment(number)
@@ -76,8 +81,10 @@ def test_bucket_round_trip_and_bitmaps_equal_contents(tmp_path_factory, rows, ca
             by_ledger: dict[int, list[int]] = {}
             for _, ledger, entry in rows_here:
                 by_ledger.setdefault(ledger, []).append(entry)
-            assert {k: sorted(v) for k, v in by_ledger.items()} == {k: list(bm) for k, bm in seg_meta.bitmaps.items()}
-            for ledger, bm in seg_meta.bitmaps.items():
+            positions = bucket.segment_positions(number)
+            assert {k: sorted(v) for k, v in by_ledger.items()} == {k: list(bm) for k, bm in positions.items()}
+            assert not seg_meta.bitmaps if version == 2 else seg_meta.bitmaps is positions
+            for ledger, bm in positions.items():
                 assert isinstance(bm, BitMap64) == (max(by_ledger[ledger]) >= 1 << 32)
     assert seen == list(zip(ts.tolist(), ledgers.tolist(), entries.tolist()))
     assert verify_file(path) == []
@@ -92,10 +99,17 @@ def test_build_bucket_refuses_bad_input() -> None:
                      time_step_ms=10, max_indexes_per_segment=5)
 
 
-def test_build_bucket_refuses_a_position_twice_in_a_segment() -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_build_bucket_refuses_a_position_twice_in_a_segment(version) -> None:
     # Distinct rows, same position: the bitmap would count one entry for two indexes.
     with pytest.raises(ValueError, match="more than once"):
         build_bucket(10, 10, np.array([0, 1], np.uint64), np.array([10, 10], np.uint64), np.zeros(2, np.uint64),
+                     time_step_ms=10, max_indexes_per_segment=5, version=version)
+
+
+def test_build_bucket_v2_refuses_a_position_in_two_segments() -> None:
+    with pytest.raises(ValueError, match="more than once"):
+        build_bucket(10, 10, np.array([0, 100], np.uint64), np.array([10, 10], np.uint64), np.zeros(2, np.uint64),
                      time_step_ms=10, max_indexes_per_segment=5)
 
 
@@ -106,8 +120,18 @@ def test_segment_bitmaps_split_by_ledger() -> None:
 
 
 def _meta(**changes) -> BucketMetadata:
+    """A version-1 entry 0 (per-segment bitmaps)."""
     seg = SegmentMetadata(5, 9, 2, {1: BitMap([1, 2])})
-    meta = BucketMetadata(1, 2, 2, [seg])
+    meta = BucketMetadata(1, 2, 2, [seg], version=1)
+    for key, value in changes.items():
+        setattr(meta, key, value)
+    return meta
+
+
+def _meta2(**changes) -> BucketMetadata:
+    """A version-2 entry 0 (one bitmap per ledger for the bucket)."""
+    meta = BucketMetadata(1, 2, 3, [SegmentMetadata(5, 9, 2), SegmentMetadata(9, 12, 1)],
+                          bitmaps={1: BitMap([1, 2]), 2: BitMap64([1 << 40])})
     for key, value in changes.items():
         setattr(meta, key, value)
     return meta
@@ -120,15 +144,46 @@ def test_metadata_round_trip_compressed_and_not() -> None:
         assert (back.start_ledger, back.end_ledger, back.count, back.version) == (1, 2, 2, 1)
         assert [(s.min_timestamp, s.max_timestamp, s.count, {k: list(v) for k, v in s.bitmaps.items()})
                 for s in back.segments] == [(5, 9, 2, {1: [1, 2]})]
+        assert {k: list(v) for k, v in back.bitmaps.items()} == {1: [1, 2]}
+
+
+def test_metadata_v2_round_trip_compressed_and_not() -> None:
+    meta = _meta2()
+    for compress in (True, False):
+        back = decode_metadata(encode_metadata(meta, compress=compress))
+        assert (back.start_ledger, back.end_ledger, back.count, back.version) == (1, 2, 3, 2)
+        assert [(s.min_timestamp, s.max_timestamp, s.count, s.bitmaps) for s in back.segments] == \
+            [(5, 9, 2, {}), (9, 12, 1, {})]
+        assert {k: list(v) for k, v in back.bitmaps.items()} == {1: [1, 2], 2: [1 << 40]}
+        assert isinstance(back.bitmaps[2], BitMap64)
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"version": 2}, "version 2 is not supported"), ({"count": 3}, "bucket count"),
+    ({"version": 3}, "cannot write"), ({"count": 3}, "bucket count"),
     ({"start_ledger": 2}, "malformed bitmap"), ({"start_ledger": 3}, "ledger range"),
 ])
 def test_metadata_validation(change, message) -> None:
-    with pytest.raises(MetadataCodecError, match=message):
+    with pytest.raises((MetadataCodecError, ValueError), match=message):
         decode_metadata(encode_metadata(_meta(**change), compress=False))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"count": 4}, "bitmaps hold 3 entries"), ({"end_ledger": 1}, "malformed bitmap"),
+    ({"bitmaps": {1: BitMap([1, 2, 3])}}, "segments hold 3 indexes but the bucket count is 3|bitmaps hold 3"),
+])
+def test_metadata_v2_validation(change, message) -> None:
+    meta = _meta2(**change)
+    if "bitmaps" in change:
+        meta.segments[1].count = 2  # 4 in the segment table against 3 in the bitmaps
+    with pytest.raises(MetadataCodecError):
+        decode_metadata(encode_metadata(meta, compress=False))
+
+
+def test_metadata_refuses_an_unknown_version() -> None:
+    import msgpack
+    body = msgpack.packb([3, 1, 2, 0, [], []])
+    with pytest.raises(MetadataCodecError, match="version 3 is not supported"):
+        decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
 
 
 def test_segments_may_not_go_backwards() -> None:
@@ -156,3 +211,17 @@ def test_bucket_keys() -> None:
                 "#pulsar.internal.delayed.bucket_-1_2"):
         with pytest.raises(ValueError):
             parse_bucket_key(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 40) | st.integers(0, (1 << 64) - 1),
+                               st.integers(0, 5) | st.integers(0, (1 << 64) - 1),
+                               st.integers(0, 9) | st.integers((1 << 32) - 3, (1 << 32) + 3)
+                               | st.integers(0, (1 << 64) - 1)), max_size=60))
+def test_sort_rows_matches_lexsort(rows) -> None:
+    from bucketstore.format.row_sort import sort_rows
+    cols = [np.array(c, dtype=np.uint64) for c in zip(*rows)] if rows else [np.zeros(0, np.uint64)] * 3
+    got = sort_rows(*cols)
+    order = np.lexsort((cols[2], cols[1], cols[0]))
+    for g, c in zip(got, cols):
+        assert g.dtype == np.uint64 and np.array_equal(g, c[order])

@@ -19,7 +19,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError
+from ..engine.upgrade import upgrade_store
+from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
 from . import repair
 from .dump import describe_file, render_text
 from .simulate import add_arguments, run_from_args
@@ -149,6 +150,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_DAMAGE if damage else EXIT_OK
 
 
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    path = _store_path(args.store)
+    try:
+        report = upgrade_store(path)
+    except StoreLockedError as exc:
+        print(f"bucketstore: {exc}; close it before upgrading", file=sys.stderr)
+        return EXIT_DAMAGE
+    for failure in report.failed:
+        print(f"not upgraded: {failure}")
+    saved = (f", {report.bytes_before} -> {report.bytes_after} bytes" if report.upgraded else "")
+    print(f"upgraded {report.upgraded} bucket(s){saved}; {report.current} already current; "
+          f"{len(report.failed)} failed")
+    return EXIT_DAMAGE if report.failed else EXIT_OK
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -196,6 +212,15 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
     _add_store_command(commands, "stats", _cmd_stats, "summarise a store: trackers, indexes, bytes, files")
 
 
+def _add_upgrade(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("upgrade", help="rewrite a store's older bucket snapshots in the current format",
+                            description="Rewrite every bucket snapshot older than the current format version, "
+                                        "in place and crash-safely (new file durable, one catalog commit, "
+                                        "old file unlinked). Needs the store closed.")
+    p.add_argument("store", metavar="STORE", help="a store directory")
+    p.set_defaults(run=_cmd_upgrade)
+
+
 def _add_simulate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("simulate", help="run a realistic delayed-message workload against a store",
                             description="Producers with random delays, rolling ledgers, a simulated clock, "
@@ -228,7 +253,7 @@ def _checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 
 #: The subcommands, in the order ``--help`` lists them.
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats, _add_repair]
+    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats, _add_repair, _add_upgrade]
 
 
 def build_parser() -> argparse.ArgumentParser:

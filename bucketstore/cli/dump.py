@@ -16,7 +16,7 @@ from pyroaring import BitMap64
 
 from ..errors import CorruptLedgerError
 from ..format.ledger_file import LedgerReader
-from ..format.segment_codec import FLAG_ZLIB
+from ..format.segment_codec import FLAG_ZLIB, FLAG_ZSTD
 from ..format.snapshot import BucketFile
 
 __all__ = ["describe_file", "render_text"]
@@ -54,7 +54,9 @@ def describe_file(path: str | os.PathLike[str], indexes: int = 0) -> dict[str, A
 def _describe_bucket(bucket: BucketFile, indexes: int, doc: dict[str, Any]) -> None:
     meta = bucket.metadata
     doc["bucket"] = {"snapshot_version": meta.version, "start_ledger": meta.start_ledger,
-                     "end_ledger": meta.end_ledger, "count": meta.count, "metadata_size": bucket.metadata_size}
+                     "end_ledger": meta.end_ledger, "count": meta.count, "metadata_size": bucket.metadata_size,
+                     # Version 2 keeps one bitmap per ledger for the bucket (version 1: per segment, below).
+                     "ledgers": _ledger_docs(meta.bitmaps)}
     segments: list[dict[str, Any]] = []
     doc["segments"] = segments
     for number, seg_meta in enumerate(meta.segments, start=1):
@@ -66,19 +68,29 @@ def _describe_bucket(bucket: BucketFile, indexes: int, doc: dict[str, Any]) -> N
             "max_timestamp": seg_meta.max_timestamp,
             "count": seg_meta.count,
             "size": size,
-            "ledgers": [{"ledger_id": ledger, "cardinality": len(bm),
-                         "width": 64 if isinstance(bm, BitMap64) else 32}
-                        for ledger, bm in sorted(seg_meta.bitmaps.items())],
         }
+        if meta.version == 1:
+            entry["ledgers"] = _ledger_docs(seg_meta.bitmaps)
         segments.append(entry)
         # Reading the segment checks its CRC and decodes it; a dump that does
         # not read it would present a damaged segment as sound.
         seg = bucket.read_segment(number)
-        entry["compressed"] = bool(bucket.ledger.read_entry(number)[0] & FLAG_ZLIB)
+        flags = bucket.ledger.read_entry(number)[0]
+        entry["compressed"] = bool(flags & (FLAG_ZLIB | FLAG_ZSTD))
+        entry["codec"] = "zstd" if flags & FLAG_ZSTD else "zlib" if flags & FLAG_ZLIB else "none"
         if indexes:
             k = min(indexes, len(seg))
             entry["indexes"] = [list(row) for row in zip(seg.timestamps[:k].tolist(), seg.ledger_ids[:k].tolist(),
                                                          seg.entry_ids[:k].tolist())]
+
+
+def _ledger_docs(bitmaps: dict) -> list[dict[str, Any]]:
+    return [{"ledger_id": ledger, "cardinality": len(bm), "width": 64 if isinstance(bm, BitMap64) else 32}
+            for ledger, bm in sorted(bitmaps.items())]
+
+
+def _ledger_text(ledgers: list[dict[str, Any]]) -> str:
+    return " ".join(f"{lg['ledger_id']}:{lg['cardinality']}" + ("/64" if lg["width"] == 64 else "") for lg in ledgers)
 
 
 def render_text(doc: dict[str, Any]) -> str:
@@ -99,13 +111,15 @@ def render_text(doc: dict[str, Any]) -> str:
         lines.append(f"bucket      snapshot v{b['snapshot_version']}, ledgers [{b['start_ledger']}, "
                      f"{b['end_ledger']}], {b['count']} indexes in {len(doc['segments'])} segments, "
                      f"entry 0 {b['metadata_size']} bytes")
+        if b["snapshot_version"] >= 2:
+            lines.append(f"ledgers     {_ledger_text(b['ledgers'])}")
     if doc.get("segments"):
         lines.append(f"{'segment':>7} {'min_timestamp':>20} {'max_timestamp':>20} {'count':>8} {'bytes(z)':>8} "
-                     f"{'B/idx':>6}  ledgers (id:cardinality)")
+                     f"{'B/idx':>6}  " + ("ledgers (id:cardinality)" if any("ledgers" in seg for seg in doc["segments"])
+                                        else "codec"))
     for seg in doc.get("segments", []):
         z = "z" if seg.get("compressed") else " "
-        ledgers = " ".join(f"{lg['ledger_id']}:{lg['cardinality']}" + ("/64" if lg["width"] == 64 else "")
-                           for lg in seg["ledgers"])
+        ledgers = _ledger_text(seg["ledgers"]) if "ledgers" in seg else seg.get("codec", "")
         lines.append(f"{seg['segment']:>7} {seg['min_timestamp']:>20} {seg['max_timestamp']:>20} "
                      f"{seg['count']:>8} {seg['size']:>7}{z} {seg['size'] / seg['count']:>6.2f}  {ledgers}")
         for ts, ledger, entry in seg.get("indexes", []):

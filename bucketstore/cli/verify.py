@@ -222,9 +222,14 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
         if outside.any():
             report.add(at, f"segment {number}: ledger {int(ledgers[outside][0])} lies outside the bucket's "
                            f"range [{meta.start_ledger}, {meta.end_ledger}]")
-        _check_bitmaps(number, at, meta_at, ledgers, entries, seg_meta.bitmaps, report)
+        if meta.version == 1:
+            _check_bitmaps(number, at, meta_at, ledgers, entries, seg_meta.bitmaps, report)
         positions.append(np.stack((ledgers, entries), axis=1))
     _check_unique_positions(positions, meta_at, report)
+    if meta.version >= 2 and len(positions) == len(meta.segments):
+        # Version 2's bitmaps are the bucket's: they must hold exactly the segments' positions.
+        # (With a segment unreadable, its damage is reported and this comparison would only repeat it.)
+        _check_bucket_bitmaps(positions, meta.bitmaps, meta_at, report)
 
 
 def _check_unique_positions(positions: list[np.ndarray], meta_at: int, report: FileReport) -> None:
@@ -236,6 +241,25 @@ def _check_unique_positions(positions: list[np.ndarray], meta_at: int, report: F
     distinct = np.unique(pairs, axis=0)
     if len(distinct) != len(pairs):
         report.add(meta_at, f"{len(pairs) - len(distinct)} position(s) (ledger, entry) appear in more than one index")
+
+
+def _check_bucket_bitmaps(positions: list[np.ndarray], bitmaps: dict, meta_at: int, report: FileReport) -> None:
+    pairs = np.concatenate(positions) if positions else np.zeros((0, 2), dtype=np.uint64)
+    ledgers, entries = pairs[:, 0], pairs[:, 1]
+    order = np.lexsort((entries, ledgers))
+    sorted_ledgers, sorted_entries = ledgers[order], entries[order]
+    present = np.unique(sorted_ledgers).tolist()
+    for ledger in sorted(set(bitmaps) - set(present)):
+        report.add(meta_at, f"entry 0 has a bitmap for ledger {ledger}, which has no index in any segment")
+    for ledger in present:
+        lo = np.searchsorted(sorted_ledgers, np.uint64(ledger), side="left")
+        hi = np.searchsorted(sorted_ledgers, np.uint64(ledger), side="right")
+        actual = np.unique(sorted_entries[lo:hi])
+        bitmap = bitmaps.get(ledger)
+        recorded = np.zeros(0, np.uint64) if bitmap is None else np.asarray(bitmap.to_array(), dtype=np.uint64)
+        if len(recorded) != len(actual) or not np.array_equal(recorded, actual):
+            report.add(meta_at, f"ledger {ledger}: entry 0's bitmap ({len(recorded)} entries) differs from "
+                                f"the {len(actual)} entry ids the segments hold")
 
 
 def _check_bitmaps(number: int, at: int, meta_at: int, ledgers: np.ndarray, entries: np.ndarray,

@@ -227,32 +227,32 @@ class DelayedIndexSet:
         mask = np.zeros(len(ledgers), dtype=bool)
         if not len(ledgers):
             return mask
-        # Group rows by ledger with one sort (a mask per distinct ledger would be
-        # quadratic when a bucket holds many small ledgers).
-        order = np.argsort(ledgers, kind="stable")
-        sorted_ledgers = ledgers[order]
-        cuts = (np.flatnonzero(sorted_ledgers[1:] != sorted_ledgers[:-1]) + 1).tolist()
-        for lo, hi in zip([0] + cuts, cuts + [len(ledgers)]):
-            ledger = int(sorted_ledgers[lo])
+        for ledger, rows in _ledger_rows(ledgers):
             bm = self._ledgers.get(ledger)
             if bm is None:
                 continue
-            if hi - lo == 1:  # one row: a scalar lookup beats building a bitmap
-                row = int(order[lo])
+            if not isinstance(rows, slice) and len(rows) == 1:
+                # One row (a bucket of many small ledgers): a scalar lookup beats building a bitmap.
+                row = int(rows[0])
                 entry = int(entries[row])
                 if _fits(bm, entry) and entry in bm:
                     live = self._live_rows(ledger, entries[row:row + 1], None if ts is None else ts[row:row + 1])
                     mask[row] = live is None or bool(live[0])
                 continue
-            rows = order[lo:hi]
             ents = entries[rows]
-            hits = bm & bitmap_of(ents, wide=isinstance(bm, BitMap64))
-            if hits:
+            wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
+            hits = bm & wanted
+            if len(hits) == len(wanted):
+                mask[rows] = True  # every row's entry is tracked: no per-row lookup needed
+            elif hits:
                 mask[rows] = np.isin(ents, np.asarray(hits.to_array() if isinstance(hits, BitMap)
                                                       else list(hits), dtype=np.uint64))
-                live = self._live_rows(ledger, ents, None if ts is None else ts[rows])
-                if live is not None:
-                    mask[rows] &= live
+            else:
+                continue
+            # Either way, a re-added expired position is live only in its row of the current time.
+            live = self._live_rows(ledger, ents, None if ts is None else ts[rows])
+            if live is not None:
+                mask[rows] &= live
         return mask
 
     def drop_ledgers_below(self, first_live_ledger: int) -> int:
@@ -312,13 +312,24 @@ def _fits(bm: Bitmap, entry_id: int) -> bool:
     return entry_id < _U32_LIMIT or isinstance(bm, BitMap64)
 
 
-def _group_by_ledger(ledgers: np.ndarray, entries: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield ``(ledger, entries of that ledger)``; fast path for the common one-ledger batch."""
+def _ledger_rows(ledgers: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:
+    """Yield ``(ledger, its rows)`` in ledger order: a slice for the common one-ledger
+    input, else index arrays from one stable sort (not one scan per ledger, which is
+    quadratic when a bucket spans thousands of ledgers)."""
     if not len(ledgers):
         return
     first = ledgers[0]
-    if (ledgers == first).all():
-        yield int(first), entries
+    if ledgers[-1] == first and (ledgers == first).all():
+        yield int(first), slice(None)
         return
-    for ledger in np.unique(ledgers).tolist():
-        yield ledger, entries[ledgers == ledger]
+    order = np.argsort(ledgers, kind="stable")
+    ordered = ledgers[order]
+    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
+    for a, b in zip([0, *cuts], [*cuts, len(order)]):
+        yield int(ordered[a]), order[a:b]
+
+
+def _group_by_ledger(ledgers: np.ndarray, entries: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield ``(ledger, entries of that ledger)``; fast path for the common one-ledger batch."""
+    for ledger, rows in _ledger_rows(ledgers):
+        yield ledger, entries[rows]

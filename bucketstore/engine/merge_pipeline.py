@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BucketStoreError
+from ..format.row_sort import sort_rows
 from ..format.snapshot import BucketMetadata, build_bucket, drop_repeats, write_bucket
 from .liveness import index_snapshot
 from .sealed_bucket import SealedBucket
@@ -101,8 +102,7 @@ class MergeJob:
         if not parts:
             return  # nothing live: install only removes the sources
         ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*parts))
-        order = np.lexsort((entries, ledgers, ts))
-        ts, ledgers, entries = drop_repeats(ts[order], ledgers[order], entries[order])
+        ts, ledgers, entries = drop_repeats(*sort_rows(ts, ledgers, entries))
         self.meta, payloads = build_bucket(self.start, self.end, ts, ledgers, entries,
                                            time_step_ms=cfg.max_time_step_per_segment_ms,
                                            max_indexes_per_segment=cfg.max_indexes_per_segment)

@@ -140,7 +140,10 @@ class MutableBucket:
         self._runs = []
         if not parts:
             return None
-        merged = sorted_run(*(np.concatenate(cols) for cols in zip(*parts)))
+        if len(parts) == 1:
+            merged = Run(*parts[0])  # a run's rest is sorted already
+        else:
+            merged = sorted_run(*(np.concatenate(cols) for cols in zip(*parts)))
         self._runs = [merged]
         return merged
 

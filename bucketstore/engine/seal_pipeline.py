@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BucketStoreError
+from ..format.row_sort import sort_rows
 from ..format.snapshot import BucketMetadata, build_bucket, drop_repeats, write_bucket
 from .liveness import FrozenMutableLiveness
 from .sealed_bucket import SealedBucket
@@ -92,10 +93,10 @@ class SealJob:
             ts = ledgers = entries = np.zeros(0, dtype=_U64)
         self._views = []
         keep = self._liveness.mask(ts, ledgers, entries)
-        ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
-        order = np.lexsort((entries, ledgers, ts))
+        if not keep.all():  # usually all are: skip three gathers
+            ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
         # A position re-added with the time of one of its stale rows leaves two equal rows.
-        ts, ledgers, entries = drop_repeats(ts[order], ledgers[order], entries[order])
+        ts, ledgers, entries = drop_repeats(*sort_rows(ts, ledgers, entries))
         # Rows already due at the freeze belong to no snapshot (as in Pulsar): they stay in the queue.
         due = int(np.searchsorted(ts, np.uint64(self._cutoff), side="right")) if self._cutoff >= 0 else 0
         self._due = (ts[:due], ledgers[:due], entries[:due])

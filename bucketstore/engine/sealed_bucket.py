@@ -14,15 +14,16 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from pyroaring import BitMap64
 from sortedcontainers import SortedDict
 
 from ..errors import CorruptLedgerError
 from ..format.ledger_file import LedgerReader
 from ..format.segment_codec import SegmentCodecError, decode_segment
 from .shared_queue import Run
-from ..format.snapshot import BucketMetadata, bucket_key
+from ..format.snapshot import BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps
 
-__all__ = ["SealedBucket", "BucketMap"]
+__all__ = ["SealedBucket", "BucketMap", "split_positions"]
 
 
 class SealedBucket:
@@ -123,6 +124,62 @@ class SealedBucket:
     def __repr__(self) -> str:
         return (f"SealedBucket([{self.start_ledger}, {self.end_ledger}], ledger {self.ledger_id}, "
                 f"segment {self.current}/{self.segment_count})")
+
+
+def split_positions(bucket: SealedBucket, meta: BucketMetadata, skip: int, need_skipped: bool
+                    ) -> tuple[dict[int, EntryBitmap], dict[int, EntryBitmap] | None]:
+    """The positions of segments ``skip+1..N`` (live) and, when asked, of ``1..skip`` (skipped).
+
+    Version 1 records each segment's bitmaps; version 2 records the bucket's, so
+    one side is decoded from its segments and the other is the difference. The
+    side decoded is the smaller one, unless the skipped positions are wanted.
+    """
+    if meta.version == 1:
+        return (_union(s.bitmaps for s in meta.segments[skip:]),
+                _union(s.bitmaps for s in meta.segments[:skip]) if need_skipped else None)
+    if skip == 0:
+        return meta.bitmaps, ({} if need_skipped else None)
+    total = int(bucket.counts.sum())
+    skipped_count = int(bucket.counts[:skip].sum())
+    if need_skipped or skipped_count <= total - skipped_count:
+        skipped = _decoded(bucket, range(1, skip + 1))
+        return _difference(meta.bitmaps, skipped), (skipped if need_skipped else None)
+    live = _decoded(bucket, range(skip + 1, bucket.segment_count + 1))
+    return live, None
+
+
+def _decoded(bucket: SealedBucket, numbers: range) -> dict[int, EntryBitmap]:
+    runs = [bucket.read_segment(n) for n in numbers]
+    if not runs:
+        return {}
+    return ledger_bitmaps(np.concatenate([r.ledgers for r in runs]), np.concatenate([r.entries for r in runs]))
+
+
+def _union(parts) -> dict[int, EntryBitmap]:
+    out: dict[int, EntryBitmap] = {}
+    for bitmaps in parts:
+        for ledger, bm in bitmaps.items():
+            have = out.get(ledger)
+            if have is None:
+                out[ledger] = bm.copy()
+            elif type(have) is type(bm):
+                have |= bm
+            else:
+                out[ledger] = BitMap64(have) | BitMap64(bm)
+    return out
+
+
+def _difference(whole: dict[int, EntryBitmap], part: dict[int, EntryBitmap]) -> dict[int, EntryBitmap]:
+    out: dict[int, EntryBitmap] = {}
+    for ledger, bm in whole.items():
+        minus = part.get(ledger)
+        if minus is None:
+            out[ledger] = bm
+            continue
+        rest = bm - minus if type(minus) is type(bm) else BitMap64(bm) - BitMap64(minus)
+        if rest:
+            out[ledger] = rest
+    return out
 
 
 class BucketMap:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..format.row_sort import sort_rows
 from .index_set import DelayedIndexSet, _group_by_ledger
 
 __all__ = ["Run", "RunBuffer", "Slot", "SharedQueue", "SegmentSource"]
@@ -147,16 +148,7 @@ class RunBuffer:
 def sorted_run(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, owner: SegmentSource | None = None) -> Run:
     """A :class:`Run` of the given columns, sorted by (timestamp, ledger, entry)."""
     if len(ts) > 1:
-        if ledgers[0] == ledgers[-1] and (ledgers == ledgers[0]).all():
-            # One ledger (a producer's batch): order by time, then entry. Entries
-            # usually arrive ascending, and then a stable sort on time alone does it.
-            if (entries[1:] > entries[:-1]).all():
-                order = np.argsort(ts, kind="stable")
-            else:
-                order = np.lexsort((entries, ts))
-        else:
-            order = np.lexsort((entries, ledgers, ts))
-        ts, ledgers, entries = ts[order], ledgers[order], entries[order]
+        ts, ledgers, entries = sort_rows(ts, ledgers, entries)
     return Run(ts, ledgers, entries, owner)
 
 

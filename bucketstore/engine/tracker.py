@@ -40,7 +40,7 @@ from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
 from .identity import LedgerIdentityError, check_identity
 from .seal_pipeline import SealJob
-from .sealed_bucket import BucketMap, SealedBucket
+from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, bucket_key, parse_bucket_key
 from .store_services import StoreServices
@@ -901,15 +901,21 @@ class BucketTracker:
             if skip == len(meta.segments) or end < first_live:
                 doomed.append(bucket)
                 continue
-            for seg in meta.segments[skip:]:
-                for ledger, bm in seg.bitmaps.items():
-                    self._index.add_bitmap(ledger, bm)
-            if frontier is not None:
+            try:
+                live, skipped = split_positions(bucket, meta, skip, need_skipped=frontier is not None)
+            except (OSError, CorruptLedgerError) as exc:
+                if not store.repair or isinstance(exc, OSError):
+                    raise
+                dropped.append(f"{key}: {exc}")
+                stale_keys.append(key)
+                continue
+            for ledger, bm in live.items():
+                self._index.add_bitmap(ledger, bm)
+            if skipped is not None:
                 # The skipped segments' rows stay in the file (a merge reads them): a
                 # delivered position re-added later must not be made live again by them.
-                for seg in meta.segments[:skip]:
-                    for ledger, bm in seg.bitmaps.items():
-                        self._index.add_ghosts(ledger, bm)
+                for ledger, bm in skipped.items():
+                    self._index.add_ghosts(ledger, bm)
                 self._untrack_delivered(bucket, skip, frontier)
             self._buckets.add(bucket)
             self._queue.push(Slot(bucket))

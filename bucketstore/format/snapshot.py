@@ -1,10 +1,17 @@
 """Bucket snapshots: a sealed bucket as a ledger file.
 
 Entry 0 holds the bucket metadata (:class:`BucketMetadata`): the ledger range,
-the index count and, per segment, its min and max schedule timestamp, its
-index count and its per-ledger delayed-index bitmaps (roaring bitmaps of entry
-ids, keyed by ledger id), as PIP-195 keeps them. Entries 1..N hold the segments
-in the compact encoding of :mod:`bucketstore.format.segment_codec`.
+the index count, per segment its min and max schedule timestamp and index
+count, and the delayed-index bitmaps (roaring bitmaps of entry ids, keyed by
+ledger id). Entries 1..N hold the segments in the compact encoding of
+:mod:`bucketstore.format.segment_codec`.
+
+Version 2 (what this module writes) keeps *one* bitmap per ledger for the
+whole bucket: the segments already say which segment holds which position, so
+version 1's per-segment bitmaps (PIP-195's layout, still read) stored every
+position twice. The engine needs only bucket-wide membership at recovery; the
+positions of one segment, when needed, come from decoding it
+(:meth:`BucketFile.segment_positions`).
 
 Segments are cut as Pulsar cuts them (reference §1.4): a segment opens at its
 first index with timestamp ``t0`` and closes when the next index is later than
@@ -18,7 +25,6 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from array import array
 from dataclasses import dataclass, field
 from typing import Union
@@ -28,13 +34,17 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..errors import CorruptLedgerError
+from .compression import ZLIB, ZSTD, CompressionError, compress as _compress, decompress_exact
 from .fs import REAL_FS, FileSystem
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
+from .row_sort import sort_rows
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
                             encode_segment)
 
 __all__ = [
     "SNAPSHOT_VERSION",
+    "READABLE_VERSIONS",
+    "ledger_bitmaps",
     "SegmentMetadata",
     "BucketMetadata",
     "EntryBitmap",
@@ -53,10 +63,14 @@ __all__ = [
     "drop_repeats",
 ]
 
-SNAPSHOT_VERSION = 1
+#: The version this module writes.
+SNAPSHOT_VERSION = 2
+#: The versions it reads.
+READABLE_VERSIONS = (1, 2)
 BUCKET_KEY_PREFIX = "#pulsar.internal.delayed.bucket"
 _U64 = np.dtype("<u8")
 _FLAG_ZLIB = 0x01
+_FLAG_ZSTD = 0x02  # version 2 only
 _PREFIX = struct.Struct("<BI")  # flags, uncompressed msgpack length
 _BITMAP32 = 32
 _BITMAP64 = 64
@@ -100,7 +114,8 @@ class SegmentMetadata:
     min_timestamp: int
     max_timestamp: int
     count: int
-    #: ledger id -> roaring bitmap of the entry ids of that ledger in this segment.
+    #: Version 1 only: ledger id -> roaring bitmap of the entry ids of that ledger in
+    #: this segment. Empty in version 2, whose bitmaps are the bucket's (:attr:`BucketMetadata.bitmaps`).
     bitmaps: dict[int, EntryBitmap] = field(default_factory=dict)
 
 
@@ -113,6 +128,9 @@ class BucketMetadata:
     count: int
     segments: list[SegmentMetadata]
     version: int = SNAPSHOT_VERSION
+    #: ledger id -> bitmap of every entry id of that ledger in the bucket. Stored in
+    #: version 2; for a version-1 file, the union of the segments' bitmaps.
+    bitmaps: dict[int, EntryBitmap] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -122,11 +140,7 @@ class BucketMetadata:
 def sort_indexes(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sort three columns by (timestamp, ledger, entry) and drop duplicate rows."""
-    ts = np.asarray(ts, dtype=_U64)
-    ledgers = np.asarray(ledgers, dtype=_U64)
-    entries = np.asarray(entries, dtype=_U64)
-    order = np.lexsort((entries, ledgers, ts))
-    return drop_repeats(ts[order], ledgers[order], entries[order])
+    return drop_repeats(*sort_rows(ts, ledgers, entries))
 
 
 def drop_repeats(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray
@@ -184,8 +198,59 @@ def segment_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, Entry
     return {int(sl[a]): _make_bitmap(se[a:b]) for a, b in zip(starts.tolist(), ends.tolist())}
 
 
+def ledger_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryBitmap]:
+    """Per-ledger bitmaps of the entry ids of unsorted columns (a whole bucket's).
+
+    One stable sort by ledger alone: pyroaring takes the entry ids in any order.
+    """
+    if not len(ledgers):
+        return {}
+    first = ledgers[0]
+    if (ledgers == first).all():
+        return {int(first): _make_bitmap(entries)}
+    order = np.argsort(ledgers, kind="stable")
+    sl, se = ledgers[order], entries[order]
+    cuts = np.flatnonzero(sl[1:] != sl[:-1]) + 1
+    starts = [0, *cuts.tolist()]
+    ends = [*cuts.tolist(), len(sl)]
+    return {int(sl[a]): _make_bitmap(se[a:b]) for a, b in zip(starts, ends)}
+
+
+def _flat_bitmaps(bitmaps: dict[int, EntryBitmap]) -> list[object]:
+    flat: list[object] = []
+    for ledger in sorted(bitmaps):
+        bm = bitmaps[ledger]
+        flat += [ledger, _BITMAP64 if isinstance(bm, BitMap64) else _BITMAP32, bm.serialize()]
+    return flat
+
+
 def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
-    """Encode entry 0.
+    """Encode entry 0 in ``meta.version``'s layout (2 unless a test asks for 1).
+
+    Version 2: ``flags u8, body_length u32`` then the msgpack body, one zstd frame
+    when flag bit 1 is set (used when smaller). The body is the array
+    ``[2, start_ledger, end_ledger, count, segments, bitmaps]``, ``segments`` a flat
+    array ``[min_ts, max_ts, count, ...]`` and ``bitmaps`` a flat array
+    ``[ledger_id, width, bytes, ...]`` of the bucket's bitmaps in ascending ledger order.
+    """
+    if meta.version == 1:
+        return _encode_metadata_v1(meta, compress=compress)
+    if meta.version != SNAPSHOT_VERSION:
+        raise ValueError(f"cannot write snapshot version {meta.version}")
+    segments: list[int] = []
+    for seg in meta.segments:
+        segments += [seg.min_timestamp, seg.max_timestamp, seg.count]
+    body = msgpack.packb([meta.version, meta.start_ledger, meta.end_ledger, meta.count, segments,
+                          _flat_bitmaps(meta.bitmaps)], use_bin_type=True)
+    if compress and len(body) > 64:
+        packed = _compress(body, ZSTD)
+        if len(packed) < len(body) and len(body) <= _MAX_INFLATE_RATIO * len(packed):
+            return _PREFIX.pack(_FLAG_ZSTD, len(body)) + packed
+    return _PREFIX.pack(0, len(body)) + body
+
+
+def _encode_metadata_v1(meta: BucketMetadata, *, compress: bool = True) -> bytes:
+    """Encode entry 0 in version 1's layout.
 
     Layout: ``flags u8, msgpack_length u32`` then the msgpack body (zlib-compressed
     when flag bit 0 is set and that is smaller). The body is the array
@@ -194,17 +259,11 @@ def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
     ``[ledger_id, width, bytes, ledger_id, width, bytes, ...]`` in ascending ledger
     order, ``width`` 32 (portable 32-bit roaring) or 64 (portable 64-bit roaring).
     """
-    segments = []
-    for seg in meta.segments:
-        flat: list[object] = []
-        for ledger in sorted(seg.bitmaps):
-            bm = seg.bitmaps[ledger]
-            flat += [ledger, _BITMAP64 if isinstance(bm, BitMap64) else _BITMAP32, bm.serialize()]
-        segments.append([seg.min_timestamp, seg.max_timestamp, seg.count, flat])
-    body = msgpack.packb([meta.version, meta.start_ledger, meta.end_ledger, meta.count, segments],
-                         use_bin_type=True)
+    segments = [[seg.min_timestamp, seg.max_timestamp, seg.count, _flat_bitmaps(seg.bitmaps)]
+                for seg in meta.segments]
+    body = msgpack.packb([1, meta.start_ledger, meta.end_ledger, meta.count, segments], use_bin_type=True)
     if compress and len(body) > 64:
-        packed = zlib.compress(body, 1)
+        packed = _compress(body, ZLIB)
         if len(packed) < len(body):
             return _PREFIX.pack(_FLAG_ZLIB, len(body)) + packed
     return _PREFIX.pack(0, len(body)) + body
@@ -220,20 +279,20 @@ def decode_metadata(payload: bytes | memoryview) -> BucketMetadata:
     if len(view) < _PREFIX.size:
         raise MetadataCodecError(0, "metadata payload is shorter than its 5-byte prefix")
     flags, raw_len = _PREFIX.unpack_from(view)
-    if flags & ~_FLAG_ZLIB:
+    if flags not in (0, _FLAG_ZLIB, _FLAG_ZSTD):
         raise MetadataCodecError(0, f"unknown metadata flags 0x{flags:02x}")
     body: bytes | memoryview
-    if flags & _FLAG_ZLIB:
+    if flags:
         stream = view[_PREFIX.size:]
+        # zlib expands at most 1032-fold. zstd can expand far more, so its writer
+        # stores a body uncompressed rather than exceed that ratio, and the one
+        # bound holds for both: a damaged length never becomes a huge allocation.
         if raw_len > _MAX_INFLATE_RATIO * len(stream):
             raise MetadataCodecError(1, f"uncompressed size {raw_len} is impossible for {len(stream)} compressed bytes")
-        inflater = zlib.decompressobj()
         try:
-            body = inflater.decompress(stream, raw_len)
-        except zlib.error as exc:
-            raise MetadataCodecError(_PREFIX.size, f"zlib stream is damaged: {exc}") from None
-        if len(body) != raw_len or not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
-            raise MetadataCodecError(_PREFIX.size, "zlib stream does not hold exactly the recorded size")
+            body = decompress_exact(stream, raw_len, ZSTD if flags == _FLAG_ZSTD else ZLIB)
+        except CompressionError as exc:
+            raise MetadataCodecError(_PREFIX.size, str(exc)) from None
     else:
         body = view[_PREFIX.size:]
         if len(body) != raw_len:
@@ -248,19 +307,73 @@ def decode_metadata(payload: bytes | memoryview) -> BucketMetadata:
 
 def _validate_metadata(doc: object) -> BucketMetadata:
     at = _PREFIX.size  # structural errors are reported at the body's start
-    if not isinstance(doc, list) or len(doc) != 5:
-        raise MetadataCodecError(at, "metadata is not a 5-element array")
-    version, start, end, count, segments = doc
+    if not isinstance(doc, list) or len(doc) not in (5, 6):
+        raise MetadataCodecError(at, "metadata is not a 5- or 6-element array")
+    version = doc[0]
     # ``type(v) is int``: msgpack decodes true as True and 1.0 as a float, both
     # of which compare equal to 1 but are not what any writer produces.
-    if type(version) is not int or version != SNAPSHOT_VERSION:
-        raise MetadataCodecError(at, f"snapshot version {version!r} is not supported (this reader knows {SNAPSHOT_VERSION})")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise MetadataCodecError(at, f"snapshot version {version!r} is not supported (this reader knows "
+                                     f"{', '.join(map(str, READABLE_VERSIONS))})")
+    if len(doc) != (5 if version == 1 else 6):
+        raise MetadataCodecError(at, f"version {version} metadata has {len(doc)} elements")
+    start, end, count, segments = doc[1:5]
     if not (_is_u64(start) and _is_u64(end) and _is_u64(count)) or start > end:
         raise MetadataCodecError(at, "ledger range or count is not a valid unsigned range")
     if not isinstance(segments, list):
         raise MetadataCodecError(at, "segment list is not an array")
+    if version == 1:
+        out = _validate_segments_v1(segments, start, end, at)
+        bitmaps = _union_bitmaps(out)
+    else:
+        out = _validate_segments_v2(segments, at)
+        bitmaps = _validate_bitmaps(doc[5], start, end, at, "bucket")
+        card = sum(len(bm) for bm in bitmaps.values())
+        if card != count:
+            raise MetadataCodecError(at, f"the bucket's bitmaps hold {card} entries but its count is {count}")
+    total = sum(seg.count for seg in out)
+    if total != count:
+        raise MetadataCodecError(at, f"segments hold {total} indexes but the bucket count is {count}")
+    return BucketMetadata(start, end, count, out, version, bitmaps)
+
+
+def _validate_bitmaps(flat: object, start: int, end: int, at: int, where: str) -> dict[int, EntryBitmap]:
+    if not isinstance(flat, list) or len(flat) % 3:
+        raise MetadataCodecError(at, f"{where}: the bitmap list is malformed")
+    bitmaps: dict[int, EntryBitmap] = {}
+    previous = -1
+    for j in range(0, len(flat), 3):
+        ledger, width, blob = flat[j:j + 3]
+        if not _is_u64(ledger) or not start <= ledger <= end or ledger <= previous \
+                or type(width) is not int or width not in (_BITMAP32, _BITMAP64) \
+                or not isinstance(blob, bytes):
+            raise MetadataCodecError(at, f"{where} has a malformed bitmap entry for ledger {ledger!r}")
+        previous = ledger
+        try:
+            bm = (BitMap64 if width == _BITMAP64 else BitMap).deserialize(blob)
+        except (ValueError, IndexError, OverflowError) as exc:
+            raise MetadataCodecError(at, f"{where} ledger {ledger}: bitmap does not deserialize: {exc}") from None
+        bitmaps[ledger] = bm
+    return bitmaps
+
+
+def _validate_segments_v2(flat: list[object], at: int) -> list[SegmentMetadata]:
+    if len(flat) % 3 or not all(_is_u64(v) for v in flat):
+        raise MetadataCodecError(at, "the segment table is not a flat array of unsigned triples")
     out: list[SegmentMetadata] = []
-    total = 0
+    prev_max = -1
+    for i in range(len(flat) // 3):
+        lo, hi, n = flat[3 * i:3 * i + 3]
+        if lo > hi or not 1 <= n <= MAX_SEGMENT_INDEXES or lo < prev_max:
+            raise MetadataCodecError(at, f"segment {i + 1} has bounds [{lo}, {hi}] and count {n}, "
+                                         "which are inconsistent")
+        prev_max = hi
+        out.append(SegmentMetadata(lo, hi, n))
+    return out
+
+
+def _validate_segments_v1(segments: list[object], start: int, end: int, at: int) -> list[SegmentMetadata]:
+    out: list[SegmentMetadata] = []
     prev_max = -1
     for i, seg in enumerate(segments, start=1):
         if not (isinstance(seg, list) and len(seg) == 4 and all(_is_u64(v) for v in seg[:3])
@@ -270,40 +383,49 @@ def _validate_metadata(doc: object) -> BucketMetadata:
         if lo > hi or not 1 <= n <= MAX_SEGMENT_INDEXES or lo < prev_max:
             raise MetadataCodecError(at, f"segment {i} has bounds [{lo}, {hi}] and count {n}, which are inconsistent")
         prev_max = hi
-        bitmaps: dict[int, EntryBitmap] = {}
-        card = 0
-        for j in range(0, len(flat), 3):
-            ledger, width, blob = flat[j:j + 3]
-            if not _is_u64(ledger) or not start <= ledger <= end or ledger in bitmaps \
-                    or type(width) is not int or width not in (_BITMAP32, _BITMAP64) \
-                    or not isinstance(blob, bytes):
-                raise MetadataCodecError(at, f"segment {i} has a malformed bitmap entry for ledger {ledger!r}")
-            try:
-                bm = (BitMap64 if width == _BITMAP64 else BitMap).deserialize(blob)
-            except (ValueError, IndexError, OverflowError) as exc:
-                raise MetadataCodecError(at, f"segment {i} ledger {ledger}: bitmap does not deserialize: {exc}") from None
-            bitmaps[ledger] = bm
-            card += len(bm)
+        # Version 1 wrote ledgers ascending but did not say readers must check it.
+        bitmaps = _validate_bitmaps(_sorted_flat(flat), start, end, at, f"segment {i}")
+        card = sum(len(bm) for bm in bitmaps.values())
         if card != n:
             raise MetadataCodecError(at, f"segment {i} bitmaps hold {card} entries but the segment count is {n}")
-        total += n
         out.append(SegmentMetadata(lo, hi, n, bitmaps))
-    if total != count:
-        raise MetadataCodecError(at, f"segments hold {total} indexes but the bucket count is {count}")
-    return BucketMetadata(start, end, count, out, version)
+    return out
+
+
+def _sorted_flat(flat: list[object]) -> list[object]:
+    triples = [flat[j:j + 3] for j in range(0, len(flat), 3)]
+    if all(_is_u64(t[0]) for t in triples):
+        ledgers = [t[0] for t in triples]
+        if len(set(ledgers)) == len(ledgers):
+            triples.sort(key=lambda t: t[0])
+    return [v for t in triples for v in t]
+
+
+def _union_bitmaps(segments: list[SegmentMetadata]) -> dict[int, EntryBitmap]:
+    union: dict[int, EntryBitmap] = {}
+    for seg in segments:
+        for ledger, bm in seg.bitmaps.items():
+            have = union.get(ledger)
+            if have is None:
+                union[ledger] = bm.copy()
+            elif type(have) is type(bm):
+                have |= bm
+            else:
+                union[ledger] = BitMap64(have) | BitMap64(bm)
+    return union
 
 
 def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *,
-                 time_step_ms: int, max_indexes_per_segment: int, compress: bool = True
-                 ) -> tuple[BucketMetadata, list[bytes]]:
+                 time_step_ms: int, max_indexes_per_segment: int, compress: bool = True,
+                 version: int = SNAPSHOT_VERSION) -> tuple[BucketMetadata, list[bytes]]:
     """Cut sorted columns into segments and encode them.
 
     Returns the metadata (entry 0, not yet encoded) and the encoded segment
     payloads (entries 1..N). Columns must be sorted by (timestamp, ledger, entry)
     without duplicates, every ledger must lie in ``[start_ledger, end_ledger]``,
-    and a position ``(ledger, entry)`` may appear only once (a repeat within one
-    segment raises :class:`ValueError`; across segments it is the caller's
-    invariant, which ``bucketstore verify`` checks).
+    and a position ``(ledger, entry)`` may appear only once in the bucket (a
+    repeat raises :class:`ValueError`). ``version=1`` writes the old layout
+    (per-segment bitmaps, zlib), for tests and golden files.
     """
     ts = np.ascontiguousarray(ts, dtype=_U64)
     ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
@@ -312,23 +434,30 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
         raise ValueError("columns differ in length")
     if not 0 <= start_ledger <= end_ledger < 1 << 64:
         raise ValueError(f"invalid ledger range [{start_ledger}, {end_ledger}]")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"cannot write snapshot version {version}")
     if len(ts):
         if int(ledgers.min()) < start_ledger or int(ledgers.max()) > end_ledger:
             raise ValueError(f"an index lies outside the bucket's ledger range [{start_ledger}, {end_ledger}]")
         if check_sorted(ts, ledgers, entries) >= 0:
             raise ValueError("indexes are not sorted by (timestamp, ledger, entry) without duplicates")
+    codec = ZLIB if version == 1 else ZSTD
     metas, payloads = [], []
     for lo, hi in cut_segments(ts, time_step_ms, max_indexes_per_segment):
         t, l, e = ts[lo:hi], ledgers[lo:hi], entries[lo:hi]
-        bitmaps = segment_bitmaps(l, e)
+        bitmaps = segment_bitmaps(l, e) if version == 1 else {}
         # A position has one delivery time, so it appears once: entry 0's bitmap
-        # cardinalities must add up to the segment's count, and a reader rejects
-        # a file where they do not. Refuse here rather than write such a file.
-        if sum(len(bm) for bm in bitmaps.values()) != hi - lo:
+        # cardinalities must add up to the count, and a reader rejects a file
+        # where they do not. Refuse here rather than write such a file.
+        if version == 1 and sum(len(bm) for bm in bitmaps.values()) != hi - lo:
             raise ValueError(f"a position (ledger, entry) appears more than once among indexes {lo}..{hi - 1}")
         metas.append(SegmentMetadata(int(t[0]), int(t[-1]), hi - lo, bitmaps))
-        payloads.append(encode_segment(t, l, e, compress=compress))
-    return BucketMetadata(start_ledger, end_ledger, len(ts), metas), payloads
+        payloads.append(encode_segment(t, l, e, compress=compress, codec=codec))
+    meta = BucketMetadata(start_ledger, end_ledger, len(ts), metas, version)
+    meta.bitmaps = _union_bitmaps(metas) if version == 1 else ledger_bitmaps(ledgers, entries)
+    if version != 1 and sum(len(bm) for bm in meta.bitmaps.values()) != len(ts):
+        raise ValueError("a position (ledger, entry) appears more than once in the bucket")
+    return meta, payloads
 
 
 def write_bucket(directory: str | os.PathLike[str], ledger_id: int, meta: BucketMetadata, segments: list[bytes],
@@ -388,6 +517,17 @@ class BucketFile:
     @property
     def size(self) -> int:
         return self.ledger.size
+
+    def segment_positions(self, number: int) -> dict[int, EntryBitmap]:
+        """Ledger id -> bitmap of the entry ids in segment ``number`` (1-based).
+
+        Version 1 records them in entry 0; version 2 implies them, so the segment is read.
+        """
+        meta = self.metadata.segments[number - 1]
+        if self.metadata.version == 1:
+            return meta.bitmaps
+        seg = self.read_segment(number)
+        return ledger_bitmaps(seg.ledger_ids, seg.entry_ids)
 
     def read_segment(self, number: int) -> Segment:
         """Read and decode segment ``number`` (1-based, as ledger entry ``number``)."""

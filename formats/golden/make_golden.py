@@ -28,11 +28,10 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bucketstore.format.segment_codec import FLAG_ZLIB
 from bucketstore.format.snapshot import build_bucket, cut_segments, encode_metadata, sort_indexes, write_bucket
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,6 +50,11 @@ class Case:
     max_indexes: int = 5_000
     compress: bool = True
     properties: dict | None = None
+    version: int = 1
+
+    @property
+    def file_name(self) -> str:
+        return self.name if self.version == 1 else f"v{self.version}_{self.name}"
 
 
 def _fixed_delay() -> list[tuple[int, int, int]]:
@@ -110,7 +114,7 @@ def _mixed_compression() -> list[tuple[int, int, int]]:
     return rows
 
 
-CASES = [
+CASES_V1 = [
     Case("empty", "a bucket with zero indexes: entry 0 only, no segments", 1, 9, 9, lambda: []),
     Case("one_segment", "40 fixed-delay indexes on two ledgers: one segment, constant-step columns, "
          "nothing compressed", 2, 3, 4, _fixed_delay, compress=False,
@@ -126,6 +130,8 @@ CASES = [
     Case("mixed_compression", "one zlib-compressed segment, one uncompressed, compressed entry 0", 7, 50, 51,
          _mixed_compression, max_indexes=-1),
 ]
+CASES = CASES_V1 + [replace(case, version=2, description=case.description.replace("zlib", "zstd"))
+                    for case in CASES_V1]
 
 
 def _columns(rows: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -136,33 +142,39 @@ def _columns(rows: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, 
     return sort_indexes(ts, ledgers, entries)
 
 
+def _bitmap_list(positions: list[tuple[int, int]]) -> list[dict]:
+    by_ledger: dict[int, list[int]] = {}
+    for ledger, entry in positions:
+        by_ledger.setdefault(ledger, []).append(entry)
+    return [{"ledger_id": ledger, "width": 64 if max(ids) >= 1 << 32 else 32, "entries": sorted(ids)}
+            for ledger, ids in sorted(by_ledger.items())]
+
+
 def _expected(case: Case, rows: list[tuple[int, int, int]], metadata_compressed: bool,
               segments_compressed: list[bool], properties: dict) -> dict:
     """The content the file must hold, from the sorted input rows alone."""
     ts = np.array([r[0] for r in rows], dtype=np.uint64)
-    segments = []
+    segments: list[dict] = []
     for (lo, hi), compressed in zip(cut_segments(ts, case.time_step_ms, case.max_indexes), segments_compressed):
         part = rows[lo:hi]
-        by_ledger: dict[int, list[int]] = {}
-        for _, ledger, entry in part:
-            by_ledger.setdefault(ledger, []).append(entry)
-        segments.append({
-            "min_timestamp": part[0][0],
-            "max_timestamp": part[-1][0],
-            "count": len(part),
-            "compressed": compressed,
-            "bitmaps": [{"ledger_id": ledger, "width": 64 if max(ids) >= 1 << 32 else 32, "entries": sorted(ids)}
-                        for ledger, ids in sorted(by_ledger.items())],
-            "indexes": [list(r) for r in part],
-        })
+        segment = {"min_timestamp": part[0][0], "max_timestamp": part[-1][0], "count": len(part),
+                   "compressed": compressed}
+        if case.version == 1:
+            segment["bitmaps"] = _bitmap_list([(ledger, entry) for _, ledger, entry in part])
+        segment["indexes"] = [list(r) for r in part]
+        segments.append(segment)
+    metadata = {"compressed": metadata_compressed, "snapshot_version": case.version, "start_ledger": case.start_ledger,
+                "end_ledger": case.end_ledger, "count": len(rows)}
+    if case.version >= 2:
+        metadata["bitmaps"] = _bitmap_list([(ledger, entry) for _, ledger, entry in rows])
+    metadata["segments"] = segments
     return {
-        "file": f"{case.name}.ledger",
+        "file": f"{case.file_name}.ledger",
         "description": case.description,
         "segmenting": {"time_step_ms": case.time_step_ms, "max_indexes_per_segment": case.max_indexes},
         "header": {"ledger_id": case.ledger_id, "format_version": 1, "flags": 0},
         "properties": properties,
-        "metadata": {"compressed": metadata_compressed, "snapshot_version": 1, "start_ledger": case.start_ledger,
-                     "end_ledger": case.end_ledger, "count": len(rows), "segments": segments},
+        "metadata": metadata,
     }
 
 
@@ -172,20 +184,20 @@ def write_case(case: Case, out_dir: str) -> None:
     rows = list(zip(ts.tolist(), ledgers.tolist(), entries.tolist()))
     meta, payloads = build_bucket(case.start_ledger, case.end_ledger, ts, ledgers, entries,
                                   time_step_ms=case.time_step_ms, max_indexes_per_segment=case.max_indexes,
-                                  compress=case.compress)
+                                  compress=case.compress, version=case.version)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_bucket(tmp, case.ledger_id, meta, payloads, case.properties, compress=case.compress)
-        shutil.move(path, os.path.join(out_dir, f"{case.name}.ledger"))
-    metadata_compressed = bool(encode_metadata(meta, compress=case.compress)[0] & 1)
+        shutil.move(path, os.path.join(out_dir, f"{case.file_name}.ledger"))
+    metadata_compressed = encode_metadata(meta, compress=case.compress)[0] != 0
     properties = dict(case.properties or {})
     properties.update(kind="bucket", bucket_key=meta.key, start_ledger=meta.start_ledger,
                       end_ledger=meta.end_ledger)
-    doc = _expected(case, rows, metadata_compressed, [bool(p[0] & FLAG_ZLIB) for p in payloads],
+    doc = _expected(case, rows, metadata_compressed, [p[0] != 0 for p in payloads],
                     dict(sorted(properties.items())))
     # One index or one entry-id list per line: readable, and diffs stay local.
     text = re.sub(r"\[\s*([\d,\s]+?)\s*\]", lambda m: "[" + re.sub(r"\s+", "", m.group(1)) + "]",
                   json.dumps(doc, indent=1))
-    with open(os.path.join(out_dir, f"{case.name}.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out_dir, f"{case.file_name}.json"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
 
 
@@ -193,7 +205,7 @@ def main(argv: list[str]) -> int:
     out_dir = argv[1] if len(argv) > 1 else HERE
     for case in CASES:
         write_case(case, out_dir)
-        print(f"wrote {case.name}.ledger")
+        print(f"wrote {case.file_name}.ledger")
     return 0
 
 

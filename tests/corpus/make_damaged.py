@@ -20,6 +20,8 @@ import sys
 import zlib
 from collections.abc import Callable
 
+import zstandard
+
 from bucketstore.format.snapshot import decode_metadata, encode_metadata
 from corpus.framing import frame_ledger, split_ledger, trailer
 
@@ -65,16 +67,16 @@ def _with_entry0(name: str, entry0: bytes) -> bytes:
     return frame_ledger(lid, props, [entry0, *payloads[1:]])
 
 
-def _segment_dropped_from_entry0() -> bytes:
-    lid, props, payloads = _parts("time_cuts")
+def _segment_dropped_from_entry0(name: str = "time_cuts") -> bytes:
+    lid, props, payloads = _parts(name)
     meta = decode_metadata(payloads[0])
     gone = meta.segments.pop()
     meta.count -= gone.count
     return frame_ledger(lid, props, [encode_metadata(meta), *payloads[1:]])
 
 
-def _segments_swapped() -> bytes:
-    lid, props, payloads = _parts("time_cuts")
+def _segments_swapped(name: str = "time_cuts") -> bytes:
+    lid, props, payloads = _parts(name)
     return frame_ledger(lid, props, [payloads[0], payloads[2], payloads[1], payloads[3]])
 
 
@@ -87,6 +89,14 @@ def _zlib_segment() -> bytes:
     lid, props, payloads = _parts("mixed_compression")
     seg = bytearray(payloads[1])
     seg[20] ^= 0x01  # inside the deflate stream of the 300-index segment
+    return frame_ledger(lid, props, [payloads[0], bytes(seg), *payloads[2:]])
+
+
+def _zstd_segment_frame() -> bytes:
+    lid, props, payloads = _parts("v2_mixed_compression")
+    seg = bytearray(payloads[1])
+    assert seg[0] == 2  # a zstd segment
+    seg[9] ^= 0x01  # the first frame's magic number
     return frame_ledger(lid, props, [payloads[0], bytes(seg), *payloads[2:]])
 
 
@@ -116,6 +126,12 @@ CASES: dict[str, Callable[[], bytes]] = {
     "header_range_disagrees": _header_range,
     "zlib_segment_damaged": _zlib_segment,
     "segment_count_disagrees": _count_disagrees,
+    # Format version 2 (bucket-wide bitmaps, zstd).
+    "v2_entry0_drops_a_segment": lambda: _segment_dropped_from_entry0("v2_time_cuts"),
+    "v2_segments_swapped": lambda: _segments_swapped("v2_time_cuts"),
+    "v2_zstd_segment_frame_damaged": _zstd_segment_frame,
+    "v2_entry0_zstd_bomb": lambda: _with_entry0(
+        "v2_one_segment", struct.pack("<BI", 2, 100) + zstandard.ZstdCompressor(level=19).compress(bytes(1 << 20))),
 }
 
 

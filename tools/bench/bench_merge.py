@@ -1,9 +1,13 @@
-"""Merge benchmark: the time to merge 4 sealed buckets of 50,000 indexes, and a long simulate run.
+"""Merge benchmark: the time to merge 4 sealed buckets of 50,000 indexes, the size of merged buckets, and a long simulate run.
 
 1. Four buckets of 50,000 indexes each (random delays up to 1 h) are sealed by a tracker with
    ``max_num_buckets=4``; a fifth seal makes it merge the four oldest. Prints the merge's time,
    its throughput in indexes per second, and the file sizes before and after.
-2. ``bucketstore simulate`` with ``max_num_buckets`` set (8) and delays within one minute (so the
+2. Merged size against its sources on workloads A (fixed delay), B (random delays up to 10 min)
+   and S (sparse: 1 % of entries of 10,000-entry ledgers delayed up to 10 min): a tracker with
+   ``max_num_buckets=4`` seals buckets of 50,000 (S: 20,000) indexes until it merges; the ratio
+   is the merged file's size over the sum of the files it replaced.
+3. ``bucketstore simulate`` with ``max_num_buckets`` set (8) and delays within one minute (so the
    held set is at its steady size after a simulated minute), sampling the process's resident
    memory as it runs, to show it and the bucket count stay level.
 
@@ -21,7 +25,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+sys.path.insert(0, os.path.dirname(__file__))
+
 import bucketstore  # noqa: E402
+from bench_seal import batches  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
 from bucketstore.cli.simulate import SimulationConfig, run_simulation  # noqa: E402
 
@@ -48,6 +55,23 @@ def merge_once(path: str, seed: int) -> dict[str, float]:
                 "buckets_after": len(merged)}
 
 
+def merge_ratio(shape: str, per_bucket: int, seed: int) -> tuple[int, int, int]:
+    """(sum of the merged sources' file sizes, the merged file's size, number of sources)."""
+    with tempfile.TemporaryDirectory() as tmp, bucketstore.open(tmp) as store:
+        t = store.tracker("m", TrackerConfig(max_num_buckets=4, min_index_count_per_bucket=per_bucket),
+                          lambda: EPOCH)
+        sizes: dict[int, tuple[int, int, int]] = {}
+        for ledgers, ents, at in batches(shape, per_bucket * 8, seed, ledger_size=per_bucket):
+            t.add_messages((ledgers, ents, at))
+            if t.stats()["merge"]["succeeded"]:
+                break
+            for b in t.buckets():
+                sizes[b.ledger_id] = (b.size, b.start_ledger, b.end_ledger)
+        merged = [b for b in t.buckets() if b.ledger_id not in sizes][0]
+        sources = [size for size, lo, hi in sizes.values() if merged.start_ledger <= lo and hi <= merged.end_ledger]
+        return sum(sources), merged.size, len(sources)
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
@@ -71,6 +95,12 @@ def main() -> None:
           f"(all runs: {', '.join(str(round(r['merge_ms'])) for r in runs)} ms); "
           f"{best['buckets_after']} buckets after; the four files {best['bytes_before']:,.0f} bytes -> "
           f"merged file {best['bytes_after']:,.0f} bytes")
+
+    print("\nmerged bucket size / sum of its sources' sizes (target <= 1):")
+    for shape, per_bucket in (("A", 50_000), ("B", 50_000), ("S", 20_000)):
+        before, after, k = merge_ratio(shape, per_bucket, 0)
+        print(f"  {shape}: {k} sources {before:,} bytes -> merged {after:,} bytes: ratio {after / before:.3f}  "
+              f"{'ok' if after <= before else 'MISSED'}")
 
     # Delays within one minute: the held set reaches its steady size after a simulated minute,
     # so what the run shows past that point is whether memory and bucket count stay level.

@@ -1,0 +1,141 @@
+"""Sparse stores: recovery time, resident memory and disk bytes per held index.
+
+A store holds N indexes where a fraction (1 % or 10 %) of the entries of
+10,000-entry ledgers are delayed by U[0, 10 min), published one entry a
+millisecond: at 1 % and 10 M indexes that is 100,000 ledgers of ~100 indexes.
+The store is generated the way seals leave it: sealed buckets of ``--bucket``
+indexes (a contiguous ledger range each), written with the library's
+``build_bucket``/``write_bucket`` and registered by one catalog commit each,
+because adding 100,000 ledgers through a tracker is itself slow today (rolls
+scan the mutable bucket: issue 13 item 7).
+
+Recovery is measured from outside, as a user sees it: a fresh Python process
+imports bucketstore, notes its RSS, opens the store and the tracker, asks
+``next_delivery_time()`` and notes the elapsed time and RSS again. Resident
+bytes per index = (RSS after - RSS before) / N. The dense case (every entry
+delayed, fixed delay) is measured the same way for comparison.
+
+    PYTHONPATH=. python tools/bench/bench_sparse.py [--indexes 10000000] [--shapes 1,10,dense] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from bucketstore import TrackerConfig  # noqa: E402
+from bucketstore.engine.store import Store  # noqa: E402
+from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
+
+EPOCH = 1_700_000_000_000
+LEDGER_ENTRIES = 10_000
+TARGETS = {"recovery_s": {10_000_000: 1.0, 100_000_000: 2.0}, "resident": 1.0, "disk": 4.0}
+
+_CHILD = r"""
+import json, os, sys, time
+import bucketstore
+from bucketstore import TrackerConfig
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+before = rss()
+start = time.perf_counter()
+store = bucketstore.open(sys.argv[1])
+t = store.tracker("t", TrackerConfig(), lambda: int(sys.argv[2]))
+first = t.next_delivery_time()
+elapsed = time.perf_counter() - start
+print(json.dumps({"seconds": elapsed, "rss_growth": rss() - before, "held": t.number_of_delayed_messages,
+                  "first": first}))
+"""
+
+
+def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> int:
+    """Write the store; return its ledger files' total size."""
+    rng = np.random.default_rng(seed)
+    total_bytes = 0
+    with Store(path) as store:
+        store.tracker("t", TrackerConfig(), lambda: EPOCH).close()  # registers the tracker in the catalog
+        done, next_entry = 0, 0
+        while done < n:
+            k = min(bucket, n - done)
+            if shape == "dense":
+                chosen = np.arange(next_entry, next_entry + k, dtype=np.uint64)
+                delay = np.full(k, 60_000, np.uint64)
+            else:
+                fraction = int(shape) / 100
+                span = int(k / fraction * 1.2) + LEDGER_ENTRIES
+                picks = np.flatnonzero(rng.random(span) < fraction)[:k]
+                # End the bucket at a ledger boundary so the next bucket's range starts fresh.
+                chosen = (next_entry + picks).astype(np.uint64)
+                k = len(chosen)
+                delay = rng.integers(0, 600_000, k).astype(np.uint64)
+            ledgers = np.uint64(1) + chosen // np.uint64(LEDGER_ENTRIES)
+            entries = chosen % np.uint64(LEDGER_ENTRIES)
+            ts, ledgers, entries = sort_indexes(EPOCH + 1_000 + chosen + delay, ledgers, entries)
+            lo, hi = int(ledgers.min()), int(ledgers.max())
+            meta, payloads = build_bucket(lo, hi, ts, ledgers, entries, time_step_ms=300_000,
+                                          max_indexes_per_segment=5_000)
+            ledger_id = store.allocate_ledger_id()
+            file = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, {"tracker": "t"})
+            store.catalog.commit("t", put={meta.key: ledger_id}, next_ledger_id=ledger_id + 1)
+            total_bytes += os.path.getsize(file)
+            done += k
+            next_entry = (hi + 1 - 1) * LEDGER_ENTRIES  # the next ledger after this bucket's last
+    return total_bytes
+
+
+def recover(path: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", _CHILD, path, str(EPOCH)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..")})
+    if out.returncode:
+        raise SystemExit(f"recovery failed:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--indexes", type=int, default=10_000_000)
+    p.add_argument("--bucket", type=int, default=500_000, help="indexes per sealed bucket")
+    p.add_argument("--shapes", default="1,10,dense", help="comma-separated: percent delayed, or dense")
+    p.add_argument("--repeat", type=int, default=3, help="recoveries per store (fresh process each)")
+    args = p.parse_args()
+    print(f"$ PYTHONPATH=. python tools/bench/bench_sparse.py --indexes {args.indexes} --bucket {args.bucket} "
+          f"--shapes {args.shapes} --repeat {args.repeat}")
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu(s)")
+    n = args.indexes
+    recovery_target = TARGETS["recovery_s"].get(n)
+    for shape in args.shapes.split(","):
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BUCKETSTORE_BENCH_DIR")) as tmp:
+            started = time.perf_counter()
+            disk = generate(tmp, shape, n, args.bucket, 0)
+            built = time.perf_counter() - started
+            runs = [recover(tmp) for _ in range(args.repeat)]
+        held = runs[0]["held"]
+        seconds = statistics.median(r["seconds"] for r in runs)
+        resident = statistics.median(r["rss_growth"] for r in runs) / held
+        label = "dense (every entry, fixed delay)" if shape == "dense" else f"{shape} % of entries delayed"
+        ledgers = "" if shape == "dense" else f", ~{held * 100 // int(shape) // LEDGER_ENTRIES:,} ledgers"
+        print(f"{label}: {held:,} held{ledgers}; store built in {built:.0f} s")
+        print(f"  recovery {seconds:.2f} s (median of {args.repeat}; "
+              + ", ".join(f"{r['seconds']:.2f}" for r in runs) + ")"
+              + (f"  target <= {recovery_target} s {'ok' if seconds <= recovery_target else 'MISSED'}"
+                 if recovery_target else ""))
+        print(f"  resident {resident:.2f} B/index  (target <= {TARGETS['resident']}) "
+              f"{'ok' if resident <= TARGETS['resident'] else 'MISSED'}")
+        print(f"  disk     {disk / held:.2f} B/index  (target <= {TARGETS['disk']}) "
+              f"{'ok' if disk / held <= TARGETS['disk'] else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
