@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+import numpy as np
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 from ..config import TrackerConfig
 from ..engine.store import open_store
+from ..format.snapshot import parse_bucket_key
+from .build_plan import PartitionPlan, default_tasks, plan_partitions
 from .build_task import BUILD_COLUMNS
-from .source import FORMAT_NAME, BucketStoreDataSource
+from .source import FORMAT_NAME, BucketStoreDataSource, check_build_schema
 
 __all__ = ["build_store", "BuildReport", "DEFAULT_ROWS_PER_PARTITION"]
 
@@ -67,15 +70,19 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
     with open_store(store_path) as store:
         before = store.catalog.buckets(tracker)
         rows = df.select(*BUILD_COLUMNS)
-        n = rows.count()
-        min_count = config.min_index_count_per_bucket
-        partitions = max(spark.sparkContext.defaultParallelism, math.ceil(n / rows_per_partition))
-        # More tasks than minimum-size buckets would only make undersized buckets.
-        partitions = max(1, min(partitions, n // min_count))
+        check_build_schema(rows.schema)
+        ledgers, counts = _rows_per_ledger(rows)
+        n = int(counts.sum())
+        tasks = default_tasks(n, spark.sparkContext.defaultParallelism, rows_per_partition)
+        existing = [] if mode == "overwrite" else sorted(parse_bucket_key(key) for key in before)
+        # Refuses rows inside an existing bucket here, before any task writes a file.
+        plan = plan_partitions(ledgers, counts, config.min_index_count_per_bucket, tasks, existing)
         # A task cuts at most one bucket per min_count rows, plus one per existing
         # bucket it must stop short of, plus its last one: reserve that many ids.
-        stride = n // min_count + len(before) + 1
-        (rows.repartitionByRange(partitions, "ledger_id")
+        # (The plan's own figure is exact only if a second evaluation of ``df``
+        # yields the same rows; this bound holds whatever it yields.)
+        stride = n // config.min_index_count_per_bucket + len(before) + 1
+        (_shuffle_to_tasks(rows, plan)
          .write.format(FORMAT_NAME).mode(mode)
          .option("tracker", tracker)
          .option("min_index_count_per_bucket", config.min_index_count_per_bucket)
@@ -85,4 +92,40 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
          .option("lock_holder_pid", os.getpid())
          .save(store_path))
         after = store.catalog.buckets(tracker)
-    return BuildReport(tracker, n, partitions, len(before), len(after), time.perf_counter() - started)
+    return BuildReport(tracker, n, plan.partitions, len(before), len(after), time.perf_counter() - started)
+
+
+def _rows_per_ledger(rows: DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ledger ids (uint64) and their row counts: the build's one pass before the write."""
+    table = rows.groupBy("ledger_id").agg(F.count(F.lit(1)).alias("rows")).toArrow()
+    column = table.column("ledger_id")
+    if column.null_count:
+        raise ValueError("column ledger_id holds nulls; every row needs a ledger_id, entry_id and deliver_at")
+    # BIGINT ids below zero spell unsigned ids of 2**63 and more (see schema.py).
+    ledgers = column.to_numpy().astype(np.int64, copy=False).view(np.uint64)
+    return ledgers, table.column("rows").to_numpy().astype(np.int64, copy=False)
+
+
+def _shuffle_to_tasks(rows: DataFrame, plan: PartitionPlan) -> DataFrame:
+    """Send every row to its planned task in one shuffle, by a partition id computed from ``ledger_id``."""
+    target = _partition_id(F.col("ledger_id").cast("long"), plan.starts)
+    if hasattr(rows, "repartitionById"):  # PySpark 4.1+: the id is the partition, no sampling pass
+        return rows.repartitionById(plan.partitions, target)
+    # PySpark 4.0: range partitioning on the id keeps each task's ledgers
+    # together (at the cost of the partitioner's sampling pass).
+    return rows.repartitionByRange(plan.partitions, target)
+
+
+def _partition_id(ledger: Column, starts: tuple[int, ...]) -> Column:
+    """``max p with starts[p] <= ledger`` in unsigned order, as a balanced tree of comparisons."""
+    # Flipping the sign bit maps unsigned order onto signed order, which is what
+    # BIGINT comparisons do.
+    key = ledger.bitwiseXOR(F.lit(-(1 << 63)))
+
+    def pick(lo: int, hi: int) -> Column:
+        if hi - lo == 1:
+            return F.lit(lo)
+        mid = (lo + hi) // 2
+        return F.when(key < F.lit(starts[mid] - (1 << 63)), pick(lo, mid)).otherwise(pick(mid, hi))
+
+    return pick(0, len(starts))

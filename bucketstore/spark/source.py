@@ -24,7 +24,7 @@ from .scan import DEFAULT_PARTITION_BYTES
 from .schema import READ_DDL
 from .writer import StoreWriter
 
-__all__ = ["BucketStoreDataSource", "FORMAT_NAME"]
+__all__ = ["BucketStoreDataSource", "FORMAT_NAME", "check_build_schema"]
 
 FORMAT_NAME = "bucketstore"
 _CONFIG_OPTIONS = ("min_index_count_per_bucket", "max_time_step_per_segment_ms", "max_indexes_per_segment")
@@ -62,7 +62,7 @@ class BucketStoreDataSource(DataSource):
                            self._int_option("partition_bytes", DEFAULT_PARTITION_BYTES))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        _check_build_schema(schema)
+        check_build_schema(schema)
         tracker = self.options.get("tracker")
         if not tracker:
             raise ValueError('a bulk build needs .option("tracker", name)')
@@ -75,7 +75,8 @@ class BucketStoreDataSource(DataSource):
         return StoreWriter(job)
 
 
-def _check_build_schema(schema: StructType) -> None:
+def check_build_schema(schema: StructType) -> None:
+    """Refuse a frame without integer columns ledger_id, entry_id and deliver_at (naming what it has)."""
     fields = {f.name: f.dataType for f in schema.fields}
     for name in BUILD_COLUMNS:
         if name not in fields:
