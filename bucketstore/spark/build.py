@@ -71,7 +71,7 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
         before = store.catalog.buckets(tracker)
         rows = df.select(*BUILD_COLUMNS)
         check_build_schema(rows.schema)
-        ledgers, counts = _rows_per_ledger(rows)
+        ledgers, counts, packable = _rows_per_ledger(rows)
         n = int(counts.sum())
         tasks = default_tasks(n, spark.sparkContext.defaultParallelism, rows_per_partition)
         existing = [] if mode == "overwrite" else sorted(parse_bucket_key(key) for key in before)
@@ -82,8 +82,16 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
         # (The plan's own figure is exact only if a second evaluation of ``df``
         # yields the same rows; this bound holds whatever it yields.)
         stride = n // config.min_index_count_per_bucket + len(before) + 1
-        (_shuffle_to_tasks(rows, plan)
+        ledger = F.col("ledger_id").cast("long")
+        if packable:
+            # One BIGINT per position instead of two: the JVM's conversion to
+            # Arrow and the shuffle are a good part of the job's time.
+            rows = rows.select(F.shiftleft(ledger, 32).bitwiseOR(F.col("entry_id").cast("long")).alias("position"),
+                               F.col("deliver_at").cast("long").alias("deliver_at"))
+            ledger = F.shiftrightunsigned(F.col("position"), 32)
+        (_shuffle_to_tasks(rows, plan, ledger)
          .write.format(FORMAT_NAME).mode(mode)
+         .option("positions", "packed" if packable else "columns")
          .option("tracker", tracker)
          .option("min_index_count_per_bucket", config.min_index_count_per_bucket)
          .option("max_time_step_per_segment_ms", config.max_time_step_per_segment_ms)
@@ -95,20 +103,29 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
     return BuildReport(tracker, n, plan.partitions, len(before), len(after), time.perf_counter() - started)
 
 
-def _rows_per_ledger(rows: DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct ledger ids (uint64) and their row counts: the build's one pass before the write."""
-    table = rows.groupBy("ledger_id").agg(F.count(F.lit(1)).alias("rows")).toArrow()
+def _rows_per_ledger(rows: DataFrame) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Distinct ledger ids (uint64), their row counts, and whether every position packs into 64 bits.
+
+    The build's one pass over the input before the write.
+    """
+    table = rows.groupBy("ledger_id").agg(F.count(F.lit(1)).alias("rows"), F.min("entry_id").alias("lo"),
+                                          F.max("entry_id").alias("hi")).toArrow()
     column = table.column("ledger_id")
     if column.null_count:
         raise ValueError("column ledger_id holds nulls; every row needs a ledger_id, entry_id and deliver_at")
     # BIGINT ids below zero spell unsigned ids of 2**63 and more (see schema.py).
     ledgers = column.to_numpy().astype(np.int64, copy=False).view(np.uint64)
-    return ledgers, table.column("rows").to_numpy().astype(np.int64, copy=False)
+    counts = table.column("rows").to_numpy().astype(np.int64, copy=False)
+    # Null entry ids are left for the tasks to refuse; they make min/max null.
+    lo, hi = table.column("lo"), table.column("hi")
+    packable = (len(ledgers) > 0 and int(ledgers.max()) < 1 << 32 and not lo.null_count and not hi.null_count
+                and int(lo.to_numpy().min()) >= 0 and int(hi.to_numpy().max()) < 1 << 32)
+    return ledgers, counts, packable
 
 
-def _shuffle_to_tasks(rows: DataFrame, plan: PartitionPlan) -> DataFrame:
-    """Send every row to its planned task in one shuffle, by a partition id computed from ``ledger_id``."""
-    target = _partition_id(F.col("ledger_id").cast("long"), plan.starts)
+def _shuffle_to_tasks(rows: DataFrame, plan: PartitionPlan, ledger: Column) -> DataFrame:
+    """Send every row to its planned task in one shuffle, by a partition id computed from its ledger id."""
+    target = _partition_id(ledger, plan.starts)
     if hasattr(rows, "repartitionById"):  # PySpark 4.1+: the id is the partition, no sampling pass
         return rows.repartitionById(plan.partitions, target)
     # PySpark 4.0: range partitioning on the id keeps each task's ledgers

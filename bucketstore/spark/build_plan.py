@@ -88,5 +88,11 @@ def plan_partitions(ledgers: np.ndarray, counts: np.ndarray, min_count: int, tas
 
 
 def default_tasks(rows: int, parallelism: int, rows_per_partition: int) -> int:
-    """As many tasks as the cluster runs at once, more when a task would hold more than ``rows_per_partition``."""
-    return max(parallelism, math.ceil(rows / rows_per_partition), 1)
+    """Tasks for ``rows``: none over ``rows_per_partition``, and a multiple of the cores that run them.
+
+    A multiple, because tasks of equal size run in waves: five tasks on two
+    cores take three waves, the last with one core idle; six smaller ones
+    take three full waves.
+    """
+    parallelism = max(parallelism, 1)
+    return parallelism * max(1, math.ceil(rows / rows_per_partition / parallelism))
