@@ -41,20 +41,26 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
 
     ``df`` needs integer columns ``ledger_id``, ``entry_id`` and ``deliver_at``
     (others are ignored). Every row becomes a sealed index; a position given
-    more than once keeps its smallest ``deliver_at``. The rows are range
-    partitioned by ledger so each task owns a ledger range, and each task cuts
-    its ledgers into buckets of at least ``config.min_index_count_per_bucket``
-    indexes, segmented by the config's time step and segment size.
+    more than once keeps its smallest ``deliver_at``. One aggregation counts
+    the rows per ledger; the driver cuts the whole input into buckets of at
+    least ``config.min_index_count_per_bucket`` indexes from those counts and
+    gives each task a run of whole buckets; one shuffle sends each row to its
+    task, which seals its buckets (segmented by the config's time step and
+    segment size). See :mod:`bucketstore.spark.build_plan`.
 
     The store (created if missing) is held open, and so locked, on this driver
     for the whole job: a tracker cannot open it meanwhile, and the build fails
     at once with :class:`~bucketstore.StoreLockedError` if one has it open.
 
     :param mode: ``"append"`` adds buckets over ledgers the tracker has no
-        bucket for (rows inside an existing bucket's range fail the job);
+        bucket for (rows inside an existing bucket's range fail the build
+        while it is planned, before any task runs);
         ``"overwrite"`` replaces all the tracker's buckets in the same commit.
-    :param rows_per_partition: the most rows a task should hold; the job uses
-        at least as many tasks as Spark's default parallelism.
+    :param rows_per_partition: the most rows a task should hold (about 40
+        bytes each at the peak of its sort); the task count is a multiple of
+        Spark's default parallelism.
+    :raises LedgerRangeConflict: (``append``) rows fall inside an existing bucket;
+        nothing was written.
     :raises pyspark.errors.PySparkException: the job failed (the error names the
         cause); nothing was registered and the job's files were removed.
     """
