@@ -11,8 +11,8 @@ queue) and goes beyond it. See README.md for the tour.
 from __future__ import annotations
 
 from .config import TrackerConfig
-from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreClosedError,
-                     StoreLockedError)
+from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, LedgerIdentityError,
+                     StoreClosedError, StoreLockedError)
 from .memory.dedup import Deduplicator
 from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
@@ -38,6 +38,7 @@ __all__ = [
     "MessageId",
     "Deduplicator",
     "BucketStoreError",
+    "LedgerIdentityError",
     "CorruptLedgerError",
     "CatalogError",
     "StoreLockedError",

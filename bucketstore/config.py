@@ -6,6 +6,8 @@ from dataclasses import dataclass, fields
 
 __all__ = ["TrackerConfig", "config_or_default"]
 
+_MAX_INT = (1 << 63) - 1
+
 
 @dataclass(frozen=True, slots=True)
 class TrackerConfig:
@@ -47,6 +49,10 @@ class TrackerConfig:
                     raise TypeError(f"TrackerConfig.{f.name} must be a bool, not {type(value).__name__}")
             elif isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"TrackerConfig.{f.name} must be an int, not {type(value).__name__}")
+            elif value > _MAX_INT:
+                # Pulsar's settings are Java longs; larger values would only fail later, inside
+                # msgpack or numpy, far from the mistake.
+                raise ValueError(f"TrackerConfig.{f.name} must be at most 2**63 - 1, not {value}")
         _require(self.tick_time_ms >= 0, "tick_time_ms", "must be >= 0")
         _require(self.min_index_count_per_bucket >= 1, "min_index_count_per_bucket", "must be >= 1")
         _require(self.max_time_step_per_segment_ms >= 1, "max_time_step_per_segment_ms", "must be >= 1")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -99,25 +99,60 @@ def check_max(max_messages: object) -> int:
 _U64 = np.dtype("<u8")
 
 
+_COLUMN_NAMES = ("ledger_id", "entry_id", "deliver_at")
+_BATCH_RULE = ("a batch is three numpy columns (ledger_ids, entry_ids, deliver_at) as a tuple of 1-D arrays, "
+               "a mapping of 'ledger_id', 'entry_id', 'deliver_at' to columns, an (n, 3) array, or an iterable "
+               "of (ledger_id, entry_id, deliver_at) triples")
+
+
 def as_columns(indexes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Normalise a batch to columns: ``ledger_ids`` and ``entry_ids`` as uint64, ``deliver_at`` as given (signed allowed).
 
-    Accepts a tuple of three array-likes ``(ledger_ids, entry_ids, deliver_at)``
-    or an iterable of ``(ledger_id, entry_id, deliver_at)`` triples.
+    The forms, told apart by type, never by length:
+
+    * **columns**: a tuple of exactly three one-dimensional numpy arrays
+      ``(ledger_ids, entry_ids, deliver_at)``, or a mapping with the keys
+      ``"ledger_id"``, ``"entry_id"`` and ``"deliver_at"`` (any array-likes);
+    * **rows**: a two-dimensional numpy array of shape ``(n, 3)``, or any
+      other iterable of ``(ledger_id, entry_id, deliver_at)`` triples (tuples,
+      lists) — so a tuple of three triples is three rows.
+
+    A tuple of three plain sequences of another length (columns as lists) is
+    not a batch; wrap the columns with ``np.asarray``. Input that fits both
+    forms — a tuple mixing numpy arrays with other values, or a sequence of
+    exactly three 1-D numpy arrays of length 3 — raises TypeError rather than
+    guess.
     """
-    if isinstance(indexes, tuple) and len(indexes) == 3 and all(hasattr(c, "__len__") and not isinstance(c, int)
-                                                                for c in indexes):
-        cols = [np.asarray(c) for c in indexes]
+    if isinstance(indexes, Mapping):
+        if set(indexes) != set(_COLUMN_NAMES):
+            raise TypeError(f"a named batch has exactly the keys {', '.join(map(repr, _COLUMN_NAMES))}, "
+                            f"not {', '.join(map(repr, indexes))}")
+        cols = [np.asarray(indexes[name]) for name in _COLUMN_NAMES]
+        if any(c.ndim != 1 for c in cols):
+            raise TypeError("the columns of a named batch must be one-dimensional")
+    elif isinstance(indexes, np.ndarray):
+        if indexes.ndim != 2 or indexes.shape[1] != 3:
+            raise TypeError(f"a batch as one numpy array has shape (n, 3), not {indexes.shape}; " + _BATCH_RULE)
+        cols = [indexes[:, 0], indexes[:, 1], indexes[:, 2]]
+    elif isinstance(indexes, tuple) and len(indexes) == 3 and any(isinstance(c, np.ndarray) for c in indexes):
+        if not all(isinstance(c, np.ndarray) and c.ndim == 1 for c in indexes):
+            raise TypeError("a tuple mixing numpy arrays with other values is ambiguous; " + _BATCH_RULE)
+        cols = list(indexes)
     else:
+        if isinstance(indexes, (str, bytes)) or not isinstance(indexes, Iterable):
+            raise TypeError(_BATCH_RULE + f", not {type(indexes).__name__}")
         rows = list(indexes)
         if not rows:
             return (np.zeros(0, _U64),) * 3  # type: ignore[return-value]
+        if len(rows) == 3 and all(isinstance(r, np.ndarray) and r.shape == (3,) for r in rows):
+            raise TypeError("three numpy arrays of length 3 could be rows or columns; pass columns as a "
+                            "tuple of arrays, rows as tuples or an (n, 3) array")
         try:
             cols = [np.asarray(c) for c in zip(*rows, strict=True)]
         except (TypeError, ValueError):
-            raise TypeError("a batch is an iterable of (ledger_id, entry_id, deliver_at) triples") from None
+            raise TypeError(_BATCH_RULE) from None
         if len(cols) != 3:
-            raise TypeError("a batch is an iterable of (ledger_id, entry_id, deliver_at) triples")
+            raise TypeError(_BATCH_RULE)
     if not len(cols[0]) == len(cols[1]) == len(cols[2]):
         raise ValueError("batch columns differ in length")
     out = []

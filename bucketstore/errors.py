@@ -17,6 +17,7 @@ __all__ = [
     "BucketStoreError",
     "CorruptLedgerError",
     "CatalogError",
+    "LedgerIdentityError",
     "StoreLockedError",
     "StoreClosedError",
     "JournalError",
@@ -50,6 +51,13 @@ class CatalogError(BucketStoreError):
         self.path = os.fspath(path) if path is not None else None
         self.key = key
         super().__init__(message)
+
+
+class LedgerIdentityError(CatalogError):
+    """A ledger file is intact but is not the file its catalog entry names: its header
+    gives another ledger id, tracker, store or ledger range. Never dropped by
+    ``repair=True`` (the file may be another tracker's data); see
+    ``bucketstore repair --rebuild-catalog``."""
 
 
 class StoreLockedError(BucketStoreError):

@@ -38,7 +38,7 @@ from bucketstore import TrackerConfig
 from bucketstore.format.ledger_file import ledger_file_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from crash_oracle import read_bucket  # noqa: E402
+from bucketstore.testing.oracle import read_bucket  # noqa: E402
 from helpers import FakeClock  # noqa: E402
 
 NAME = "sub"

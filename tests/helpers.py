@@ -4,18 +4,9 @@ from __future__ import annotations
 
 import os
 
+from bucketstore.testing.clock import FakeClock
 
-class FakeClock:
-    """A settable epoch-milliseconds clock; tests move it, including backwards."""
-
-    def __init__(self, now: int = 0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
+__all__ = ["FakeClock", "example_count"]
 
 
 def example_count(default: int) -> int:

@@ -6,7 +6,7 @@ tracker merges) runs once through a counting :class:`FaultyFileSystem` to learn
 its N numbered calls and the catalog state after each commit. Then, for every
 k in 0..N and every damage mode, it runs again and dies before call k; the
 model of the disk is damaged as that mode says a crash could; the store is
-reopened with the real file layer and checked (see ``crash_oracle``):
+reopened with the real file layer and checked (see ``bucketstore.testing.oracle``):
 
 (i)   recovery succeeds: every mode loses only what was never synced;
 (ii)  no phantom and no loss against the committed catalog state;
@@ -38,8 +38,8 @@ import pytest
 import bucketstore
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, abandon_store
 
-from crash_oracle import Expectation, check_files, check_recovered, expect
-from crash_workloads import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
+from bucketstore.testing.oracle import Expectation, check_files, check_recovered, expect
+from bucketstore.testing.crash_points import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
                              damaged_images, reference, shape)
 from helpers import FakeClock
 

@@ -10,7 +10,7 @@ commits). Then for every k it runs again with ``sync_interval_ms=0`` and dies
 before call k; every call that returned is applied to a :class:`Model` (and its
 result compared), and the call in flight is remembered. The disk is damaged six
 ways (``bucketstore.testing.faults.DAMAGES``), the store reopened with the real file
-layer, and checked against :class:`crash_oracle.JournalBounds`:
+layer, and checked against :class:`bucketstore.testing.oracle.JournalBounds`:
 
 (i)   recovery succeeds under every damage mode (each loses only unsynced data);
 (ii)  nothing acknowledged is lost: every index whose add returned and that no
@@ -47,9 +47,9 @@ import pytest
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.engine.store import Store
 
-from crash_oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
+from bucketstore.testing.oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)
-from crash_workloads import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
+from bucketstore.testing.crash_points import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
                              damaged_images, reference, shape)
 from helpers import FakeClock
 
@@ -73,9 +73,11 @@ class ModelTracker:
         after = self._h.model.copy()
         expected = apply(after)
         self._h.in_flight = after
+        before = self._h.model
         result = call()
         assert result == expected, f"tracker returned {result!r}, the model {expected!r}"
         self._h.model, self._h.in_flight = after, None
+        self._h.returned(before, after)
         return result
 
     def add_message(self, ledger: int, entry: int, at: int) -> bool:
@@ -114,6 +116,50 @@ class ModelHolder:
 
     def bounds(self) -> JournalBounds:
         return JournalBounds(self.model, self.in_flight or self.model)
+
+    def returned(self, before: Model, after: Model) -> None:
+        """A call returned, taking the model from ``before`` to ``after``."""
+
+
+class WindowHolder(ModelHolder):
+    """The model of a run with ``sync_interval_ms > 0``: what is durable lags behind.
+
+    The journal is synced only at a flush, a checkpoint (every seal, clear and
+    recovery) and a clean close; with an interval longer than the run, never by
+    the clock, so the run is deterministic. ``window`` holds every model state
+    since the state before the last call that touched the journal durably: the
+    durable state is one of them (or in between), so a recovery must hold what
+    every one of them holds and nothing none of them holds.
+    """
+
+    def __init__(self, clock: FakeClock, tick_ms: int, fs: FaultyFileSystem) -> None:
+        super().__init__(clock, tick_ms)
+        self.fs = fs
+        self.window: list[Model] = [self.model]
+        self._synced_at = 0
+
+    def _synced_since(self) -> bool:
+        log = self.fs.log
+        synced = any(op in ("fsync", "rename") and "journal" in target for op, target in log[self._synced_at:])
+        self._synced_at = len(log)
+        return synced
+
+    def wrap(self, tracker: Any) -> ModelTracker:
+        proxy = super().wrap(tracker)  # a clean close syncs: the reopened tracker is exact
+        self.window = [self.model]
+        self._synced_at = len(self.fs.log)
+        return proxy
+
+    def returned(self, before: Model, after: Model) -> None:
+        self.window = [before, after] if self._synced_since() else self.window + [after]
+
+    def window_bounds(self) -> tuple[set[tuple[int, int]], set[tuple[int, int]], Model]:
+        """(must, may, oldest): positions tracked in every state since the last sync (and the
+        call in flight), positions tracked in any of them, and the oldest such state."""
+        states = self.window + ([self.in_flight] if self.in_flight is not None else [])
+        must = set.intersection(*(set(m.where) for m in states))
+        may = set.union(*(set(m.where) for m in states))
+        return must, may, self.window[0]
 
 
 def _redeliver_later(tracker: Any, clock: FakeClock) -> None:
@@ -232,3 +278,55 @@ def test_a_crash_before_the_first_group_commit_of_an_add_loses_only_that_add(tmp
     with Store(tmp_path, durability=JOURNAL) as store:
         tracker = store.tracker(TRACKER, SMALL, clock)
         assert tracker.contains_message(1, 0) and not tracker.contains_message(1, 1)
+
+
+@pytest.mark.parametrize("workload", WORKLOADS[:1 if SCALE == 1 else 3], ids=lambda w: w.name)
+def test_every_journal_crash_point_with_a_sync_window_recovers(workload: Workload, tmp_path: Path) -> None:
+    """``sync_interval_ms > 0``: acknowledged adds and deliveries since the last sync may be lost
+    or come back (the window the setting trades for throughput), never more: everything tracked
+    throughout the window is recovered, nothing outside it appears, and the files are clean."""
+    window_ms = 10**9  # longer than the run: syncs come only from flush, checkpoints and close
+    universe = workload.universe()
+    ref = reference(workload, tmp_path / "reference" / "store", durability=JOURNAL, sync_interval_ms=window_ms)
+    n = len(ref.calls)
+    states = lost_window = 0
+    for k in range(n + 1):
+        live = tmp_path / f"k{k}" / "live"
+        fs = FaultyFileSystem(crash_at=k)
+        run = Run(workload, live, fs, durability=JOURNAL, sync_interval_ms=window_ms)
+        holder = WindowHolder(run.clock, workload.config.tick_time_ms, fs)
+        run.wrap = holder.wrap
+        run.go()
+        where = f"{workload.name} (sync window): crash before call {k} (in '{run.crashed_in}')"
+        must, may, oldest = holder.window_bounds()
+        abandon_store(run.store)
+        if not live.is_dir():
+            continue
+        skip = [0]
+        for image in damaged_images(fs, live, k, tmp_path, where, SCALE, skip):
+            store = Store(image.case, durability=JOURNAL)
+            try:
+                tracker = store.tracker(TRACKER, workload.config, run.clock)
+                tracker._check()
+                got = {p for p in universe if tracker.contains_message(*p)}
+                context = image.context
+                assert tracker.number_of_delayed_messages == len(got), f"{context}: count"
+                assert not must - got, f"{context}: lost {sorted(must - got)[:5]}, tracked throughout the window"
+                assert not got - may, f"{context}: {sorted(got - may)[:5]} tracked, never in the window"
+                lost_window += len(holder.model.where.keys() - got)
+                fr = oldest.durable_frontier
+                assert tracker.stats()["cutoff"] >= (fr[0] if fr else 0), f"{context}: cutoff behind the frontier"
+                check_files(store, TRACKER, context)
+                check_journal_files(image.case, TRACKER, context)
+                run.clock.advance(10**6)  # everything recovered comes out, once
+                out = tracker.get_scheduled_messages(10**9)
+                run.clock.advance(-10**6)
+                assert sorted(out) == sorted(got) and len(set(out)) == len(out), f"{context}: delivery after recovery"
+            finally:
+                store.close()
+            states += 1
+        shutil.rmtree(live)
+    print(f"\n{workload.name} (sync window): {n} numbered calls, {states} crash states, "
+          f"{lost_window} acknowledged adds lost inside the window in all")
+    assert states >= n
+    assert lost_window > 0, "the window never lost anything: the enumeration does not reach it"

@@ -132,7 +132,7 @@ def test_read_frontier_ignores_files_a_checkpoint_superseded(tmp_path):
     j.checkpoint(np.array([], np.uint64), np.array([], np.uint64), np.array([], np.uint64), (5, 0, 0))
     j.close()
     for name, data in old.items():  # a crash before the old file's unlink became durable
-        (tmp_path / "journal" / "74" / name).write_bytes(data)
+        (tmp_path / "journal" / os.path.basename(directory) / name).write_bytes(data)
     before = _snapshot(directory)
     assert len(before) == 2
     assert read_frontier(store, "t") == (5, 0, 0)
@@ -425,3 +425,30 @@ def test_an_expired_re_add_of_a_sealed_position_stays_untracked_after_a_checkpoi
         assert not t.contains_message(2, 0), "an untracked position came back after a second recovery"
         clock.now = 10_000
         assert (2, 0) not in t.get_scheduled_messages(100)
+
+
+def test_a_sealed_position_re_added_with_a_later_time_keeps_it_across_checkpoints(tmp_path):
+    """Found by the state machine's expire_tracked rule: a sealed position untracked by an
+    expired re-add and tracked again with a later time (in memory) came back at its old time
+    after a second reopen, because the first reopen's checkpoint dropped its untrack."""
+    cfg = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexes_per_segment=3,
+                        max_time_step_per_segment_ms=100)
+    clock = FakeClock(1000)
+    path = tmp_path / "s"
+    with bucketstore.open(path, "journal") as store:
+        t = store.tracker("t", cfg, clock)
+        t.add_messages([(2, e, 1020 + e) for e in range(6)])
+        t.add_messages([(3, e, 1020 + e) for e in range(6)])  # seals ledger 2
+        assert t.stats()["immutable_buckets"] == 1
+        assert t.add_message(2, 0, 900) is False  # due: untracked, the caller dispatches it
+        assert t.add_message(2, 0, 1500) is True  # tracked again, later
+    for _ in range(2):
+        with bucketstore.open(path, "journal") as store:
+            store.tracker("t", cfg, clock)
+    with bucketstore.open(path, "journal") as store:
+        t = store.tracker("t", cfg, clock)
+        clock.now = 1200
+        got = t.get_scheduled_messages(100)
+        assert (2, 0) not in got and len(got) == 11
+        clock.now = 1500
+        assert t.get_scheduled_messages(100) == [(2, 0)]

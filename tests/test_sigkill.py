@@ -32,7 +32,7 @@ import pytest
 import bucketstore
 from bucketstore.errors import StoreLockedError
 
-from crash_oracle import check_files
+from bucketstore.testing.oracle import check_files
 from crash_writer import CONFIG, NAME, read_side_log, run_writer
 from helpers import FakeClock
 

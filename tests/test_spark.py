@@ -20,6 +20,7 @@ pytest.importorskip("pyarrow", reason="the spark extra is not installed (pip ins
 import bucketstore  # noqa: E402
 import bucketstore.spark as bspark  # noqa: E402
 from bucketstore.engine.catalog import Catalog  # noqa: E402
+from bucketstore.engine.journal import journal_directory  # noqa: E402
 from bucketstore.engine.journal import read_frontier  # noqa: E402
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key  # noqa: E402
 from bucketstore.spark.bucketing import (LedgerRangeConflict, Rows, cut_buckets, cut_ledger_groups,  # noqa: E402
@@ -240,11 +241,12 @@ def tracker_store(tmp_path):
     big = 2**63 + 7
     with bucketstore.open(path) as store:
         a = store.tracker("alpha", CFG, clock)
-        a.add_messages(([l for l in range(6) for _ in range(150)], [e for _ in range(6) for e in range(150)],
-                        [10_000 + (l * 37 + e * 11) % 9000 for l in range(6) for e in range(150)]))
+        a.add_messages({"ledger_id": [l for l in range(6) for _ in range(150)],
+                        "entry_id": [e for _ in range(6) for e in range(150)],
+                        "deliver_at": [10_000 + (l * 37 + e * 11) % 9000 for l in range(6) for e in range(150)]})
         a.add_message(100, 0, 20_000)  # rolls the last ledger range over: seals it
         b = store.tracker("beta", CFG, clock)
-        b.add_messages(([big] * 250, [2**40 + e for e in range(250)], [2**63 + 5 + e for e in range(250)]))
+        b.add_messages((np.full(250, big, U64), 2**40 + np.arange(250, dtype=U64), 2**63 + 5 + np.arange(250, dtype=U64)))
         b.add_message(2**64 - 1, 0, 20_000)
         assert a.stats()["immutable_buckets"] >= 2 and b.stats()["immutable_buckets"] == 1
     return path
@@ -288,7 +290,7 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
     clock = FakeClock(0)
     with bucketstore.open(path) as store:  # sealed mode: this tracker never gets a journal
         s = store.tracker("sealed", CFG, clock)
-        s.add_messages(([5] * 250, list(range(250)), [10_000 + e for e in range(250)]))
+        s.add_messages([(5, e, 10_000 + e) for e in range(250)])
         s.add_message(6, 0, 90_000)
         assert s.stats()["immutable_buckets"] == 1
     big = 2**63
@@ -307,7 +309,7 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
         assert len(delivered) == 130
         fresh = store.tracker("fresh", CFG, clock)  # created in journal mode, never seals
         fresh.add_message(1, 1, 50_000)
-    journal = os.path.join(path, "journal", "journaled".encode().hex())
+    journal = journal_directory(path, "journaled")
     before = {n: open(os.path.join(journal, n), "rb").read() for n in os.listdir(journal)}
 
     rows = spark.read.format("bucketstore").load(path).collect()
@@ -320,7 +322,7 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
 
     # Planning (no Spark): one frontier per tracker in every range; a tracker without buckets
     # contributes no range and its journal is not read, so even a damaged one fails nothing.
-    fresh_journal = os.path.join(path, "journal", "fresh".encode().hex())
+    fresh_journal = journal_directory(path, "fresh")
     for name in os.listdir(fresh_journal):
         with open(os.path.join(fresh_journal, name), "r+b") as f:
             f.write(b"garbage!")

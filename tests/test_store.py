@@ -102,18 +102,33 @@ def test_missing_bucket_file_is_a_catalog_error(tmp_path):
             store.tracker("sub", SMALL, clock)
 
 
+def _orphan_ledger(path, ledger_id, store_id):
+    """A complete bucket file no catalog key references (a seal that crashed before its commit)."""
+    import numpy as np
+    from bucketstore.format.snapshot import build_bucket, write_bucket
+    meta, payloads = build_bucket(5000, 5000, np.array([1, 2], np.uint64), np.array([5000, 5000], np.uint64),
+                                  np.array([0, 1], np.uint64), time_step_ms=1000, max_indexes_per_segment=10)
+    props = {"tracker": "sub"} if store_id is None else {"tracker": "sub", "store_id": store_id}
+    return write_bucket(path / "ledgers", ledger_id, meta, payloads, props)
+
+
 def test_orphans_and_temporaries_are_removed_on_open(tmp_path):
     path = tmp_path / "s"
     with bucketstore.open(path) as store:
         _fill(store.tracker("sub", SMALL, FakeClock(0)))
+        store_id = store.store_id
     kept = _ledger_files(path)
+    _orphan_ledger(path, 997, store_id)
+    _orphan_ledger(path, 996, None)  # written before store ids: the healthy catalog alone decides
     (path / "ledgers" / f"{999:020d}.ledger").write_bytes(b"half a seal")
     (path / "ledgers" / f"{998:020d}.ledger.tmp").write_bytes(b"torn")
     (path / "ledgers" / "README").write_text("not ours")
     with bucketstore.open(path) as store:
-        assert store.stats()["orphans_removed_on_open"] == 2
+        assert store.stats()["orphans_removed_on_open"] == 3
+        # A damaged file cannot prove it is garbage: a crash never leaves one under a final name.
+        assert store.stats()["orphans_kept"] == 1
         assert store.allocate_ledger_id() >= 1000  # never reuse an id a file had
-    assert _ledger_files(path) == sorted(kept + ["README"])
+    assert _ledger_files(path) == sorted(kept + [f"{999:020d}.ledger", "README"])
 
 
 def test_clear_and_delete_tracker_remove_files_and_keys(tmp_path):

@@ -2,7 +2,11 @@
 
 Every command exits 0 on success, 1 when it meets damage (or fails
 unexpectedly), 2 on a usage error such as a missing path, and never prints a
-traceback. Each command is one ``_cmd_*`` function taking the parsed arguments
+traceback. Damage is worded as damage: a typed error of the engine
+(:class:`~bucketstore.CatalogError`, :class:`~bucketstore.JournalError`,
+:class:`~bucketstore.CorruptLedgerError`) is one line with what it names
+(file, offset), an ``OSError`` one line naming its path; only an error of no
+known kind is an "unexpected error". Each command is one ``_cmd_*`` function taking the parsed arguments
 and returning the exit code, registered by one ``_add_*`` function; a new
 command is one more pair.
 """
@@ -15,7 +19,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError
+from . import repair
 from .dump import describe_file, render_text
+from .simulate import add_arguments, run_from_args
 from .store_check import describe_store, is_store, verify_store
 from .verify import verify_paths
 
@@ -50,7 +57,7 @@ def _render_store(doc: dict, *, detail: bool) -> str:
              f"indexes      {doc['indexes']}  (sealed, as recorded in entry 0 of each bucket)",
              f"bytes        {doc['bytes']}" + (f"  ({doc['bytes'] / doc['indexes']:.2f} B/idx)" if doc['indexes'] else ""),
              f"ledger files {doc['ledger_files']} ({len(doc['orphan_files'])} orphan, "
-             f"{len(doc['temporary_files'])} temporary)",
+             f"{len(doc['temporary_files'])} temporary, {len(doc['in_flight_files'])} in flight)",
              f"next ledger  {doc['next_ledger_id']}"]
     for name, tracker in doc["trackers"].items():
         lines.append("")
@@ -64,6 +71,9 @@ def _render_store(doc: dict, *, detail: bool) -> str:
             rng = f"[{b.get('start_ledger', '?')}, {b.get('end_ledger', '?')}]"
             if "error" in b:
                 lines.append(f"  {rng:>23} {b['ledger_id']:>10}  ERROR {b['error']}")
+                continue
+            if "in_flight" in b:
+                lines.append(f"  {rng:>23} {b['ledger_id']:>10}  in flight: {b['in_flight']}")
                 continue
             lines.append(f"  {rng:>23} {b['ledger_id']:>10} {b['indexes']:>9} {b['segments']:>5} {b['size']:>9}  "
                          f"{b['min_timestamp'] if b['min_timestamp'] is not None else '-':>14} "
@@ -107,7 +117,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     for path in args.paths:
         _existing_path(path)
-    files = segments = indexes = 0
+    files = segments = indexes = in_flight = 0
     findings_all = []
     plain = []
     for path in args.paths:
@@ -119,17 +129,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         files += counts["files"]
         segments += counts["segments"]
         indexes += counts["indexes"]
+        in_flight += counts["in_flight"]
     reports = verify_paths(plain) if plain else []
     for report in reports:
         findings_all += report.findings
     for finding in findings_all:
         print(finding)
     files += len(reports)
-    damaged = len({finding.path for finding in findings_all})
+    damage = [finding for finding in findings_all if not finding.warning]
+    warnings = len(findings_all) - len(damage)
+    summary = (f"{len(damage)} problem(s) in {len({finding.path for finding in damage})} file(s)" if damage
+               else "ok")
+    if warnings:
+        summary += f", {warnings} warning(s)"
+    if in_flight:
+        summary += f" ({in_flight} file(s) in flight beside the live writer)"
     print(f"verified {files} file(s), {segments + sum(r.segments for r in reports)} segment(s), "
-          f"{indexes + sum(r.indexes for r in reports)} index(es): "
-          + (f"{len(findings_all)} problem(s) in {damaged} file(s)" if findings_all else "ok"))
-    return EXIT_DAMAGE if findings_all else EXIT_OK
+          f"{indexes + sum(r.indexes for r in reports)} index(es): " + summary)
+    return EXIT_DAMAGE if damage else EXIT_OK
 
 
 def _non_negative(text: str) -> int:
@@ -180,7 +197,6 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_simulate(commands: argparse._SubParsersAction) -> None:
-    from .simulate import add_arguments, run_from_args
     p = commands.add_parser("simulate", help="run a realistic delayed-message workload against a store",
                             description="Producers with random delays, rolling ledgers, a simulated clock, "
                                         "seals, merges and trims, a crash and recovery half way, and every "
@@ -189,9 +205,30 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_from_args)
 
 
+def _add_repair(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("repair", help="rebuild a lost or damaged catalog from the store's own files",
+                            description="Rebuild catalog/ from the headers of the ledger and journal files "
+                                        "(tracker, store, ledger range, segment metadata). Nothing is deleted; "
+                                        "mark-delete positions cannot be rebuilt and are reset.")
+    repair.add_arguments(p)
+    p.set_defaults(run=_checked(repair.run_from_args))
+
+
+def _checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a command whose refusals are typed errors: one line naming the reason, exit 1."""
+    def wrapped(args: argparse.Namespace) -> int:
+        _existing_path(args.store)
+        try:
+            return run(args)
+        except (BucketStoreError, OSError, ValueError) as exc:
+            print(f"bucketstore: {exc}", file=sys.stderr)
+            return EXIT_DAMAGE
+    return wrapped
+
+
 #: The subcommands, in the order ``--help`` lists them.
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats]
+    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats, _add_repair]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,6 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
     for add in COMMANDS:
         add(commands)
     return parser
+
+
+def _damage_kind(exc: BucketStoreError) -> str:
+    if isinstance(exc, CorruptLedgerError):
+        return "damaged ledger file"
+    if isinstance(exc, JournalError):
+        return "damaged journal"
+    if isinstance(exc, CatalogError):
+        return "catalog"
+    return type(exc).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,6 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
+    except BucketStoreError as exc:
+        print(f"bucketstore: {_damage_kind(exc)}: {exc}", file=sys.stderr)
+        return EXIT_DAMAGE
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else "-"
+        print(f"bucketstore: {where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_DAMAGE
     except Exception as exc:  # the promise is "never a traceback": one line, exit 1
         print(f"bucketstore: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_DAMAGE

@@ -5,7 +5,7 @@ it finds as a :class:`Finding` (file, byte offset, message) instead of stopping
 at the first one, so that an operator sees the full extent of the damage.
 :func:`verify_paths` does the same for files and directory trees.
 
-What is checked, beyond what :class:`~bucketstore.snapshot.BucketFile` checks
+What is checked, beyond what :class:`~bucketstore.format.snapshot.BucketFile` checks
 when the engine opens a bucket:
 
 * every entry's CRC (the engine reads only the segments it needs);
@@ -15,7 +15,7 @@ when the engine opens a bucket:
   the bucket's range, and its per-ledger bitmaps hold exactly its entry ids;
   no position (ledger, entry) appears twice in the bucket.
 
-Segments do *not* have to be cut as :func:`~bucketstore.snapshot.cut_segments`
+Segments do *not* have to be cut as :func:`~bucketstore.format.snapshot.cut_segments`
 would cut them: a merge may cut differently. Only their order is required.
 
 Kinds of ledger other than ``bucket`` get the framing checks only, unless a
@@ -35,6 +35,7 @@ from ..errors import CorruptLedgerError
 from ..format.ledger_file import HEADER_FIXED_SIZE, LedgerReader
 from ..format.segment_codec import SegmentCodecError, check_sorted, decode_segment
 from ..format.snapshot import MetadataCodecError, decode_metadata
+from ..memory.dedup import Deduplicator
 
 __all__ = [
     "Finding",
@@ -57,15 +58,19 @@ class Finding:
     :ivar offset: the byte offset in ``path`` of the structure that failed,
         or ``None`` when the problem has no place in a file (a missing file).
     :ivar message: one line, for an operator.
+    :ivar warning: not damage: something the next ``open`` repairs by itself
+        (a journal's torn tail, an orphan file a crash left); ``verify`` prints
+        it and still exits 0.
     """
 
     path: str
     offset: int | None
     message: str
+    warning: bool = False
 
     def __str__(self) -> str:
         where = f"offset {self.offset}" if self.offset is not None else "-"
-        return f"{self.path}: {where}: {self.message}"
+        return f"{'warning: ' if self.warning else ''}{self.path}: {where}: {self.message}"
 
 
 @dataclass(slots=True)
@@ -77,6 +82,10 @@ class FileReport:
     segments: int = 0
     indexes: int = 0
     findings: list[Finding] = field(default_factory=list)
+    #: The file did not exist when opened (a live writer may have retired it).
+    missing: bool = False
+    #: A bucket's ledger range as its entry 0 records it, once decoded.
+    range: tuple[int, int] | None = None
 
     def add(self, offset: int | None, message: str) -> None:
         self.findings.append(Finding(self.path, offset, message))
@@ -100,6 +109,10 @@ def check_file(path: str | os.PathLike[str]) -> FileReport:
     report = FileReport(os.fspath(path))
     try:
         reader = LedgerReader(report.path)
+    except FileNotFoundError:
+        report.missing = True
+        report.add(None, "ledger file is missing")
+        return report
     except CorruptLedgerError as exc:
         report.add(exc.offset, exc.reason)
         return report
@@ -166,6 +179,7 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
     except MetadataCodecError as exc:
         report.add(meta_at + exc.offset, f"entry 0: {exc.reason}")
         return
+    report.range = (meta.start_ledger, meta.end_ledger)
     props = reader.properties
     if (props.get("start_ledger"), props.get("end_ledger")) != (meta.start_ledger, meta.end_ledger):
         report.add(24, f"header ledger range [{props.get('start_ledger')}, {props.get('end_ledger')}] "
@@ -254,8 +268,6 @@ KIND_CHECKERS["bucket"] = _check_bucket
 
 def _check_dedup_snapshot(reader: LedgerReader, payloads: list[bytes | None], report: FileReport) -> None:
     """A de-duplicator snapshot is checked by loading it, as Deduplicator.load does."""
-    from ..memory.dedup import Deduplicator  # imported here: dedup is an optional structure, not a reader dependency
-
     if any(p is None for p in payloads):
         return  # the CRC failures are already reported
     try:

@@ -4,7 +4,10 @@ Three named databases:
 
 ``meta``
     ``format`` -> ``b"1"``; ``next_ledger_id`` -> u64 LE: ledger ids are never
-    handed out twice, even across crashes.
+    handed out twice, even across crashes; ``store_id`` -> 32 hex digits, the
+    store's identity, also written into every ledger file header and journal
+    file header, so that a catalog and the files it describes prove they
+    belong together.
 ``trackers``
     tracker name (UTF-8) -> msgpack map of the tracker's durable state
     (mark-delete position, delivery frontier, ...).
@@ -21,22 +24,35 @@ LMDB's default ``sync=True`` makes a committed transaction durable when
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import secrets
 import struct
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import lmdb
 import msgpack
 
 from ..errors import CatalogError
+from .lmdb_file import check_data_file
+from .store_lock import writer_pid
 
-__all__ = ["Catalog", "CATALOG_FORMAT", "validate_tracker_name"]
+__all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "new_store_id", "read_catalog_snapshot",
+           "validate_tracker_name"]
 
 CATALOG_FORMAT = b"1"
 _INITIAL_MAP_SIZE = 64 << 20
 _U64 = struct.Struct("<Q")
 _MAX_NAME_BYTES = 200
+_STORE_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def new_store_id() -> str:
+    """A fresh random store identity (128 bits as 32 lowercase hex digits)."""
+    return secrets.token_hex(16)
 
 
 def validate_tracker_name(name: object) -> bytes:
@@ -56,16 +72,36 @@ class Catalog:
     :param readonly: open for inspection only (the CLI).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False, must_exist: bool = False) -> None:
         self.path = os.fspath(path)
         self.readonly = readonly
+        #: A read-only catalog opened without LMDB's lock file (see :func:`read_catalog_snapshot`).
+        self.lockless = False
         #: Called just before each write transaction commits (fault-injection seam).
         self.before_commit: Callable[[], None] | None = None
-        if readonly and not os.path.exists(os.path.join(self.path, "data.mdb")):
-            raise CatalogError(f"{self.path}: no catalog here (data.mdb is missing)", path=self.path)
+        #: The store's identity (None only for a read-only catalog written before store ids existed).
+        self.store_id: str | None = None
+        data = os.path.join(self.path, "data.mdb")
         try:
-            self._env = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=readonly,
-                                  lock=not readonly, subdir=True, create=not readonly)
+            size = os.path.getsize(data)
+        except FileNotFoundError:
+            size = -1
+        except OSError as exc:
+            raise CatalogError(f"{data}: cannot read the catalog: {exc.strerror or exc}", path=data) from None
+        if size <= 0 and (readonly or must_exist):
+            # Never let LMDB create (or initialise an empty) data.mdb where a catalog must
+            # be: the store's files would then look unreferenced, i.e. like garbage.
+            what = "missing" if size < 0 else "empty (0 bytes)"
+            raise CatalogError(f"{data}: the catalog is {what}" + ("" if readonly else
+                               "; the store holds ledger or journal files, so nothing is opened or deleted "
+                               "(run `bucketstore repair --rebuild-catalog STORE`)"), path=data)
+        if size > 0:
+            check_data_file(data)  # a truncated file would kill the process with SIGBUS once mapped
+        try:
+            if readonly:
+                self._env, self.lockless = _open_readonly_environment(self.path)
+            else:
+                self._env = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, subdir=True)
             if readonly:
                 self._meta = self._env.open_db(b"meta", create=False)
                 self._trackers = self._env.open_db(b"trackers", create=False)
@@ -75,15 +111,44 @@ class Catalog:
                 self._trackers = self._env.open_db(b"trackers")
                 self._buckets = self._env.open_db(b"buckets")
         except lmdb.Error as exc:
+            self.close()
             raise CatalogError(f"{self.path}: cannot open the LMDB catalog: {exc}", path=self.path) from None
-        if not readonly:
-            self._env.reader_check()  # clear reader slots left by killed processes
-            with self._env.begin(write=True) as txn:
-                fmt = txn.get(b"format", db=self._meta)
-                if fmt is None:
-                    txn.put(b"format", CATALOG_FORMAT, db=self._meta)
-                elif fmt != CATALOG_FORMAT:
-                    raise CatalogError(f"{self.path}: catalog format {fmt!r} is not supported", path=self.path)
+        try:
+            if readonly:
+                with self._env.begin() as txn:
+                    self.store_id = self._decode_store_id(txn.get(b"store_id", db=self._meta))
+            else:
+                self._env.reader_check()  # clear reader slots left by killed processes
+                with self._env.begin(write=True) as txn:
+                    fmt = txn.get(b"format", db=self._meta)
+                    if fmt is None:
+                        if must_exist:
+                            raise CatalogError(f"{data}: the catalog is new (no format record), but the store "
+                                               "holds ledger or journal files: refusing to treat them as "
+                                               "garbage (run `bucketstore repair --rebuild-catalog STORE`)",
+                                               path=data)
+                        txn.put(b"format", CATALOG_FORMAT, db=self._meta)
+                    elif fmt != CATALOG_FORMAT:
+                        raise CatalogError(f"{self.path}: catalog format {fmt!r} is not supported", path=self.path)
+                    store_id = self._decode_store_id(txn.get(b"store_id", db=self._meta))
+                    if store_id is None:  # a new store, or one from before store ids: give it one
+                        store_id = new_store_id()
+                        txn.put(b"store_id", store_id.encode("ascii"), db=self._meta)
+                    self.store_id = store_id
+        except lmdb.Error as exc:
+            self.close()
+            raise CatalogError(f"{self.path}: cannot read the LMDB catalog: {exc}", path=self.path) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _decode_store_id(self, raw: bytes | None) -> str | None:
+        if raw is None:
+            return None
+        text = raw.decode("ascii", "replace")
+        if not _STORE_ID.match(text):
+            raise CatalogError(f"{self.path}: store_id {raw!r} is not 32 hex digits", path=self.path)
+        return text
 
     # -- reads ----------------------------------------------------------------------------------
     def next_ledger_id(self) -> int:
@@ -108,6 +173,9 @@ class Catalog:
             raw = txn.get(key, db=self._trackers)
         if raw is None:
             return None
+        return self._decode_state(name, raw)
+
+    def _decode_state(self, name: str, raw: bytes) -> dict[str, Any]:
         try:
             state = msgpack.unpackb(raw, raw=False)
         except Exception as exc:
@@ -138,6 +206,33 @@ class Catalog:
     def all_buckets(self) -> dict[str, dict[str, int]]:
         """Every tracker's cursor properties."""
         return {name: self.buckets(name) for name in self.tracker_names()}
+
+    def _snapshot(self) -> "CatalogSnapshot":
+        """Every tracker's state and keys and the allocator, in one read transaction."""
+        states: dict[str, dict[str, Any]] = {}
+        keys: dict[str, dict[str, int]] = {}
+        with self._env.begin(buffers=False) as txn:
+            raw_next = txn.get(b"next_ledger_id", db=self._meta)
+            raw_states = list(txn.cursor(db=self._trackers))
+            raw_keys = list(txn.cursor(db=self._buckets))
+        if raw_next is not None and len(raw_next) != 8:
+            raise CatalogError(f"{self.path}: next_ledger_id is {len(raw_next)} bytes, not 8", path=self.path)
+        for raw_name, raw in raw_states:
+            name = self._decode_name(raw_name)
+            states[name] = self._decode_state(name, raw)
+        for k, v in raw_keys:
+            raw_name, sep, raw_key = k.partition(b"\x00")
+            if not sep:
+                raise CatalogError(f"{self.path}: bucket key {k!r} has no tracker name", path=self.path)
+            name = self._decode_name(raw_name)
+            key = raw_key.decode("utf-8", "replace")
+            try:
+                keys.setdefault(name, {})[key] = int(v.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {v!r}, not a ledger id",
+                                   path=self.path, key=key) from None
+        return CatalogSnapshot(self.path, _U64.unpack(raw_next)[0] if raw_next is not None else 0, states, keys,
+                               self.store_id)
 
     def _decode_name(self, raw: bytes) -> str:
         try:
@@ -170,6 +265,26 @@ class Catalog:
                     txn.put(b"next_ledger_id", _U64.pack(next_ledger_id), db=self._meta)
 
         self._write(apply)
+
+    def restore(self, store_id: str, buckets: Mapping[str, Mapping[str, int]], next_ledger_id: int,
+                states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Fill a new catalog in one transaction (``bucketstore repair --rebuild-catalog``):
+        the store id found in the files, every tracker's keys and state, the allocator."""
+        if not _STORE_ID.match(store_id):
+            raise ValueError(f"store_id must be 32 lowercase hex digits, not {store_id!r}")
+
+        def apply(txn: lmdb.Transaction) -> None:
+            txn.put(b"store_id", store_id.encode("ascii"), db=self._meta)
+            txn.put(b"next_ledger_id", _U64.pack(next_ledger_id), db=self._meta)
+            for name in set(buckets) | set(states):
+                prefix = validate_tracker_name(name) + b"\x00"
+                txn.put(prefix[:-1], msgpack.packb(dict(states.get(name, {})), use_bin_type=True),
+                        db=self._trackers)
+                for key, ledger_id in buckets.get(name, {}).items():
+                    txn.put(prefix + key.encode("utf-8"), str(ledger_id).encode("ascii"), db=self._buckets)
+
+        self._write(apply)
+        self.store_id = store_id
 
     def delete_tracker(self, name: str) -> None:
         """Remove a tracker's state and every one of its bucket keys, in one transaction."""
@@ -212,3 +327,117 @@ class Catalog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- read-only snapshots (the CLI's inspection commands, the Spark reader) ---------------------------
+def _open_readonly_environment(path: str) -> tuple[lmdb.Environment, bool]:
+    """Open the environment read-only, registered in LMDB's reader table when possible.
+
+    A reader must use ``lock.mdb``: its slot in the reader table stops a live
+    writer from reusing the pages of the snapshot it reads. Without it, a
+    commit can overwrite those pages mid-read and the reader sees a torn view.
+    Registering needs write access to ``lock.mdb`` (LMDB opens it read-write,
+    and creates it if missing). When that is refused — a read-only directory
+    or file system, another user's store — the environment is opened without
+    the lock and the second value is True; :func:`read_catalog_snapshot` then
+    reads only while no writer holds the store.
+    """
+    try:
+        return lmdb.open(path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=True, lock=True, subdir=True,
+                         create=False), False
+    except lmdb.Error as exc:
+        if not _is_permission_error(exc):
+            raise
+    return lmdb.open(path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=True, lock=False, subdir=True,
+                     create=False), True
+
+
+def _is_permission_error(exc: lmdb.Error) -> bool:
+    text = str(exc)
+    return any(os.strerror(code) in text for code in (errno.EACCES, errno.EPERM, errno.EROFS))
+
+
+@dataclass(frozen=True)
+class CatalogSnapshot:
+    """The whole catalog as of one committed transaction: the same read methods as :class:`Catalog`.
+
+    Taken by :func:`read_catalog_snapshot` in a single LMDB read transaction,
+    so every tracker's keys, states and the allocator belong to one commit of
+    the writer (never half of a seal or a merge).
+    """
+
+    path: str
+    next_id: int
+    states: dict[str, dict[str, Any]]
+    keys: dict[str, dict[str, int]]
+    #: The store's identity (None for a catalog written before store ids existed).
+    store_id: str | None = None
+
+    def next_ledger_id(self) -> int:
+        return self.next_id
+
+    def tracker_names(self) -> list[str]:
+        return sorted(self.states.keys() | self.keys.keys())
+
+    def tracker_state(self, name: str) -> dict[str, Any] | None:
+        return self.states.get(name)
+
+    def buckets(self, name: str) -> dict[str, int]:
+        return dict(self.keys.get(name, {}))
+
+    def all_buckets(self) -> dict[str, dict[str, int]]:
+        return {name: self.buckets(name) for name in self.tracker_names()}
+
+    def referenced_ledgers(self) -> set[int]:
+        """Every ledger id a key of any tracker names."""
+        return {lid for keys in self.keys.values() for lid in keys.values()}
+
+    def close(self) -> None:
+        """Nothing to release (the snapshot is plain data); kept so it replaces a read-only Catalog."""
+
+    def __enter__(self) -> "CatalogSnapshot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) -> CatalogSnapshot:
+    """Read a catalog, possibly beside a live writer, in one read transaction.
+
+    Normally the read registers in ``lock.mdb`` (see
+    :func:`_open_readonly_environment`), which makes it safe against any
+    concurrent commit. When ``lock.mdb`` cannot be opened for writing, the
+    read goes ahead without it only while no process holds the store's write
+    lock, checked before and after the read; beside a live writer it raises
+    :class:`CatalogError` instead of risking a torn view.
+
+    :param path: the ``catalog/`` directory.
+    :param attempts: re-opens when the writer grew the map under the reader.
+    :raises CatalogError: no catalog, an unreadable or damaged one, or the lock-less case beside a writer.
+    """
+    path = os.fspath(path)
+    store = os.path.dirname(os.path.abspath(path))
+    for _ in range(attempts):
+        catalog = Catalog(path, readonly=True)
+        try:
+            if catalog.lockless and (writer_pid(store) is not None):
+                raise _lockless_refusal(path)
+            try:
+                snapshot = catalog._snapshot()  # one read transaction
+            except lmdb.MapResizedError:
+                continue  # the writer grew the map after we opened: open again and re-read
+            except lmdb.Error as exc:
+                raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
+            if catalog.lockless and (writer_pid(store) is not None):
+                raise _lockless_refusal(path)
+            return snapshot
+        finally:
+            catalog.close()
+    raise CatalogError(f"{path}: the catalog map kept growing while being read ({attempts} attempts)", path=path)
+
+
+def _lockless_refusal(path: str) -> CatalogError:
+    return CatalogError(f"{path}: cannot register as a reader in lock.mdb (no write access), and a writer "
+                        "has the store open: a lock-less read could see a torn view; retry when it is closed "
+                        "or with write access to lock.mdb", path=path)

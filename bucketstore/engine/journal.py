@@ -5,12 +5,20 @@ indexes that went straight to the shared queue, untracking by expired
 re-adds — and its *delivery frontier* are appended here, so that a crash loses
 nothing that was acknowledged as durable.
 
-Layout: ``journal/<tracker name as hex>/<file number, 20 digits>.journal``::
+Layout: ``journal/<readable prefix>-<hash of the tracker name>/<file number, 20 digits>.journal``
+(stores written before version 2 keep their ``<tracker name as hex>`` directories)::
 
     file    := header group*
-    header  := magic "BKTJRNL\\n" | version u16 | reserved u16 | file number u64 | masked crc32c u32 (of the above)
+    header  := magic "BKTJRNL\\n" | version u16 (2) | reserved u16 | file number u64
+               | store id 16 bytes | tracker name length u16 | tracker name (UTF-8)
+               | masked crc32c u32 (of the above)
     group   := body length u32 | masked crc32c(file number u64 || body) u32 | body
     body    := msgpack record, msgpack record, ...
+
+The header ties the file to its tracker and store: replay refuses a file whose
+header names another tracker or store (a journal copied or moved by hand), so
+it never replays another subscription's positions. Version-1 headers (no
+identity) are still read.
 
 One *group* is written by one ``write`` and made durable by one ``fsync``
 (group commit): a group is all or nothing. The next group is written only
@@ -41,9 +49,12 @@ reader) with replay's parsing (:func:`parse_file`) but none of its repairs.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -55,12 +66,16 @@ from ..errors import JournalError
 from ..format.fs import REAL_FS, FileSystem
 from ..format.ledger_file import masked_crc32c
 
-__all__ = ["Journal", "JournalState", "ParsedFile", "journal_directory", "has_journal", "parse_file", "read_frontier"]
+__all__ = ["Journal", "JournalState", "ParsedFile", "FdPool", "journal_directory", "has_journal", "parse_file",
+           "read_frontier", "read_identity"]
 
 MAGIC = b"BKTJRNL\n"
-VERSION = 1
+VERSION = 2
 _HEADER = struct.Struct("<8sHHQ")
-_HEADER_SIZE = _HEADER.size + 4
+_HEADER_SIZE = _HEADER.size + 4  # version 1: no identity
+_IDENTITY = struct.Struct("<16sH")  # version 2: store id, tracker name length (the name follows)
+_MAX_NAME = 1 << 10
+_DIR_PREFIX = 48
 _GROUP = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
 _FILE_NAME = re.compile(r"^(\d{20})\.journal$")
@@ -69,8 +84,63 @@ _LE = np.dtype("<u8")
 
 
 def journal_directory(store_path: str, tracker: str) -> str:
-    """Where a tracker's journal files live (the name is hex so any tracker name is a safe path)."""
-    return os.path.join(store_path, "journal", tracker.encode("utf-8").hex())
+    """Where a tracker's journal files live.
+
+    A readable prefix of the name (letters, digits, ``._-``; at most 48) and 16 hex
+    digits of its SHA-256: bounded at 65 bytes whatever the name, and safe as a
+    path. A directory of an older store, named by the whole name in hex, is used
+    while it exists.
+    """
+    raw = tracker.encode("utf-8")
+    legacy = os.path.join(store_path, "journal", raw.hex())
+    if len(raw) * 2 <= 255 and os.path.isdir(legacy):
+        return legacy
+    prefix = re.sub(r"[^A-Za-z0-9._-]", "_", tracker)[:_DIR_PREFIX].lstrip(".") or "t"
+    return os.path.join(store_path, "journal", f"{prefix}-{hashlib.sha256(raw).hexdigest()[:16]}")
+
+
+class FdPool:
+    """A bounded set of open journal file descriptors, shared by a store's journals.
+
+    A journal keeps its file open between commits; with thousands of trackers
+    that would exhaust the process's descriptors. Past ``capacity`` open files,
+    the least recently used journal that is not in the middle of a write closes
+    its descriptor, and reopens it (``O_APPEND``) at its next commit.
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._open: OrderedDict[int, "Journal"] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def admit(self, journal: "Journal") -> None:
+        """Record that ``journal`` (whose ``_fd_lock`` the caller holds) has a descriptor open."""
+        with self._lock:
+            self._open[id(journal)] = journal
+            self._open.move_to_end(id(journal))
+            if len(self._open) <= self.capacity:
+                return
+            for key, victim in list(self._open.items()):
+                if len(self._open) <= self.capacity:
+                    break
+                # Never wait: the victim may be writing (its owner holds the lock), and a
+                # journal admitting itself holds its own lock, so skip it either way.
+                if victim is journal or not victim._fd_lock.acquire(blocking=False):
+                    continue
+                try:
+                    victim._close_fd()
+                finally:
+                    victim._fd_lock.release()
+                del self._open[key]
+
+    def forget(self, journal: "Journal") -> None:
+        with self._lock:
+            self._open.pop(id(journal), None)
 
 
 @dataclass
@@ -89,7 +159,8 @@ class Journal:
     Not thread-safe by itself: the tracker's lock guards it.
     """
 
-    def __init__(self, directory: str, fs: FileSystem = REAL_FS) -> None:
+    def __init__(self, directory: str, fs: FileSystem = REAL_FS, *, tracker: str | None = None,
+                 store_id: str | None = None, pool: FdPool | None = None) -> None:
         self.directory = directory
         self._fs = fs
         fs.makedirs(directory)
@@ -97,6 +168,13 @@ class Journal:
         self._fd = -1
         self._number = -1
         self._poisoned: str | None = None
+        #: (store id, tracker name) written into every header and required of every file read;
+        #: None (tests of the file format alone) writes version-1 headers and checks nothing.
+        self.identity: tuple[str, str] | None = None
+        if tracker is not None and store_id is not None:
+            self.identity = (store_id, tracker)
+        self._pool = pool
+        self._fd_lock = threading.Lock()
 
     # -- replay ---------------------------------------------------------------------------------
     def replay(self) -> JournalState:
@@ -115,7 +193,7 @@ class Journal:
         for i, (number, path) in enumerate(files):
             with open(path, "rb") as f:
                 data = f.read()
-            result = parse_file(data, path, number, last=(i == len(files) - 1))
+            result = parse_file(data, path, number, last=(i == len(files) - 1), identity=self.identity)
             if result.torn_at is not None:
                 self._cut(path, result.torn_at)
                 cut += len(data) - result.torn_at
@@ -124,7 +202,10 @@ class Journal:
         frontier, out = _fold([p.records for _, _, p in parsed[start:]])
         for _, path, _ in parsed[:start]:
             self._fs.unlink(path)
-        self._number = files[-1][0] if files else -1
+        # Appends go to the newest file that still exists (a torn file with nothing durable
+        # was removed above); with none, the next commit starts file 0 with a checkpoint.
+        kept = [number for number, path, result in parsed[start:] if result.torn_at != 0]
+        self._number = kept[-1] if kept else -1
         return JournalState(frontier, out, len(parsed) - start, cut)
 
     def _cut(self, path: str, at: int) -> None:
@@ -166,19 +247,43 @@ class Journal:
         if self._poisoned:
             raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
                                                         f"{self._poisoned}")
-        if self._fd < 0:
+        if self._number < 0:
             self._open_new(checkpoint=[])
         body = b"".join(self._pending)
-        try:
-            self._fs.write(self._fd, _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(self._number))))
-                           + body)
-            # Never retried: after a failed fsync the kernel may have dropped the
-            # dirty pages, and a second fsync could report success for lost data.
-            self._fs.fsync(self._fd)
-        except OSError as exc:
-            self._poisoned = f"{type(exc).__name__}: {exc}"
-            raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
+        with self._fd_lock:  # the pool must not close the descriptor mid-write
+            try:
+                fd = self._ensure_fd()
+                self._fs.write(fd, _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(self._number))))
+                               + body)
+                # Never retried: after a failed fsync the kernel may have dropped the
+                # dirty pages, and a second fsync could report success for lost data.
+                self._fs.fsync(fd)
+            except OSError as exc:
+                self._poisoned = f"{type(exc).__name__}: {exc}"
+                raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
         self._pending.clear()
+
+    def _ensure_fd(self) -> int:
+        """The current file's descriptor, reopened for appending if the pool closed it."""
+        if self._fd < 0:
+            self._fd = self._fs.open_append(self._current_path())
+        if self._pool is not None:
+            self._pool.admit(self)
+        return self._fd
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            self._fs.close(fd)
+
+    def _header(self, number: int) -> bytes:
+        if self.identity is None:
+            head = _HEADER.pack(MAGIC, 1, 0, number)
+        else:
+            store_id, tracker = self.identity
+            name = tracker.encode("utf-8")
+            head = _HEADER.pack(MAGIC, VERSION, 0, number) + _IDENTITY.pack(bytes.fromhex(store_id), len(name)) + name
+        return head + struct.pack("<I", masked_crc32c(head))
 
     def _current_path(self) -> str:
         return os.path.join(self.directory, f"{self._number:020d}.journal")
@@ -188,8 +293,7 @@ class Journal:
         number = self._number + 1
         path = os.path.join(self.directory, f"{number:020d}.journal")
         tmp = path + ".tmp"
-        head = _HEADER.pack(MAGIC, VERSION, 0, number)
-        head += struct.pack("<I", masked_crc32c(head))
+        head = self._header(number)
         body = b"".join([msgpack.packb(["c"]), *checkpoint, msgpack.packb(["e"])])
         fd = self._fs.create(tmp)
         try:
@@ -207,9 +311,12 @@ class Journal:
                 except OSError:
                     pass
             raise
-        old_fd, self._fd, self._number = self._fd, fd, number
-        if old_fd >= 0:
-            self._fs.close(old_fd)
+        with self._fd_lock:
+            old_fd, self._fd, self._number = self._fd, fd, number
+            if old_fd >= 0:
+                self._fs.close(old_fd)
+            if self._pool is not None:
+                self._pool.admit(self)
 
     def checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
                    frontier: tuple[int, int, int] | None,
@@ -239,9 +346,10 @@ class Journal:
         self._fs.fsync_dir(self.directory)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            self._fs.close(self._fd)
-            self._fd = -1
+        with self._fd_lock:
+            self._close_fd()
+        if self._pool is not None:
+            self._pool.forget(self)
 
 
 @dataclass(frozen=True)
@@ -256,31 +364,29 @@ class ParsedFile:
     torn_at: int | None
 
 
-def parse_file(data: bytes, path: str, number: int, *, last: bool) -> ParsedFile:
+def parse_file(data: bytes, path: str, number: int, *, last: bool,
+               identity: tuple[str, str] | None = None) -> ParsedFile:
     """Parse one journal file's bytes; a pure function (the caller decides what to do with a torn tail).
 
     :param path: named in errors only.
     :param number: the file number its name gives (the header must agree; it also seeds group CRCs).
     :param last: whether it is the newest file: only that one may have a torn tail.
-    :raises JournalError: damage that is not a torn tail, naming the file and offset.
+    :param identity: ``(store id, tracker name)`` the header must carry (version 2);
+        None accepts any. Version-1 files carry none and are accepted.
+    :raises JournalError: damage that is not a torn tail, or a file of another
+        tracker or store, naming the file and offset.
     """
     size = len(data)
-    if size < _HEADER_SIZE:
-        if last:  # a new file whose header never became durable
-            return ParsedFile([], 0)
-        raise JournalError(path, 0, "journal file is shorter than its header")
-    magic, version, _, stored_number = _HEADER.unpack_from(data)
-    (crc,) = struct.unpack_from("<I", data, _HEADER.size)
-    if magic != MAGIC or masked_crc32c(data[:_HEADER.size]) != crc:
-        if last and not any(data[_HEADER.size:]) and magic != MAGIC:
-            return ParsedFile([], 0)
-        raise JournalError(path, 0, "bad journal header (magic or CRC)")
-    if version != VERSION:
-        raise JournalError(path, 8, f"journal version {version} is not supported (this reader knows {VERSION})")
-    if stored_number != number:
-        raise JournalError(path, 12, f"header says file {stored_number}, name says {number}")
+    header = _parse_header(data, path, number, last=last)
+    if header is None:
+        return ParsedFile([], 0)  # a new file whose header never became durable
+    header_size, owner = header
+    if identity is not None and owner is not None and owner != identity:
+        raise JournalError(path, _HEADER.size, f"journal of tracker {owner[1]!r} of store {owner[0]}, "
+                                               f"not of tracker {identity[1]!r} of store {identity[0]}: "
+                                               "a foreign journal is never replayed")
     records: list[tuple] = []
-    pos = _HEADER_SIZE
+    pos = header_size
     prefix = _U64.pack(number)
     while pos < size:
         bad = None
@@ -315,6 +421,62 @@ def parse_file(data: bytes, path: str, number: int, *, last: bool) -> ParsedFile
             raise JournalError(path, pos, f"group does not decode: {exc}") from None
         pos = end
     return ParsedFile(records, None)
+
+
+def _parse_header(data: bytes, path: str, number: int, *, last: bool
+                  ) -> tuple[int, tuple[str, str] | None] | None:
+    """The header's size and its (store id, tracker) (None for version 1); None for a
+    torn header of the newest file."""
+    size = len(data)
+    if size < _HEADER_SIZE:
+        if last:  # a new file whose header never became durable
+            return None
+        raise JournalError(path, 0, "journal file is shorter than its header")
+    magic, version, _, stored_number = _HEADER.unpack_from(data)
+    header_size, owner = _HEADER_SIZE, None
+    if magic == MAGIC and version == 2:
+        fixed = _HEADER.size + _IDENTITY.size
+        name_len = _IDENTITY.unpack_from(data, _HEADER.size)[1] if size >= fixed else 0
+        header_size = fixed + name_len + 4
+        if name_len > _MAX_NAME and not (last and not any(data[_HEADER.size:])):
+            raise JournalError(path, _HEADER.size, f"tracker name of {name_len} bytes in the journal header")
+        if name_len > _MAX_NAME or header_size > size:
+            if last:  # a new file whose header never became durable
+                return None
+            raise JournalError(path, _HEADER.size, "journal header runs past the end of the file")
+    (crc,) = struct.unpack_from("<I", data, header_size - 4)
+    if magic != MAGIC or masked_crc32c(data[:header_size - 4]) != crc:
+        if last and not any(data[_HEADER.size:]) and magic != MAGIC:
+            return None
+        raise JournalError(path, 0, "bad journal header (magic or CRC)")
+    if version not in (1, VERSION):
+        raise JournalError(path, 8, f"journal version {version} is not supported (this reader knows 1..{VERSION})")
+    if stored_number != number:
+        raise JournalError(path, 12, f"header says file {stored_number}, name says {number}")
+    if version == 2:
+        store_id, name_len = _IDENTITY.unpack_from(data, _HEADER.size)
+        at = _HEADER.size + _IDENTITY.size
+        try:
+            owner = (store_id.hex(), data[at:at + name_len].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise JournalError(path, at, "tracker name in the journal header is not UTF-8") from None
+    return header_size, owner
+
+
+def read_identity(path: str) -> tuple[str, str] | None:
+    """The (store id, tracker name) a journal file's header carries; None for version 1.
+
+    :raises JournalError: the header is damaged or torn.
+    :raises OSError: the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        data = f.read(_HEADER.size + _IDENTITY.size + _MAX_NAME + 4)
+    m = _FILE_NAME.match(os.path.basename(path))
+    # A file under another name (a copy, a golden file) is judged by its own header's number.
+    number = int(m.group(1)) if m else int.from_bytes(data[12:20], "little")
+    header = _parse_header(data, path, number, last=False)
+    assert header is not None
+    return header[1]
 
 
 def _list_files(directory: str) -> tuple[list[tuple[int, str]], list[str]]:

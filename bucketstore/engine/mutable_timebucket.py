@@ -2,7 +2,7 @@
 
 Seed 000's structure — trimmed timestamp -> ledger -> roaring bitmap of entry
 ids — holds a fixed-delay stream in a fraction of a byte per index where the
-run-based :class:`~bucketstore.mutable_bucket.MutableBucket` needs 24. The
+run-based :class:`~bucketstore.engine.mutable_bucket.MutableBucket` needs 24. The
 price is precision: the tracker trims every timestamp to a multiple of
 ``2**precision_bits`` ms, so an index is delivered up to that much early,
 never late.

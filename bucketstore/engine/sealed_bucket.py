@@ -77,6 +77,19 @@ class SealedBucket:
     def read_segment(self, number: int) -> Run:
         """Read segment ``number`` (1-based) from the ledger file as a run."""
         with LedgerReader(self.path) as reader:
+            # The file is opened anew for every segment: check it is still the ledger
+            # recovery or the seal registered (a file swapped underneath would otherwise
+            # deliver another bucket's positions).
+            props = reader.properties
+            if reader.ledger_id != self.ledger_id or (props.get("start_ledger"), props.get("end_ledger")) \
+                    != (self.start_ledger, self.end_ledger):
+                raise CorruptLedgerError(self.path, 0, f"header says ledger {reader.ledger_id} holding ledgers "
+                                         f"[{props.get('start_ledger')}, {props.get('end_ledger')}], but the "
+                                         f"catalog entry is ledger {self.ledger_id} holding "
+                                         f"[{self.start_ledger}, {self.end_ledger}]")
+            if number > reader.entry_count - 1:
+                raise CorruptLedgerError(self.path, reader.trailer_offset,
+                                         f"segment {number} is missing: the ledger holds {reader.entry_count} entries")
             payload = reader.read_entry(number)
             at = reader.entry_payload_offset(number)
         try:

@@ -12,12 +12,20 @@ Opening a store removes what a crash can leave behind: temporary ledger files
 (``*.ledger.tmp``) and ledger files no catalog key references (a seal that
 crashed between the file's rename and the catalog commit, or a delete that
 crashed between the key's removal and the unlink).
+
+Deleting is the dangerous part, so it happens only when it is proven safe:
+the catalog must be this store's healthy catalog (a missing, empty, new or
+truncated ``data.mdb`` beside ledger or journal files is a
+:class:`~bucketstore.CatalogError`, and nothing is touched), and an
+unreferenced file must carry this store's id in its header (a file of another
+store means the catalog is not the one these files belong to: an error, not
+garbage). ``bucketstore repair --rebuild-catalog`` rebuilds a lost catalog
+from the files themselves.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
+import logging
 import os
 import re
 import threading
@@ -26,16 +34,21 @@ from typing import Any
 from .catalog import Catalog, validate_tracker_name
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
-from ..errors import StoreClosedError, StoreLockedError
+from ..errors import CatalogError, CorruptLedgerError, StoreClosedError
 from ..format.fs import REAL_FS, FileSystem
-from .journal import journal_directory
-from ..format.ledger_file import ledger_file_name
+from .journal import FdPool, journal_directory
+from .store_lock import acquire_write_lock
+from .store_services import StoreServices
+from ..format.ledger_file import LedgerReader
 from .tracker import BucketTracker
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]
 
 DURABILITY_MODES = ("sealed", "journal")
 _LEDGER_NAME = re.compile(r"^(\d{20})\.ledger$")
+log = logging.getLogger("bucketstore")
+#: At most this many journal files are kept open at once (the rest reopen on their next commit).
+JOURNAL_OPEN_FILES = 64
 
 
 class Store:
@@ -57,22 +70,42 @@ class Store:
         if isinstance(sync_interval_ms, bool) or not isinstance(sync_interval_ms, int) or sync_interval_ms < 0:
             raise ValueError("sync_interval_ms must be an int >= 0")
         self.sync_interval_ms = sync_interval_ms
-        self.path = os.path.abspath(os.fspath(path))
+        raw_path = os.fspath(path)
+        if isinstance(raw_path, bytes):
+            raise TypeError("store path must be a str or os.PathLike[str], not bytes")
+        if not raw_path:
+            raise ValueError("store path is empty (give the store's directory)")
+        self.path = os.path.abspath(raw_path)
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ValueError(f"store path {self.path} exists and is not a directory")
         self.durability = durability
         self.repair = repair
         self.fs = fs
         self.ledgers_dir = os.path.join(self.path, "ledgers")
         self._lock = threading.RLock()
         self._trackers: dict[str, BucketTracker] = {}
+        self._deleting: set[str] = set()
         self._closed = False
+        #: Open journal files, bounded: thousands of journal trackers share these descriptors.
+        self.journal_fds = FdPool(JOURNAL_OPEN_FILES)
         fs.makedirs(self.path)
-        self._lock_fd = _acquire_lock(os.path.join(self.path, "LOCK"))
+        self._lock_fd = acquire_write_lock(self.path)
         catalog = None
         try:
             fs.makedirs(self.ledgers_dir)
-            catalog = self.catalog = Catalog(os.path.join(self.path, "catalog"))
-            self._next_ledger_id = self.catalog.next_ledger_id()
-            self.orphans_removed = self._remove_orphans()
+            # With ledger or journal files present, the catalog must already exist: a lost
+            # one is an error, never an empty catalog that makes every file an orphan.
+            catalog = self.catalog = Catalog(os.path.join(self.path, "catalog"), must_exist=_holds_files(self.path))
+            #: The store's identity, written into every ledger and journal file header.
+            self.store_id: str = catalog.store_id  # type: ignore[assignment]
+            #: Unreferenced ledger files left in place because they could not be proven garbage.
+            self.orphans_kept: list[str] = []
+            self.orphans_removed, next_ledger_id = self._remove_orphans(catalog.next_ledger_id())
+            # What the trackers may use of the store: they get this, never the store itself.
+            self._services = StoreServices(
+                path=self.path, durability=durability, repair=repair, sync_interval_ms=sync_interval_ms,
+                fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
+                store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
             if catalog is not None:
@@ -81,48 +114,67 @@ class Store:
             raise
 
     # -- files ----------------------------------------------------------------------------------
-    def _remove_orphans(self) -> int:
+    def _remove_orphans(self, next_ledger_id: int) -> tuple[int, int]:
+        """Remove temporary and unreferenced ledger files; return how many, and the next free ledger id."""
         referenced = {lid for keys in self.catalog.all_buckets().values() for lid in keys.values()}
         removed = 0
         highest = -1
         for name in os.listdir(self.ledgers_dir):
+            path = os.path.join(self.ledgers_dir, name)
             m = _LEDGER_NAME.match(name)
             if m:
                 lid = int(m.group(1))
                 highest = max(highest, lid)
-                if lid in referenced:
+                if lid in referenced or not self._provably_garbage(path, lid):
                     continue
             elif not name.endswith(".ledger.tmp"):
                 continue  # not ours: leave it alone
-            self.fs.unlink(os.path.join(self.ledgers_dir, name))
+            self.fs.unlink(path)
             removed += 1
         if removed:
             self.fs.fsync_dir(self.ledgers_dir)
         # Never reuse an id a file on disk had, even one that was just removed.
-        self._next_ledger_id = max(self._next_ledger_id, highest + 1, max(referenced, default=-1) + 1)
-        return removed
+        return removed, max(next_ledger_id, highest + 1, max(referenced, default=-1) + 1)
+
+    def _provably_garbage(self, path: str, ledger_id: int) -> bool:
+        """Whether an unreferenced ledger file may be deleted: its header must be readable,
+        name this ledger id and carry this store's id (files written before store ids
+        existed carry none and are judged by the catalog alone).
+
+        :raises CatalogError: the file belongs to another store, so this catalog is
+            not the one the files were written with; deleting would destroy data.
+        """
+        try:
+            with LedgerReader(path) as reader:
+                header_id, owner = reader.ledger_id, reader.properties.get("store_id")
+        except (CorruptLedgerError, OSError) as exc:
+            # Renamed into place only after an fsync, a crash cannot leave such a file:
+            # it is damage, which an operator should see; deleting it proves nothing.
+            log.warning("unreferenced ledger file %s is kept: it cannot be read (%s)", path, exc)
+            self.orphans_kept.append(path)
+            return False
+        if owner is not None and owner != self.store_id:
+            raise CatalogError(f"{path} belongs to store {owner}, but the catalog {self.catalog.path} is "
+                               f"store {self.store_id}: it is not these files' catalog, so nothing is deleted "
+                               "(restore the right catalog, or run `bucketstore repair --rebuild-catalog`)",
+                               path=path)
+        if header_id != ledger_id:
+            log.warning("unreferenced ledger file %s is kept: its header says ledger %d", path, header_id)
+            self.orphans_kept.append(path)
+            return False
+        return True
 
     def allocate_ledger_id(self) -> int:
-        """Hand out a fresh ledger id. The catalog commit that registers the ledger
-        persists the allocator, so ids are never reused."""
-        with self._lock:
-            lid = self._next_ledger_id
-            self._next_ledger_id += 1
-            return lid
+        """Hand out a fresh ledger id (see :meth:`StoreServices.allocate_ledger_id`)."""
+        return self._services.allocate_ledger_id()
 
     def remove_ledger_file(self, path: str) -> None:
-        """Unlink a ledger file and make the removal durable. A missing file is fine;
-        a failure leaves an orphan that the next open removes."""
-        try:
-            self.fs.unlink(path)
-            self.fs.fsync_dir(os.path.dirname(path))
-        except FileNotFoundError:
-            pass
-        except OSError:
-            pass
+        """Unlink a ledger file durably (see :meth:`StoreServices.remove_ledger_file`)."""
+        self._services.remove_ledger_file(path)
 
     def ledger_path(self, ledger_id: int) -> str:
-        return os.path.join(self.ledgers_dir, ledger_file_name(ledger_id))
+        """The path of ledger file ``ledger_id``."""
+        return self._services.ledger_path(ledger_id)
 
     # -- trackers -------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -139,12 +191,14 @@ class Store:
         config = config_or_default(config)
         with self._lock:
             self._check_open()
+            if name in self._deleting:
+                raise ValueError(f"tracker {name!r} is being deleted")
             live = self._trackers.get(name)
             if live is not None:
                 if live.config != config:
                     raise ValueError(f"tracker {name!r} is already open with a different config")
                 return live
-            tracker = BucketTracker(self, name, config, clock)
+            tracker = BucketTracker(self._services, name, config, clock)
             self._trackers[name] = tracker
             return tracker
 
@@ -165,20 +219,31 @@ class Store:
         with self._lock:
             self._check_open()
             live = self._trackers.pop(name, None)
+            self._deleting.add(name)  # no new handle may recover it meanwhile
+        try:
             if live is not None:
-                live._closed = True
-            ledger_ids = list(self.catalog.buckets(name).values())
-            self.catalog.delete_tracker(name)
-            for lid in ledger_ids:
-                self.remove_ledger_file(self.ledger_path(lid))
-            if live is not None and live._journal is not None:
-                live._journal.close()
-            journal_dir = journal_directory(self.path, name)
-            if os.path.isdir(journal_dir):
-                for f in os.listdir(journal_dir):
-                    self.fs.unlink(os.path.join(journal_dir, f))
-                os.rmdir(journal_dir)
-                self.fs.fsync_dir(os.path.dirname(journal_dir))
+                # Under the tracker's own lock, taken without holding the store's (a seal holds
+                # its tracker's lock and then takes the store's): an in-flight call finishes
+                # first, and every later call sees the tracker closed.
+                with live._lock:
+                    live._closed = True
+                    if live._journal is not None:
+                        live._journal.close()
+            with self._lock:
+                self._check_open()
+                ledger_ids = list(self.catalog.buckets(name).values())
+                self.catalog.delete_tracker(name)
+                for lid in ledger_ids:
+                    self.remove_ledger_file(self.ledger_path(lid))
+                journal_dir = journal_directory(self.path, name)
+                if os.path.isdir(journal_dir):
+                    for f in os.listdir(journal_dir):
+                        self.fs.unlink(os.path.join(journal_dir, f))
+                    os.rmdir(journal_dir)
+                    self.fs.fsync_dir(os.path.dirname(journal_dir))
+        finally:
+            with self._lock:
+                self._deleting.discard(name)
 
     def stats(self) -> dict[str, Any]:
         """Store-level figures: trackers, buckets, bytes on disk, orphans removed on open."""
@@ -192,7 +257,8 @@ class Store:
                 "ledger_files": len(files),
                 "ledger_bytes": sum(os.path.getsize(os.path.join(self.ledgers_dir, f)) for f in files),
                 "orphans_removed_on_open": self.orphans_removed,
-                "next_ledger_id": self._next_ledger_id,
+                "orphans_kept": len(self.orphans_kept),
+                "next_ledger_id": self._services.next_ledger_id,
             }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -214,26 +280,18 @@ class Store:
         self.close()
 
 
-def _acquire_lock(path: str) -> int:
-    """Take the store's write lock (flock on LOCK) and record our pid in it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = ""
-        try:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-        finally:
-            os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            who = f"process {holder}" if holder else "another process"
-            if holder == str(os.getpid()):
-                who = "this process (another open handle)"
-            raise StoreLockedError(f"{os.path.dirname(path)} is open for writing by {who}") from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
-    return fd
+def _holds_files(store_path: str) -> bool:
+    """Whether the store directory holds any sealed ledger file or journal file."""
+    ledgers = os.path.join(store_path, "ledgers")
+    if os.path.isdir(ledgers) and any(_LEDGER_NAME.match(n) for n in os.listdir(ledgers)):
+        return True
+    journal = os.path.join(store_path, "journal")
+    if os.path.isdir(journal):
+        for sub in os.listdir(journal):
+            d = os.path.join(journal, sub)
+            if os.path.isdir(d) and any(n.endswith(".journal") for n in os.listdir(d)):
+                return True
+    return False
 
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,

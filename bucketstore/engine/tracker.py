@@ -8,7 +8,7 @@ Data flow::
     get_scheduled_messages <- shared queue <- segment slots of sealed buckets
 
 Every public method takes the tracker's lock; they are safe to call from any
-thread. The tracker-wide :class:`~bucketstore.index_set.DelayedIndexSet` is the
+thread. The tracker-wide :class:`~bucketstore.engine.index_set.DelayedIndexSet` is the
 one source of truth for what is tracked: ``number_of_delayed_messages`` is its
 cardinality, and a queue row is delivered only if removing it from the index
 succeeds.
@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pyroaring import BitMap
@@ -35,12 +35,11 @@ from ..format.ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
 from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
+from .identity import LedgerIdentityError, check_identity
 from .sealed_bucket import BucketMap, SealedBucket
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, bucket_key, build_bucket, parse_bucket_key, write_bucket
-
-if TYPE_CHECKING:
-    from .store import Store
+from .store_services import StoreServices
 
 __all__ = ["BucketTracker"]
 
@@ -51,10 +50,11 @@ _U64 = np.dtype("<u8")
 class BucketTracker:
     """One subscription's delayed index, backed by sealed bucket snapshots.
 
-    Obtain one with :meth:`bucketstore.Store.tracker`; the store owns its files.
+    Obtain one with :meth:`bucketstore.Store.tracker`; the store owns its files and hands the
+    tracker only its :class:`~bucketstore.engine.store_services.StoreServices`.
     """
 
-    def __init__(self, store: "Store", name: str, config: TrackerConfig, clock: Clock | None) -> None:
+    def __init__(self, store: StoreServices, name: str, config: TrackerConfig, clock: Clock | None) -> None:
         self._store = store
         self.name = name
         self.config = config
@@ -64,7 +64,7 @@ class BucketTracker:
         self._queue = SharedQueue(self._bucket_exhausted)
         # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
         # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
-        # 2**bits - 1 ms early, never late.
+        # 2**bits - 1 ms early (late instead, never early, when deliver_at_time_strict).
         self._bits = config.precision_bits
         self._mutable = TimeBucketMutable(self._bits) if self._bits else MutableBucket()
         self._direct = RunBuffer()
@@ -78,7 +78,8 @@ class BucketTracker:
         self._replaying = False
         self._last_sync = time.monotonic()
         if store.durability == "journal":
-            self._journal = Journal(journal_directory(store.path, name), store.fs)
+            self._journal = Journal(journal_directory(store.path, name), store.fs, tracker=name,
+                                    store_id=store.store_id, pool=store.journal_fds)
         self.recovery_seconds = 0.0
         self.recovery_report: dict[str, Any] = {}
         self._recover()
@@ -98,6 +99,11 @@ class BucketTracker:
         run = self._direct.flush()
         if run is not None:
             self._queue.push(run)
+
+    @property
+    def _file_identity(self) -> dict[str, str]:
+        """The header properties that tie a ledger file to this tracker of this store."""
+        return {"tracker": self.name, "store_id": self._store.store_id}
 
     @property
     def _state(self) -> dict[str, Any]:
@@ -134,7 +140,7 @@ class BucketTracker:
                         self._sync()
                 return False
             if self._bits:
-                deliver_at = deliver_at >> self._bits << self._bits
+                deliver_at = self._trim_time(deliver_at)
             # Track first (one lookup for the membership test and the insert); a
             # seal triggered by routing only looks at rows already in the mutable bucket.
             if not self._index.add(ledger_id, entry_id, deliver_at):
@@ -175,8 +181,12 @@ class BucketTracker:
     def add_messages(self, indexes: Any) -> int:
         """Track a batch; the same outcome as calling :meth:`add_message` row by row, faster.
 
-        :param indexes: ``(ledger_ids, entry_ids, deliver_at)`` as three arrays or
-            sequences, or an iterable of ``(ledger_id, entry_id, deliver_at)`` triples.
+        :param indexes: columns — a tuple of three 1-D numpy arrays
+            ``(ledger_ids, entry_ids, deliver_at)`` or a mapping of ``"ledger_id"``,
+            ``"entry_id"``, ``"deliver_at"`` to columns — or rows — an ``(n, 3)``
+            array or any iterable of ``(ledger_id, entry_id, deliver_at)`` triples
+            (see :func:`bucketstore.cutoff.as_columns`; an input that fits both
+            raises TypeError).
         :return: how many rows are tracked after the call (rows for which
             :meth:`add_message` would have returned True).
         """
@@ -221,7 +231,7 @@ class BucketTracker:
         live_e = entries[live]
         live_t = deliver_at[live].astype(_U64)
         if self._bits:
-            live_t = live_t >> np.uint64(self._bits) << np.uint64(self._bits)
+            live_t = self._trim_times(live_t)
         if not len(live_e):
             return 0
         ledgers = np.full(len(live_e), ledger_id, dtype=_U64)
@@ -253,6 +263,25 @@ class BucketTracker:
             self._index.add_many(ls, es, ts)
         return len(live_e)
 
+    def _trim_time(self, deliver_at: int) -> int:
+        """A timestamp on the precision grid: rounded down (delivery up to one step early), or,
+        with ``deliver_at_time_strict``, up (never early; up to one step late), as Pulsar does.
+        A time within one step of 2**64 cannot round up and rounds down."""
+        floor = deliver_at >> self._bits << self._bits
+        if self.config.deliver_at_time_strict and floor != deliver_at and floor + (1 << self._bits) < 1 << 64:
+            return floor + (1 << self._bits)
+        return floor
+
+    def _trim_times(self, ts: np.ndarray) -> np.ndarray:
+        """:meth:`_trim_time` of a uint64 column."""
+        bits = np.uint64(self._bits)
+        floor = ts >> bits << bits
+        if not self.config.deliver_at_time_strict:
+            return floor
+        step = np.uint64(1 << self._bits)
+        up = (floor != ts) & (floor <= np.uint64((1 << 64) - 1) - step)
+        return np.where(up, floor + step, floor).astype(_U64)
+
     # -- sealing --------------------------------------------------------------------------------
     def _seal(self, cutoff: int) -> None:
         """Seal the mutable bucket into a ledger file and register it in the catalog.
@@ -278,7 +307,7 @@ class BucketTracker:
             meta, payloads = build_bucket(start, end, ts, ledgers, entries,
                                           time_step_ms=cfg.max_time_step_per_segment_ms,
                                           max_indexes_per_segment=cfg.max_indexes_per_segment)
-            path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, {"tracker": self.name}, fs=store.fs)
+            path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, self._file_identity, fs=store.fs)
             store.catalog.commit(self.name, put={meta.key: ledger_id}, next_ledger_id=ledger_id + 1)
         except (OSError, BucketStoreError) as exc:
             self._ops.record("create", time.perf_counter() - started, False)
@@ -333,7 +362,7 @@ class BucketTracker:
                 meta, payloads = build_bucket(start, end, ts, ledgers, entries,
                                               time_step_ms=cfg.max_time_step_per_segment_ms,
                                               max_indexes_per_segment=cfg.max_indexes_per_segment)
-                path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, {"tracker": self.name},
+                path = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, self._file_identity,
                                     fs=store.fs)
                 put[meta.key] = ledger_id
             store.catalog.commit(self.name, put=put, remove=[b.key for b in window], next_ledger_id=ledger_id + 1)
@@ -450,7 +479,10 @@ class BucketTracker:
 
     @property
     def number_of_delayed_messages(self) -> int:
-        """How many positions are tracked and undelivered (O(1))."""
+        """How many positions are tracked and undelivered (O(1)).
+
+        :raises StoreClosedError: the tracker is closed (a closed tracker knows nothing)."""
+        self._check_open()
         return len(self._index)
 
     # -- acknowledging --------------------------------------------------------------------------
@@ -525,10 +557,16 @@ class BucketTracker:
         ledgers, entries, ts = self._memory_only_rows()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
         # bucket: the checkpoint replaces the file that held its untrack record, so it must
-        # carry the untrack on, or recovery tracks the position again from the bitmap.
+        # carry the untrack on, or recovery tracks the position again from the bitmap. The
+        # same holds for such a position tracked again with a new time in memory: without
+        # the untrack, recovery tracks it from the bitmap at its old time and the
+        # checkpoint's add of the new time finds it tracked already (delivering it early).
+        # A ghost tracked again in a sealed bucket needs no untrack (that would drop it).
+        memory = set(zip(ledgers.tolist(), entries.tolist())) if self._index._ghosts else set()
         untracked = [(ledger, entry) for ledger, ghosts in self._index._ghosts.items()
                      if self._covering(ledger) is not None
-                     for entry in ghosts if not self._index.contains(ledger, entry)]
+                     for entry in ghosts
+                     if not self._index.contains(ledger, entry) or (ledger, entry) in memory]
         self._journal.checkpoint(ledgers, entries, ts, self._frontier, untracked)
         self._last_sync = time.monotonic()
 
@@ -559,7 +597,7 @@ class BucketTracker:
             self._queue.clear()
             self._mutable.clear()
             self._index.clear()
-        self._store._forget(self)
+        self._store.tracker_closed(self)
 
     def __enter__(self) -> "BucketTracker":
         return self
@@ -570,6 +608,7 @@ class BucketTracker:
     def stats(self) -> dict[str, Any]:
         """Counters: buckets, indexes, loaded indexes, bytes on disk and in memory, op counts/latencies."""
         with self._lock:
+            self._check_open()
             loaded = self._queue.loaded_indexes() + len(self._direct)
             stats: dict[str, Any] = {
                 "tracker": self.name,
@@ -634,16 +673,21 @@ class BucketTracker:
             key = bucket_key(start, end)
             path = os.path.join(store.ledgers_dir, ledger_file_name(ledger_id))
             try:
-                if not os.path.exists(path):
+                try:
+                    bf = BucketFile(path)
+                except FileNotFoundError:
                     raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
-                                       f"but {path} is missing", path=path, key=key)
-                with BucketFile(path) as bf:
+                                       f"but {path} is missing", path=path, key=key) from None
+                with bf:
                     meta = bf.metadata
                     size = bf.size
-                if (meta.start_ledger, meta.end_ledger) != (start, end):
-                    raise CatalogError(f"tracker {self.name!r}: catalog key {key} names {path}, which holds "
-                                       f"ledgers [{meta.start_ledger}, {meta.end_ledger}]", path=path, key=key)
+                    check_identity(bf, ledger_id=ledger_id, tracker=self.name, store_id=store.store_id,
+                                   key=key)
+            except LedgerIdentityError:
+                raise  # an intact file of someone else: not damage that repair may drop
             except (CatalogError, CorruptLedgerError) as exc:
+                # Only proven damage is dropped; an OSError (EACCES, EMFILE, EIO) says nothing
+                # about the file and propagates, leaving the key and the file in place.
                 if not store.repair:
                     raise
                 dropped.append(f"{key}: {exc}")

@@ -275,16 +275,15 @@ class LedgerReader:
     :ivar properties: the header's properties.
     :ivar entry_count: the number of entries.
     :ivar size: the file size in bytes.
+    :raises CorruptLedgerError: the file's content is damaged.
+    :raises OSError: the file cannot be opened or read (missing, permissions, I/O error).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise CorruptLedgerError(self.path, 0, f"cannot open: {exc.strerror or exc}") from None
+        # An OSError (missing file, EACCES, EMFILE, EIO) says nothing about the file's
+        # content, so it is not CorruptLedgerError: the caller must not treat it as damage.
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             self.size = os.fstat(self._fd).st_size
             self._read_header()

@@ -4,7 +4,7 @@ Entry 0 holds the bucket metadata (:class:`BucketMetadata`): the ledger range,
 the index count and, per segment, its min and max schedule timestamp, its
 index count and its per-ledger delayed-index bitmaps (roaring bitmaps of entry
 ids, keyed by ledger id), as PIP-195 keeps them. Entries 1..N hold the segments
-in the compact encoding of :mod:`bucketstore.segment_codec`.
+in the compact encoding of :mod:`bucketstore.format.segment_codec`.
 
 Segments are cut as Pulsar cuts them (reference §1.4): a segment opens at its
 first index with timestamp ``t0`` and closes when the next index is later than
@@ -145,7 +145,7 @@ def cut_segments(ts: np.ndarray, time_step_ms: int, max_indexes: int) -> list[tu
 
     A segment opened at ``t0`` takes every following index with timestamp
     ``<= t0 + time_step_ms - 1``, up to ``max_indexes`` of them (-1: no cap, but
-    never more than :data:`~bucketstore.segment_codec.MAX_SEGMENT_INDEXES`).
+    never more than :data:`~bucketstore.format.segment_codec.MAX_SEGMENT_INDEXES`).
     """
     if time_step_ms < 1:
         raise ValueError("time_step_ms must be at least 1")

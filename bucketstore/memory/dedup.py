@@ -13,7 +13,7 @@ The seed counts additions with one counter shared by all keys, so traffic on
 one key could make another key forget its ids early; here the count is per
 key (it is the cardinality of the key's current generation).
 
-A snapshot is a sealed ledger file (``bucketstore.ledger_file``)::
+A snapshot is a sealed ledger file (``bucketstore.format.ledger_file``)::
 
     properties  {"kind": "dedup-snapshot", "format": 1, "max_capacity": N}
     entry 0     msgpack [[key, current width, previous width], ...]   (width 32 or 64)

@@ -140,7 +140,7 @@ class TimeBucketIndex:
     unsigned 64-bit ints.
 
     Not thread-safe: wrap it in a lock (as
-    :class:`~bucketstore.timebucket_tracker.TimeBucketTracker` does).
+    :class:`~bucketstore.memory.timebucket_tracker.TimeBucketTracker` does).
 
     >>> index = TimeBucketIndex(precision_bits=10)
     >>> index.add(5000, ledger_id=7, entry_id=0)

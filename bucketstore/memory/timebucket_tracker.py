@@ -2,10 +2,12 @@
 
 It answers the tracker API of the bucket tracker and of ``InMemoryTracker``
 (add, due messages, membership, acknowledgement, stats) while holding the
-indexes in a :class:`~bucketstore.timebucket.TimeBucketIndex` instead of a
+indexes in a :class:`~bucketstore.memory.timebucket.TimeBucketIndex` instead of a
 heap of triples: a fraction of a byte to a few bytes per index rather than
 about 180. Nothing is on disk. With ``precision_bits > 0`` messages may be
-delivered up to ``2**precision_bits - 1`` ms before their time, never after.
+delivered up to ``2**precision_bits - 1`` ms before their time, never after;
+with ``deliver_at_time_strict`` a bucket is delivered only once its last
+millisecond is due: never early, up to ``2**precision_bits - 1`` ms late.
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ class TimeBucketTracker:
             raise StoreClosedError("tracker is closed")
 
     def _advance(self) -> int:
-        return self._cutoff.advance()
+        cutoff = self._cutoff.advance()
+        if self.config.deliver_at_time_strict and self.config.precision_bits:
+            # Strict: a time bucket is due when all of it is, so nothing in it comes early.
+            cutoff -= (1 << self.config.precision_bits) - 1
+        return cutoff
 
     # -- the tracker API -------------------------------------------------------------------------
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
@@ -78,7 +84,7 @@ class TimeBucketTracker:
             self._check_open()
             if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
                 return False  # acknowledged already: nothing to track
-            if deliver_at < 0 or deliver_at <= self._advance():
+            if deliver_at < 0 or deliver_at <= self._cutoff.advance():
                 self._index.remove(ledger_id, entry_id)
                 return False
             self._index.add(deliver_at, ledger_id, entry_id)

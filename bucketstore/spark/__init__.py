@@ -12,6 +12,9 @@ pyarrow). The core package never imports PySpark; only this one does.
                                   config=bucketstore.TrackerConfig(min_index_count_per_bucket=50_000))
 
 See ``docs/spark.md`` for the columns, the options and the guarantees.
+
+May import: the whole product except ``bucketstore.testing``. Only this subpackage imports
+PySpark and pyarrow.
 """
 
 from __future__ import annotations

@@ -51,6 +51,8 @@ class BuildJob:
     overwrite: bool
     #: pid of the driver holding the store lock for the whole job, or None.
     lock_holder_pid: int | None
+    #: The store's id, written into every file the build writes (formats/ledger_file.md).
+    store_id: str | None = None
 
     @property
     def forbidden_ranges(self) -> list[tuple[int, int]]:
@@ -98,6 +100,7 @@ def plan_build(store: str | os.PathLike[str], tracker: str, config: TrackerConfi
         check_writable(path, lock_holder_pid)
         buckets = catalog.buckets(tracker)
         first = first_free_ledger_id(path, catalog)
+        store_id = catalog.store_id
     finally:
         catalog.close()
     for key in buckets:
@@ -107,4 +110,4 @@ def plan_build(store: str | os.PathLike[str], tracker: str, config: TrackerConfi
             raise CatalogError(f"{path}: tracker {tracker!r}: {exc}", path=path, key=key) from None
     return BuildJob(store=path, tracker=tracker, config=config, job_id=uuid.uuid4().hex, first_ledger_id=first,
                     id_stride=id_stride, planned_buckets=tuple(sorted(buckets.items())), overwrite=overwrite,
-                    lock_holder_pid=lock_holder_pid)
+                    lock_holder_pid=lock_holder_pid, store_id=store_id)

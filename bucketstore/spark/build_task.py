@@ -125,8 +125,10 @@ def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltB
             meta, payloads = build_bucket(cut.start_ledger, cut.end_ledger, part.timestamps, part.ledgers,
                                           part.entries, time_step_ms=job.config.max_time_step_per_segment_ms,
                                           max_indexes_per_segment=job.config.max_indexes_per_segment)
-            path = write_bucket(ledgers_dir(job.store), ledger_id, meta, payloads,
-                                {"tracker": job.tracker, JOB_PROPERTY: job.job_id})
+            identity = {"tracker": job.tracker, JOB_PROPERTY: job.job_id}
+            if job.store_id is not None:
+                identity["store_id"] = job.store_id
+            path = write_bucket(ledgers_dir(job.store), ledger_id, meta, payloads, identity)
             written.append(BuiltBucket(meta.key, ledger_id, cut.start_ledger, cut.end_ledger, meta.count, path))
         if is_aborted(job.store, job.job_id):
             raise JobAborted(f"build {job.job_id} was aborted")

@@ -2,7 +2,9 @@
 
 The Spark processes never open a :class:`bucketstore.Store`: that would take
 the write lock and delete files other processes are working with. They only
-need the catalog (read-only) and the file names.
+need the catalog (read-only) and the file names. The catalog is read as one
+snapshot (one LMDB read transaction, registered as a reader in ``lock.mdb``),
+so a plan never mixes two commits of a live writer.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..engine.catalog import Catalog
+from ..engine.catalog import CatalogSnapshot, read_catalog_snapshot
 from ..errors import CatalogError
 from ..format.ledger_file import ledger_file_name
 
@@ -36,17 +38,17 @@ def ledger_path(store: str, ledger_id: int) -> str:
     return os.path.join(ledgers_dir(store), ledger_file_name(ledger_id))
 
 
-def open_catalog_readonly(store: str) -> Catalog:
-    """Open a store's catalog for reading, or raise :class:`CatalogError` saying the path is no store."""
+def open_catalog_readonly(store: str) -> CatalogSnapshot:
+    """A snapshot of a store's catalog, or :class:`CatalogError` saying the path is no store."""
     if not os.path.isdir(store):
         raise CatalogError(f"{store} is not a bucketstore store: no such directory", path=store)
     if not os.path.isdir(ledgers_dir(store)) or not os.path.isdir(catalog_dir(store)):
         raise CatalogError(f"{store} is not a bucketstore store: it has no catalog/ and ledgers/ directories",
                            path=store)
-    return Catalog(catalog_dir(store), readonly=True)
+    return read_catalog_snapshot(catalog_dir(store))
 
 
-def first_free_ledger_id(store: str, catalog: Catalog) -> int:
+def first_free_ledger_id(store: str, catalog: CatalogSnapshot) -> int:
     """The smallest ledger id that neither the catalog's allocator nor any file in ``ledgers/`` has used.
 
     A file can be ahead of the allocator when a seal crashed before its catalog

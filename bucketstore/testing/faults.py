@@ -1,6 +1,6 @@
 """Fault injection for the crash-recovery tests: a file layer that fails, crashes and forgets.
 
-:class:`FaultyFileSystem` is a :class:`~bucketstore.fs.FileSystem` that performs
+:class:`FaultyFileSystem` is a :class:`~bucketstore.format.fs.FileSystem` that performs
 every call for real (real files, real ``fsync``) and, beside that, keeps a model
 of what a power loss would leave on disk, in the manner of ALICE (Pillai et al.,
 OSDI 2014):
@@ -14,7 +14,7 @@ OSDI 2014):
 Every durable call is numbered (``create``, ``open_append``, ``write``,
 ``fsync``, ``truncate``, ``rename``, ``unlink``, ``fsync_dir``, and the
 ``catalog_commit`` pseudo-call that :meth:`FaultyFileSystem.attach` installs in
-:attr:`Catalog.before_commit <bucketstore.catalog.Catalog.before_commit>`), so a
+:attr:`Catalog.before_commit <bucketstore.engine.catalog.Catalog.before_commit>`), so a
 test can run a workload once to count its calls and then crash it before each
 one in turn. A crash raises :class:`SimulatedCrash`, a :class:`BaseException`,
 so the engine's ``except Exception`` / ``except OSError`` handlers cannot
@@ -30,7 +30,7 @@ LMDB then aborts, so the transaction did not commit; crashing before the
 
 What the model assumes, stated once: files are written sequentially (append
 only), as the ledger writer and a journal do; directories themselves (made by
-:meth:`~bucketstore.fs.FileSystem.makedirs`, which fsyncs the parent at once)
+:meth:`~bucketstore.format.fs.FileSystem.makedirs`, which fsyncs the parent at once)
 are never lost; a file that existed when its directory was first touched was
 durable then.
 """
@@ -43,14 +43,11 @@ import os
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import lmdb
 
+from ..engine.catalog import Catalog
 from ..format.fs import FileSystem
-
-if TYPE_CHECKING:
-    from ..engine.catalog import Catalog
 
 __all__ = [
     "SimulatedCrash",

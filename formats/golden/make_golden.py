@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bucketstore.segment_codec import FLAG_ZLIB
-from bucketstore.snapshot import build_bucket, cut_segments, encode_metadata, sort_indexes, write_bucket
+from bucketstore.format.segment_codec import FLAG_ZLIB
+from bucketstore.format.snapshot import build_bucket, cut_segments, encode_metadata, sort_indexes, write_bucket
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_TS = 1_700_000_000_000  # 2023-11-14T22:13:20Z: a realistic epoch-ms magnitude

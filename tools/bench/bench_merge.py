@@ -39,7 +39,7 @@ def merge_once(path: str, seed: int) -> dict[str, float]:
             at = EPOCH + 10_000 + rng.integers(0, 3_600_000, PER_BUCKET)
             t.add_messages((np.full(PER_BUCKET, ledger, np.uint64), np.arange(PER_BUCKET, dtype=np.uint64), at))
             before = sum(b.size for b in t.buckets())  # the four that will be merged
-        t.add_messages(([5], [0], [EPOCH + 10**8]))  # rolls ledger 4: the fifth seal, then a merge
+        t.add_messages([(5, 0, EPOCH + 10**8)])  # rolls ledger 4: the fifth seal, then a merge
         st = t.stats()
         merged = t.buckets()
         # The merged bucket is the one that starts at ledger 0; the other is the fifth seal.

@@ -1,22 +1,41 @@
-"""A hypothesis state machine that crashes a sealed-mode tracker at random I/O calls.
+"""Hypothesis state machines that crash a tracker at random I/O calls: base classes to subclass.
 
-Rules add indexes (one by one and in batches, across rolling ledgers so that
-buckets seal), move the clock, take due indexes, acknowledge, flush, arm a
-crash at a random upcoming durable call (or crash right now) under a random
-damage mode, and reopen cleanly. The store runs on a
-:class:`~bucketstore.testing.faults.FaultyFileSystem` throughout.
+Needs hypothesis (``pip install 'bucketstore[testing]'``; the ``test`` extra has it too).
 
-Between restarts the tracker must match a plain model exactly. At a restart
-(crash or clean reopen) the recovered tracker must meet the bounds of
-``crash_oracle`` for the catalog state committed at that moment (no phantom,
-no durable undue index lost); the model is then reseeded with what was
-recovered, and a new lifetime begins.
+:class:`CrashMachine` (``durability="sealed"``) and :class:`JournalCrashMachine`
+(``durability="journal"``) run one tracker on a
+:class:`~bucketstore.testing.faults.FaultyFileSystem`. Their rules add indexes (one by
+one and in batches, across rolling ledgers so that buckets seal), move the clock, take
+due indexes, acknowledge (mark-delete), flush, arm a crash at a random upcoming durable
+call (or crash right now) under a random damage mode, and reopen cleanly.
 
-Invariants after every step: the count equals the model's, ``contains_message``
-agrees on every position ever added, the tracker's ``_check()`` holds, and no
-position is delivered twice within one lifetime.
+Between restarts the tracker must match the reference
+:class:`~bucketstore.testing.oracle.Model` exactly. At a restart (crash or clean reopen)
+the recovered tracker must meet the oracle's bounds: in sealed mode those of the catalog
+state committed at that moment (no phantom, no durable undue index lost); in journal
+mode :class:`~bucketstore.testing.oracle.JournalBounds` (nothing acknowledged lost,
+nothing delivered by a returned call back). The model is then reseeded with what was
+recovered, and a new lifetime begins. Invariants after every step: the count equals the
+model's, ``contains_message`` agrees on every position ever added, the tracker's
+``_check()`` holds, and no position is delivered twice within one lifetime.
 
-``BUCKETSTORE_EXAMPLES`` raises the example count (default 200).
+An embedder subclasses one of them and adds rules for their own layer, running each
+tracker call through :meth:`CrashMachine.step` with the model's version of it, so a
+crash inside the call is checked like any other::
+
+    class NackingMachine(JournalCrashMachine):
+        @rule(delay=st.integers(1, 500))
+        def nack_a_delivery(self, delay):
+            # The consumer rejects a message it was handed: the embedder tracks it again, later.
+            if self.delivered:
+                position = min(self.delivered)
+                at = self.clock.now + delay
+                ok, tracked = self.step(lambda: self.tracker.add_message(*position, at),
+                                        lambda model: model.add(*position, at))
+                if ok and tracked:
+                    self.delivered.discard(position)
+
+    TestNacking = NackingMachine.TestCase
 """
 
 from __future__ import annotations
@@ -28,17 +47,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from bucketstore import TrackerConfig
-from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.engine.store import Store
-
-from crash_oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
-                          check_journal_recovered, check_recovered, expect, reseed)
-from helpers import FakeClock, example_count
+from bucketstore.testing.clock import FakeClock
+from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.testing.oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
+                                        check_journal_recovered, check_recovered, expect, reseed)
 
 T = TypeVar("T")
 NAME = "sub"
@@ -47,7 +65,19 @@ CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexe
 
 
 class CrashMachine(RuleBasedStateMachine):
-    """Random operations, crashes and reopens of one sealed-mode tracker."""
+    """Random operations, crashes and reopens of one sealed-mode tracker.
+
+    What a subclass's rules may use:
+
+    :ivar tracker: the open tracker (replaced at every restart).
+    :ivar store: its store, on the faulty layer ``fs``.
+    :ivar model: the :class:`~bucketstore.testing.oracle.Model` of what it holds.
+    :ivar clock: the :class:`~bucketstore.testing.clock.FakeClock` both read.
+    :ivar base: the embedder's current ledger id (batches roll it forward).
+    :ivar universe: every position ever added: add yours before adding them.
+    :ivar delivered: the positions delivered in this lifetime (since the last restart).
+    :ivar path: the store directory.
+    """
 
     DURABILITY = "sealed"
 
@@ -125,6 +155,20 @@ class CrashMachine(RuleBasedStateMachine):
             self.model = after
         return ok, result
 
+    def step(self, call: Callable[[], T], apply: Callable[[Model], object]) -> tuple[bool, T | None]:
+        """Run one tracker call and the model's version of it, surviving a crash inside the call.
+
+        ``apply`` gets a copy of the model and returns what the call must return. If
+        the call returns, its result must equal ``apply``'s and the copy becomes the
+        model; if the simulated process dies inside it, the store is reopened and the
+        recovery checked against the model before and after the call.
+
+        :param call: the tracker call, e.g. ``lambda: self.tracker.add_message(1, 2, at)``.
+        :param apply: the same operation on a :class:`~bucketstore.testing.oracle.Model`.
+        :return: ``(True, result)`` if the call returned, ``(False, None)`` if it crashed.
+        """
+        return self._step(call, apply)
+
     def teardown(self) -> None:
         event(f"restarts: {min(self.restarts, 3)}+, crashes mid-operation: {min(self.crashes_in_ops, 2)}+, "
               f"seals: {min(self.seals + self._seals(), 3)}+")
@@ -156,6 +200,23 @@ class CrashMachine(RuleBasedStateMachine):
         ok, _ = self._step(lambda: self.tracker.add_messages(rows), lambda m: m.add_batch(rows))
         if ok:
             self.delivered.difference_update((r[0], r[1]) for r in rows if (r[0], r[1]) in self.model.where)
+
+    @precondition(lambda self: self.model.where)
+    @rule(pick=st.integers(0, 2**16), later=st.integers(1, 600))
+    def expire_tracked(self, pick: int, later: int) -> None:
+        """Re-add a tracked position with a time already due (it is untracked and dispatched
+        by the caller), then again with a later time (tracked anew): the row it had may still
+        sit in a sealed bucket, which must neither come back nor shadow the new one."""
+        positions = sorted(self.model.where)
+        position = positions[pick % len(positions)]
+        due = self.clock.now - 1
+        ok, _ = self._step(lambda: self.tracker.add_message(*position, due), lambda m: m.add(*position, due))
+        if not ok:
+            return
+        at = self.clock.now + CONFIG.tick_time_ms + later
+        ok, result = self._step(lambda: self.tracker.add_message(*position, at), lambda m: m.add(*position, at))
+        if ok and result:
+            self.delivered.discard(position)
 
     @rule(by=st.integers(1, 3))
     def roll_ledger(self, by: int) -> None:
@@ -207,10 +268,6 @@ class CrashMachine(RuleBasedStateMachine):
             assert self.tracker.contains_message(*position) == (position in self.model.where), position
 
 
-CrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40, deadline=None,
-                                          suppress_health_check=[HealthCheck.too_slow])
-TestCrashMachine = CrashMachine.TestCase
-
 
 class JournalCrashMachine(CrashMachine):
     """The same rules with ``durability="journal"`` (``sync_interval_ms=0``) and the exact journal oracle.
@@ -241,8 +298,3 @@ class JournalCrashMachine(CrashMachine):
         check_files(self.store, NAME, context)
         check_journal_files(self.path, NAME, context)
         self.model = reseed(bounds, got, self.tracker)
-
-
-JournalCrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40,
-                                                 deadline=None, suppress_health_check=[HealthCheck.too_slow])
-TestJournalCrashMachine = JournalCrashMachine.TestCase

@@ -1,28 +1,46 @@
-"""Deterministic crash workloads and the runner that crashes them: shared by the crash-point
-enumerations of both durability modes (``test_crash_points.py``, ``test_crash_points_journal.py``).
+"""Crash-point enumeration: run a workload, crash it before each numbered I/O call, hand back the reopened store.
 
-A :class:`Workload` is a named sequence of tracker calls. :class:`Run` executes it
-on a fresh store through a :class:`~bucketstore.testing.faults.FaultyFileSystem`, which may
-crash it before any numbered call; :func:`reference` runs it once uncrashed to learn
-its calls and the catalog state after each commit.
+For embedders, :func:`crash_each_point` does the whole loop over a workload function
+they write: it runs the workload once through a counting
+:class:`~bucketstore.testing.faults.FaultyFileSystem`, then once per crash point, dying
+before that call; it applies each damage mode a crash could do to the disk, reopens the
+store with the real file layer and yields a :class:`CrashState` to check. ::
+
+    def workload(store, acknowledged):
+        tracker = store.tracker("orders", CONFIG, FakeClock(1_000))
+        tracker.add_message(7, 1, 5_000)
+        acknowledged.append((7, 1))  # journal mode: durable once add_message returns
+
+    for state in crash_each_point(workload, tmp_path, durability="journal"):
+        tracker = state.store.tracker("orders", CONFIG, FakeClock(1_000))
+        assert all(tracker.contains_message(*p) for p in state.acknowledged), state
+
+The engine's own enumerations (``tests/test_crash_points*.py``) use the lower-level
+pieces: a :class:`Workload` is a named sequence of tracker calls; :class:`Run`
+executes it on a fresh store through a faulty file layer; :func:`reference` runs it
+once uncrashed to learn its calls and the catalog state after each commit;
+:func:`damaged_images` and :func:`crashed_recoveries` fan one crash out into the
+distinct disks it can leave and into crashes of the recovery itself.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.testing.faults import FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.engine.store import Store
+from bucketstore.testing.clock import FakeClock
+from bucketstore.testing.faults import DAMAGES, Damage, DataLoss, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.testing.oracle import CatalogState
 
-from crash_oracle import CatalogState
-from helpers import FakeClock
+__all__ = ["CrashState", "crash_each_point", "Workload", "Run", "Reference", "reference", "DamagedImage",
+           "damaged_images", "crashed_recoveries", "shape"]
 
 TRACKER = "sub"
 
@@ -141,8 +159,9 @@ class Run:
     """
 
     def __init__(self, workload: Workload, path: Path, fs: FaultyFileSystem, *, durability: str = "sealed",
-                 wrap: Callable[[Any], Any] | None = None) -> None:
+                 wrap: Callable[[Any], Any] | None = None, sync_interval_ms: int = 0) -> None:
         self.workload = workload
+        self.sync_interval_ms = sync_interval_ms
         self.path = path
         self.fs = fs
         self.durability = durability
@@ -152,7 +171,7 @@ class Run:
         self.crashed_in = "end"
 
     def _open(self) -> object:
-        self.store = Store(self.path, durability=self.durability, fs=self.fs)
+        self.store = Store(self.path, durability=self.durability, fs=self.fs, sync_interval_ms=self.sync_interval_ms)
         self.fs.attach(self.store.catalog)
         return self.wrap(self.store.tracker(TRACKER, self.workload.config, self.clock))
 
@@ -180,10 +199,10 @@ class Run:
         return CatalogState.read(self.store.catalog, TRACKER)
 
 
-def reference(workload: Workload, path: Path, *, durability: str = "sealed") -> Reference:
+def reference(workload: Workload, path: Path, *, durability: str = "sealed", sync_interval_ms: int = 0) -> Reference:
     """Run the workload uncrashed; record its numbered calls and the catalog after each commit."""
     fs = FaultyFileSystem()
-    run = Run(workload, path, fs, durability=durability)
+    run = Run(workload, path, fs, durability=durability, sync_interval_ms=sync_interval_ms)
     states = [CatalogState((), None)]
     seen_commits = 0
     # Record the catalog after each commit: at the start of the next call, or at the end.
@@ -228,8 +247,6 @@ def damaged_images(fs: FaultyFileSystem, live: Path, k: int, tmp_path: Path, whe
     """Materialize each damage mode of the crash image at ``live`` into its own copy, once per
     distinct resulting disk (modes that leave identical bytes are counted in ``skipped[0]``).
     The copy is removed once the caller has checked it."""
-    from bucketstore.testing.faults import DAMAGES, DataLoss
-
     seen: set[object] = set()
     for damage in DAMAGES:
         for s in range(scale if damage.data is DataLoss.TORN else 1):
@@ -279,3 +296,127 @@ def crashed_recoveries(path: Path, config: TrackerConfig, clock: FakeClock, dama
         fs.materialize(damage, random.Random(seed + j))
         yield j, again
         shutil.rmtree(again)
+
+
+# -- the embedder's enumeration ----------------------------------------------------------------------
+@dataclass
+class CrashState:
+    """One crash of an embedder's workload, reopened: what :func:`crash_each_point` yields.
+
+    :ivar point: the workload died just before its ``point``-th numbered I/O call
+        (0-based); ``point == calls`` means it died after returning, before closing.
+    :ivar call: ``(operation, path)`` of that call, None for the final point.
+    :ivar calls: how many numbered calls the uncrashed workload makes.
+    :ivar damage: what the crash did to the bytes and directory entries never synced.
+    :ivar store: the store reopened from the crash image with the real file layer;
+        recovery happens as the caller opens its trackers. Closed for the caller.
+    :ivar acknowledged: the list the workload appended to, as it stood when it died.
+    :ivar path: the store directory (a copy, removed once the caller moves on).
+    """
+
+    point: int
+    call: tuple[str, str] | None
+    calls: int
+    damage: Damage
+    store: Store
+    acknowledged: list[Any]
+    path: Path
+
+    def __str__(self) -> str:
+        where = f"{self.call[0]} {self.call[1]}" if self.call else "after the last call"
+        return f"crash before call {self.point} of {self.calls} ({where}), damage {self.damage}"
+
+
+def _run_workload(workload: Callable[[Store, list[Any]], object], path: Path, fs: FaultyFileSystem,
+                  durability: str, sync_interval_ms: int) -> tuple[Store | None, list[Any]]:
+    """Run ``workload`` on a fresh store through ``fs`` until it returns or the simulated process dies."""
+    acknowledged: list[Any] = []
+    store = None
+    try:
+        store = Store(path, durability=durability, sync_interval_ms=sync_interval_ms, fs=fs)
+        fs.attach(store.catalog)
+        workload(store, acknowledged)
+        fs.crash()  # the process dies after its last call, without closing
+    except SimulatedCrash:
+        pass
+    abandon_store(store)
+    return store, acknowledged
+
+
+def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str | Path, *,
+                     durability: str = "sealed", sync_interval_ms: int = 0,
+                     damages: Sequence[Damage] = DAMAGES, seed: int = 0) -> Iterator[CrashState]:
+    """Crash ``workload`` before each of its numbered I/O calls; yield each crash image, reopened.
+
+    The workload is a function ``workload(store, acknowledged)`` that opens trackers on
+    ``store`` (pass them a :class:`~bucketstore.testing.clock.FakeClock`) and drives
+    them, appending to ``acknowledged`` whatever it has promised its own clients (in
+    ``durability="journal"`` with ``sync_interval_ms=0``, a position whose
+    ``add_message`` returned). It must be deterministic: same calls, same order, every
+    run (checked; a mismatch raises ``AssertionError``).
+
+    A first run through a counting :class:`~bucketstore.testing.faults.FaultyFileSystem`
+    learns the number of calls N. Then, for each point k in 0..N, the workload runs on a
+    fresh store and dies before call k (at N: after returning, before ``close``); for each
+    damage mode in ``damages`` the crash image is copied, damaged as that mode says a
+    power loss could (modes that leave identical bytes are tried once), reopened with
+    the real file layer and yielded. The store is closed and its directory removed when
+    the caller asks for the next state, so check each state inside the loop.
+
+    Runtime: N + 1 workload runs plus one recovery per distinct image: keep workloads
+    to a few dozen durable calls (``len(state.calls)`` tells how many).
+
+    >>> import bucketstore, tempfile
+    >>> from bucketstore.testing import FakeClock, crash_each_point
+    >>> def workload(store, acknowledged):
+    ...     tracker = store.tracker("t", None, FakeClock(0))
+    ...     tracker.add_message(1, 1, 10_000)
+    ...     acknowledged.append((1, 1))
+    >>> states = crash_each_point(workload, tempfile.mkdtemp(), durability="journal")
+    >>> all(s.store.tracker("t", None, FakeClock(0)).contains_message(*p)
+    ...     for s in states for p in s.acknowledged)
+    True
+
+    :param workload: ``workload(store, acknowledged)``, run once per crash point.
+    :param root: a directory for the runs' stores (each removed after use).
+    :param durability: the store's durability mode, ``"sealed"`` or ``"journal"``.
+    :param sync_interval_ms: the store's journal group-commit interval.
+    :param damages: the damage modes to apply (default: every mode in :data:`DAMAGES`).
+    :param seed: seeds the torn-tail cut points.
+    :return: an iterator of :class:`CrashState`.
+    """
+    root = Path(root)
+    reference_path = root / "reference"
+    fs = FaultyFileSystem()
+    _run_workload(workload, reference_path, fs, durability, sync_interval_ms)
+    calls = list(fs.log)
+    shutil.rmtree(reference_path, ignore_errors=True)
+    for k in range(len(calls) + 1):
+        live = root / f"crash-{k}"
+        fs = FaultyFileSystem(crash_at=k)
+        _, acknowledged = _run_workload(workload, live, fs, durability, sync_interval_ms)
+        # The run must repeat the first one's calls up to and including the one it died at.
+        assert shape(fs.log, live) == shape(calls[:k + 1], reference_path), \
+            f"the workload is not deterministic: its calls up to call {k} differ from the first run's"
+        seen: set[object] = set()
+        for damage in damages:
+            rng_seed = seed + k
+            if live.is_dir():
+                signature = fs.state_signature(damage, random.Random(rng_seed), str(live))
+                if signature in seen:
+                    continue  # this mode leaves the same disk as one already yielded
+                seen.add(signature)
+            case = root / f"crash-{k}-{damage.name}"
+            if live.is_dir():
+                shutil.copytree(live, case)
+                fs.materialize(damage, random.Random(rng_seed), relocate=(str(live), str(case)))
+            store = Store(case, durability=durability, sync_interval_ms=sync_interval_ms)
+            try:
+                yield CrashState(k, calls[k] if k < len(calls) else None, len(calls), damage, store,
+                                 list(acknowledged), case)
+            finally:
+                store.close()
+                shutil.rmtree(case, ignore_errors=True)
+            if not live.is_dir():
+                break  # died before the store existed: one (empty) state is enough
+        shutil.rmtree(live, ignore_errors=True)

@@ -14,6 +14,21 @@ process died (read from the still-open environment before it is abandoned):
 
 It also checks the store's files against its catalog after recovery: every key
 names a file that verifies, and nothing else is left in ``ledgers/``.
+
+For ``durability="journal"`` the oracle is exact: :class:`Model` is the
+specification of one tracker (what it tracks, at what time, its cutoff), advanced
+call by call beside the real tracker; :class:`JournalBounds` pairs the model after
+the last call that returned with the model had the call in flight also returned,
+and :func:`check_journal_recovered` holds a recovered tracker to them.
+
+>>> from bucketstore.testing import FakeClock, Model
+>>> clock = FakeClock(1_000)
+>>> model = Model(clock, tick_ms=10)
+>>> model.add(3, 1, 1_500), model.add(3, 2, 1_005)   # the second is due already
+(True, False)
+>>> clock.advance(600)
+>>> model.pop(10)
+[(3, 1)]
 """
 
 from __future__ import annotations
@@ -24,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bucketstore.engine.journal import journal_directory, parse_file
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key
 from bucketstore.cli.verify import verify_file
@@ -291,8 +307,6 @@ def check_deliveries(tracker: Any, model: Model, context: str) -> None:
 
 def check_journal_files(store_path: Path, tracker: str, context: str) -> None:
     """After recovery the tracker's journal is exactly one file, a complete checkpoint."""
-    from bucketstore.engine.journal import journal_directory, parse_file
-
     directory = journal_directory(str(store_path), tracker)
     names = sorted(os.listdir(directory))
     assert len(names) == 1 and names[0].endswith(".journal"), f"{context}: journal directory holds {names}"
