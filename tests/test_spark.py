@@ -25,7 +25,7 @@ from bucketstore.engine.journal import read_frontier  # noqa: E402
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key  # noqa: E402
 from bucketstore.spark.bucketing import (LedgerRangeConflict, Rows, cut_buckets, cut_ledger_groups,  # noqa: E402
                                          order_positions)
-from bucketstore.spark.build import _partition_id  # noqa: E402
+from bucketstore.spark.build import _partition_id, packed_positions  # noqa: E402
 from bucketstore.spark.build_job import plan_build  # noqa: E402
 from bucketstore.spark.build_plan import default_tasks, plan_partitions  # noqa: E402
 from bucketstore.spark.build_task import rows_from_batches, write_partition  # noqa: E402
@@ -474,3 +474,11 @@ def test_build_store_cuts_buckets_across_tasks_as_one_process_would(spark, tmp_p
     ledgers = np.repeat(np.arange(90, dtype=U64), 37)
     assert counts == [c.hi - c.lo for c in cut_buckets(ledgers, CFG.min_index_count_per_bucket)]
     assert min(counts[:-1]) >= CFG.min_index_count_per_bucket
+
+
+def test_packed_positions_refuse_an_id_the_planning_pass_did_not_see(spark):
+    ok = packed_positions(rows_frame(spark, [(2**32 - 1, 2**32 - 1, 5), (0, 0, 6)])).collect()
+    assert sorted((r.position, r.deliver_at) for r in ok) == [(bspark.to_signed(2**64 - 1), 5), (0, 6)]
+    for bad in [(2**32, 0, 1), (1, 2**32, 1), (2**63, 1, 1)]:
+        with pytest.raises(Exception, match="is the input DataFrame deterministic"):
+            packed_positions(rows_frame(spark, [bad])).collect()

@@ -90,10 +90,7 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
         stride = n // config.min_index_count_per_bucket + len(before) + 1
         ledger = F.col("ledger_id").cast("long")
         if packable:
-            # One BIGINT per position instead of two: the JVM's conversion to
-            # Arrow and the shuffle are a good part of the job's time.
-            rows = rows.select(F.shiftleft(ledger, 32).bitwiseOR(F.col("entry_id").cast("long")).alias("position"),
-                               F.col("deliver_at").cast("long").alias("deliver_at"))
+            rows = packed_positions(rows)
             ledger = F.shiftrightunsigned(F.col("position"), 32)
         (_shuffle_to_tasks(rows, plan, ledger)
          .write.format(FORMAT_NAME).mode(mode)
@@ -127,6 +124,23 @@ def _rows_per_ledger(rows: DataFrame) -> tuple[np.ndarray, np.ndarray, bool]:
     packable = (len(ledgers) > 0 and int(ledgers.max()) < 1 << 32 and not lo.null_count and not hi.null_count
                 and int(lo.to_numpy().min()) >= 0 and int(hi.to_numpy().max()) < 1 << 32)
     return ledgers, counts, packable
+
+
+def packed_positions(rows: DataFrame) -> DataFrame:
+    """``position = ledger_id << 32 | entry_id`` and ``deliver_at``: one BIGINT per position instead of two.
+
+    The JVM's conversion of rows to Arrow and the shuffle are a good part of the
+    job's time. The planning pass found every id below 2**32; the write
+    evaluates the input again, and should that yield an id that does not fit
+    (an input that is not deterministic), the job fails rather than pack it
+    into another position.
+    """
+    ledger, entry = F.col("ledger_id").cast("long"), F.col("entry_id").cast("long")
+    fits = ledger.between(0, 0xFFFFFFFF) & entry.between(0, 0xFFFFFFFF)
+    position = F.when(fits, F.shiftleft(ledger, 32).bitwiseOR(entry)).otherwise(F.raise_error(
+        F.lit("a bulk build row has a null id, or an id of 2**32 or more that the planning pass did not see; "
+              "is the input DataFrame deterministic? Nothing was registered")))
+    return rows.select(position.alias("position"), F.col("deliver_at").cast("long").alias("deliver_at"))
 
 
 def _shuffle_to_tasks(rows: DataFrame, plan: PartitionPlan, ledger: Column) -> DataFrame:
