@@ -23,9 +23,12 @@ from bucketstore.engine.catalog import Catalog  # noqa: E402
 from bucketstore.engine.journal import journal_directory  # noqa: E402
 from bucketstore.engine.journal import read_frontier  # noqa: E402
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key  # noqa: E402
-from bucketstore.spark.bucketing import LedgerRangeConflict, Rows, cut_buckets, order_positions  # noqa: E402
+from bucketstore.spark.bucketing import (LedgerRangeConflict, Rows, cut_buckets, cut_ledger_groups,  # noqa: E402
+                                         order_positions)
+from bucketstore.spark.build import _partition_id, packed_positions  # noqa: E402
 from bucketstore.spark.build_job import plan_build  # noqa: E402
-from bucketstore.spark.build_task import write_partition  # noqa: E402
+from bucketstore.spark.build_plan import default_tasks, plan_partitions  # noqa: E402
+from bucketstore.spark.build_task import rows_from_batches, write_partition  # noqa: E402
 from bucketstore.spark.scan import plan_scan  # noqa: E402
 from helpers import FakeClock  # noqa: E402
 
@@ -177,6 +180,56 @@ def test_a_failing_task_removes_its_files_and_a_crash_leaves_only_orphans(tmp_pa
     with bucketstore.open(store) as s:
         assert s.orphans_removed == 5
     assert ledger_files(store) == []
+
+
+def test_cutting_per_ledger_counts_matches_cutting_the_rows():
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        distinct = np.unique(rng.integers(0, 300, size=int(rng.integers(1, 60)))).astype(U64)
+        per = rng.integers(1, 40, size=len(distinct))
+        ledgers = np.repeat(distinct, per)
+        existing = [(int(s), int(s) + int(rng.integers(0, 3))) for s in rng.choice(np.arange(300, 400), 2)]
+        min_count = int(rng.integers(1, 100))
+        by_rows = [(c.start_ledger, c.end_ledger, c.hi - c.lo) for c in cut_buckets(ledgers, min_count, existing)]
+        groups = cut_ledger_groups(distinct.tolist(), per.tolist(), min_count, existing)
+        assert [(f, l, int(per[a:b].sum())) for a, b, f, l in groups] == by_rows
+
+
+def test_partition_plan_cuts_the_whole_input_once_and_splits_it_on_bucket_boundaries():
+    rng = np.random.default_rng(12)
+    ledgers = rng.permutation(np.arange(1000, 1400, dtype=U64))  # the aggregation's order is arbitrary
+    counts = rng.integers(1, 300, size=len(ledgers))
+    plan = plan_partitions(ledgers, counts, 2000, tasks=6)
+    assert plan.rows == int(counts.sum()) and plan.partitions == 6 and plan.starts[0] == 0
+    order = np.argsort(ledgers)
+    rows = np.repeat(ledgers[order], counts[order])
+    whole = cut_buckets(rows, 2000)
+    assert plan.buckets == len(whole)
+    # Each task cuts its own rows into exactly the buckets of the global cut: only the last is short.
+    per_task = [cut_buckets(rows[[plan.partition_of(int(l)) == p for l in rows]], 2000) for p in range(6)]
+    assert [(c.start_ledger, c.end_ledger, c.hi - c.lo) for cuts in per_task for c in cuts] == \
+        [(c.start_ledger, c.end_ledger, c.hi - c.lo) for c in whole]
+    assert max(len(c) for c in per_task) == plan.max_buckets_per_task
+    sizes = [sum(c.hi - c.lo for c in cuts) for cuts in per_task]
+    assert max(sizes) - min(sizes) <= 2 * (2000 + 300)  # balanced to within about a bucket
+    assert sum(c.hi - c.lo < 2000 for c in whole[:-1]) == 0
+    # Unsigned order: ledger ids of 2**63 and more come after small ones, and existing ranges are refused.
+    big = plan_partitions(np.array([2**64 - 1, 5, 2**63], dtype=U64), np.array([10, 10, 10]), 10, tasks=3)
+    assert big.starts == (0, 2**63, 2**64 - 1) and big.partition_of(2**63 + 1) == 1
+    with pytest.raises(LedgerRangeConflict, match="ledger 1150 fall inside"):
+        plan_partitions(ledgers, counts, 2000, tasks=2, existing=[(1150, 1250)])
+    assert plan_partitions(np.zeros(0, U64), np.zeros(0, np.int64), 10, tasks=4).starts == (0,)
+    assert [default_tasks(r, 2, 2_000_000) for r in (0, 3_000_000, 10_000_000)] == [2, 2, 6]
+
+
+def test_packed_positions_unpack_to_the_same_rows():
+    import pyarrow as pa
+    ledgers = np.array([0, 7, 2**32 - 1], dtype=np.int64)
+    entries = np.array([2**32 - 1, 3, 0], dtype=np.int64)
+    packed = pa.record_batch([pa.array((ledgers << 32) | entries), pa.array([5, 6, 7])], names=["position", "deliver_at"])
+    rows = rows_from_batches([packed], packed=True)
+    assert rows.ledgers.tolist() == ledgers.tolist() and rows.entries.tolist() == entries.tolist()
+    assert rows.timestamps.tolist() == [5, 6, 7]
 
 
 # -- reader ------------------------------------------------------------------------------------
@@ -385,3 +438,48 @@ def test_a_build_refuses_a_store_open_for_writing(spark, tmp_path):
         with pytest.raises(Exception, match="is open for writing by process"):
             df.write.format("bucketstore").option("tracker", "sub").mode("append").save(store)
     assert catalog_buckets(store, "sub") == {}
+
+
+def test_partition_ids_computed_in_the_jvm_follow_the_plan_in_unsigned_order(spark):
+    ledgers = np.array([3, 90, 2**31, 2**32 + 1, 2**63 - 1, 2**63, 2**63 + 9, 2**64 - 2, 2**64 - 1], dtype=U64)
+    plan = plan_partitions(ledgers, np.full(len(ledgers), 5), 5, tasks=7)
+    assert plan.partitions == 7
+    df = spark.createDataFrame([(bspark.to_signed(int(l)),) for l in ledgers], "ledger_id BIGINT")
+    got = df.select("ledger_id", _partition_id(df.ledger_id, plan.starts).alias("p")).collect()
+    assert [(bspark.to_unsigned(r.ledger_id), r.p) for r in got] == [(int(l), plan.partition_of(int(l)))
+                                                                        for l in ledgers]
+
+
+def test_build_store_with_ids_past_32_bits_round_trips_through_the_reader(spark, tmp_path):
+    """Ids that do not pack into one 64-bit position travel as separate columns; both layouts build alike."""
+    rng = np.random.default_rng(13)
+    rows = [(l, e, int(rng.integers(1_000, 90_000)))
+            for l in (2, 2**32 + 5, 2**63 + 1, 2**64 - 3) for e in (0, 1, 2**33, 2**63 + 4, *range(10, 200))]
+    store = str(tmp_path / "store")
+    report = bspark.build_store(rows_frame(spark, rows), store, "sub", CFG, rows_per_partition=300)
+    assert report.partitions == 2 and report.buckets_after == 2  # two ledgers a bucket, a bucket a task
+    read = spark.read.format("bucketstore").load(store).collect()
+    assert sorted((bspark.to_unsigned(r.ledger_id), bspark.to_unsigned(r.entry_id), r.timestamp) for r in read) == \
+        sorted(rows)
+
+
+def test_build_store_cuts_buckets_across_tasks_as_one_process_would(spark, tmp_path):
+    rows = random_rows(14, range(0, 90), 37)
+    report = bspark.build_store(rows_frame(spark, rows), tmp_path / "store", "sub", CFG, rows_per_partition=700)
+    assert report.partitions == 6  # 3330 rows, 700 a task at most: 5, rounded up to a multiple of 2 cores
+    counts = []
+    with Catalog(os.path.join(tmp_path / "store", "catalog"), readonly=True) as cat:
+        for key, lid in sorted(cat.buckets("sub").items(), key=lambda kv: parse_bucket_key(kv[0])):
+            with BucketFile(os.path.join(tmp_path / "store", "ledgers", f"{lid:020d}.ledger")) as bf:
+                counts.append(bf.metadata.count)
+    ledgers = np.repeat(np.arange(90, dtype=U64), 37)
+    assert counts == [c.hi - c.lo for c in cut_buckets(ledgers, CFG.min_index_count_per_bucket)]
+    assert min(counts[:-1]) >= CFG.min_index_count_per_bucket
+
+
+def test_packed_positions_refuse_an_id_the_planning_pass_did_not_see(spark):
+    ok = packed_positions(rows_frame(spark, [(2**32 - 1, 2**32 - 1, 5), (0, 0, 6)])).collect()
+    assert sorted((r.position, r.deliver_at) for r in ok) == [(bspark.to_signed(2**64 - 1), 5), (0, 6)]
+    for bad in [(2**32, 0, 1), (1, 2**32, 1), (2**63, 1, 1)]:
+        with pytest.raises(Exception, match="is the input DataFrame deterministic"):
+            packed_positions(rows_frame(spark, [bad])).collect()

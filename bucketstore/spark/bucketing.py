@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Rows", "BucketSlice", "order_positions", "cut_buckets", "time_order", "LedgerRangeConflict"]
+__all__ = ["Rows", "BucketSlice", "order_positions", "cut_buckets", "cut_ledger_groups", "time_order",
+           "LedgerRangeConflict"]
 
 _U64 = np.dtype("<u8")
 _LOW32 = 1 << 32
@@ -94,34 +95,54 @@ def cut_buckets(ledgers: np.ndarray, min_count: int,
         buckets, which no new bucket may overlap.
     :raises LedgerRangeConflict: a row's ledger lies inside an existing range.
     """
-    if min_count < 1:
-        raise ValueError("min_count must be at least 1")
     if not len(ledgers):
+        if min_count < 1:
+            raise ValueError("min_count must be at least 1")
         return []
     cuts = np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1
-    group_lo = np.concatenate(([0], cuts)).tolist()
-    group_hi = np.concatenate((cuts, [len(ledgers)])).tolist()
-    group_ledger = ledgers[group_lo].tolist()
+    group_lo = np.concatenate(([0], cuts))
+    group_hi = np.concatenate((cuts, [len(ledgers)]))
+    lo, hi = group_lo.tolist(), group_hi.tolist()
+    return [BucketSlice(lo[a], hi[b - 1], first, last)
+            for a, b, first, last in cut_ledger_groups(ledgers[group_lo].tolist(), (group_hi - group_lo).tolist(),
+                                                        min_count, existing)]
+
+
+def cut_ledger_groups(ledgers: Sequence[int], counts: Sequence[int], min_count: int,
+                      existing: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int, int, int]]:
+    """The bucket cut of :func:`cut_buckets`, from distinct ledgers and their row counts.
+
+    The driver of a bulk build applies it to the whole input's per-ledger counts
+    and a task to its own rows, so both arrive at the same buckets.
+
+    :param ledgers: distinct ledger ids in ascending order.
+    :param counts: rows per ledger (each >= 1).
+    :returns: ``(a, b, start_ledger, end_ledger)`` per bucket: ledgers ``a..b-1`` form it.
+    :raises LedgerRangeConflict: a ledger lies inside an existing range.
+    """
+    if min_count < 1:
+        raise ValueError("min_count must be at least 1")
     ranges = sorted(existing)
     # Python ints in an object array: ledger ids use all 64 bits and must stay exact.
     starts = np.array([s for s, _ in ranges], dtype=object)
-    _refuse_covered(group_ledger, ranges, starts)
-
-    slices: list[BucketSlice] = []
-    open_lo = open_first = None
-    for lo, hi, ledger in zip(group_lo, group_hi, group_ledger):
-        if open_lo is not None and _existing_between(starts, open_first, ledger):
-            slices.append(BucketSlice(open_lo, lo, open_first, prev_ledger))
-            open_lo = None
-        if open_lo is None:
-            open_lo, open_first = lo, ledger
+    _refuse_covered(ledgers, ranges, starts)
+    out: list[tuple[int, int, int, int]] = []
+    open_at = open_first = prev_ledger = None
+    filled = 0
+    for i, (ledger, count) in enumerate(zip(ledgers, counts)):
+        if open_at is not None and _existing_between(starts, open_first, ledger):
+            out.append((open_at, i, open_first, prev_ledger))
+            open_at = None
+        if open_at is None:
+            open_at, open_first, filled = i, ledger, 0
         prev_ledger = ledger
-        if hi - open_lo >= min_count:
-            slices.append(BucketSlice(open_lo, hi, open_first, ledger))
-            open_lo = None
-    if open_lo is not None:
-        slices.append(BucketSlice(open_lo, len(ledgers), open_first, prev_ledger))
-    return slices
+        filled += count
+        if filled >= min_count:
+            out.append((open_at, i + 1, open_first, ledger))
+            open_at = None
+    if open_at is not None:
+        out.append((open_at, len(ledgers), open_first, prev_ledger))
+    return out
 
 
 def _existing_between(starts: np.ndarray, first: int, ledger: int) -> bool:
@@ -132,7 +153,7 @@ def _existing_between(starts: np.ndarray, first: int, ledger: int) -> bool:
     return i < len(starts) and starts[i] <= ledger
 
 
-def _refuse_covered(group_ledgers: list[int], ranges: list[tuple[int, int]], starts: np.ndarray) -> None:
+def _refuse_covered(group_ledgers: Sequence[int], ranges: list[tuple[int, int]], starts: np.ndarray) -> None:
     if not ranges:
         return
     for ledger in group_ledgers:

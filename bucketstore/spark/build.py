@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+import numpy as np
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 from ..config import TrackerConfig
 from ..engine.store import open_store
+from ..format.snapshot import parse_bucket_key
+from .build_plan import PartitionPlan, default_tasks, plan_partitions
 from .build_task import BUILD_COLUMNS
-from .source import FORMAT_NAME, BucketStoreDataSource
+from .source import FORMAT_NAME, BucketStoreDataSource, check_build_schema
 
 __all__ = ["build_store", "BuildReport", "DEFAULT_ROWS_PER_PARTITION"]
 
@@ -38,20 +41,26 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
 
     ``df`` needs integer columns ``ledger_id``, ``entry_id`` and ``deliver_at``
     (others are ignored). Every row becomes a sealed index; a position given
-    more than once keeps its smallest ``deliver_at``. The rows are range
-    partitioned by ledger so each task owns a ledger range, and each task cuts
-    its ledgers into buckets of at least ``config.min_index_count_per_bucket``
-    indexes, segmented by the config's time step and segment size.
+    more than once keeps its smallest ``deliver_at``. One aggregation counts
+    the rows per ledger; the driver cuts the whole input into buckets of at
+    least ``config.min_index_count_per_bucket`` indexes from those counts and
+    gives each task a run of whole buckets; one shuffle sends each row to its
+    task, which seals its buckets (segmented by the config's time step and
+    segment size). See :mod:`bucketstore.spark.build_plan`.
 
     The store (created if missing) is held open, and so locked, on this driver
     for the whole job: a tracker cannot open it meanwhile, and the build fails
     at once with :class:`~bucketstore.StoreLockedError` if one has it open.
 
     :param mode: ``"append"`` adds buckets over ledgers the tracker has no
-        bucket for (rows inside an existing bucket's range fail the job);
+        bucket for (rows inside an existing bucket's range fail the build
+        while it is planned, before any task runs);
         ``"overwrite"`` replaces all the tracker's buckets in the same commit.
-    :param rows_per_partition: the most rows a task should hold; the job uses
-        at least as many tasks as Spark's default parallelism.
+    :param rows_per_partition: the most rows a task should hold (about 40
+        bytes each at the peak of its sort); the task count is a multiple of
+        Spark's default parallelism.
+    :raises LedgerRangeConflict: (``append``) rows fall inside an existing bucket;
+        nothing was written.
     :raises pyspark.errors.PySparkException: the job failed (the error names the
         cause); nothing was registered and the job's files were removed.
     """
@@ -67,16 +76,25 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
     with open_store(store_path) as store:
         before = store.catalog.buckets(tracker)
         rows = df.select(*BUILD_COLUMNS)
-        n = rows.count()
-        min_count = config.min_index_count_per_bucket
-        partitions = max(spark.sparkContext.defaultParallelism, math.ceil(n / rows_per_partition))
-        # More tasks than minimum-size buckets would only make undersized buckets.
-        partitions = max(1, min(partitions, n // min_count))
+        check_build_schema(rows.schema)
+        ledgers, counts, packable = _rows_per_ledger(rows)
+        n = int(counts.sum())
+        tasks = default_tasks(n, spark.sparkContext.defaultParallelism, rows_per_partition)
+        existing = [] if mode == "overwrite" else sorted(parse_bucket_key(key) for key in before)
+        # Refuses rows inside an existing bucket here, before any task writes a file.
+        plan = plan_partitions(ledgers, counts, config.min_index_count_per_bucket, tasks, existing)
         # A task cuts at most one bucket per min_count rows, plus one per existing
         # bucket it must stop short of, plus its last one: reserve that many ids.
-        stride = n // min_count + len(before) + 1
-        (rows.repartitionByRange(partitions, "ledger_id")
+        # (The plan's own figure is exact only if a second evaluation of ``df``
+        # yields the same rows; this bound holds whatever it yields.)
+        stride = n // config.min_index_count_per_bucket + len(before) + 1
+        ledger = F.col("ledger_id").cast("long")
+        if packable:
+            rows = packed_positions(rows)
+            ledger = F.shiftrightunsigned(F.col("position"), 32)
+        (_shuffle_to_tasks(rows, plan, ledger)
          .write.format(FORMAT_NAME).mode(mode)
+         .option("positions", "packed" if packable else "columns")
          .option("tracker", tracker)
          .option("min_index_count_per_bucket", config.min_index_count_per_bucket)
          .option("max_time_step_per_segment_ms", config.max_time_step_per_segment_ms)
@@ -85,4 +103,66 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
          .option("lock_holder_pid", os.getpid())
          .save(store_path))
         after = store.catalog.buckets(tracker)
-    return BuildReport(tracker, n, partitions, len(before), len(after), time.perf_counter() - started)
+    return BuildReport(tracker, n, plan.partitions, len(before), len(after), time.perf_counter() - started)
+
+
+def _rows_per_ledger(rows: DataFrame) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Distinct ledger ids (uint64), their row counts, and whether every position packs into 64 bits.
+
+    The build's one pass over the input before the write.
+    """
+    table = rows.groupBy("ledger_id").agg(F.count(F.lit(1)).alias("rows"), F.min("entry_id").alias("lo"),
+                                          F.max("entry_id").alias("hi")).toArrow()
+    column = table.column("ledger_id")
+    if column.null_count:
+        raise ValueError("column ledger_id holds nulls; every row needs a ledger_id, entry_id and deliver_at")
+    # BIGINT ids below zero spell unsigned ids of 2**63 and more (see schema.py).
+    ledgers = column.to_numpy().astype(np.int64, copy=False).view(np.uint64)
+    counts = table.column("rows").to_numpy().astype(np.int64, copy=False)
+    # Null entry ids are left for the tasks to refuse; they make min/max null.
+    lo, hi = table.column("lo"), table.column("hi")
+    packable = (len(ledgers) > 0 and int(ledgers.max()) < 1 << 32 and not lo.null_count and not hi.null_count
+                and int(lo.to_numpy().min()) >= 0 and int(hi.to_numpy().max()) < 1 << 32)
+    return ledgers, counts, packable
+
+
+def packed_positions(rows: DataFrame) -> DataFrame:
+    """``position = ledger_id << 32 | entry_id`` and ``deliver_at``: one BIGINT per position instead of two.
+
+    The JVM's conversion of rows to Arrow and the shuffle are a good part of the
+    job's time. The planning pass found every id below 2**32; the write
+    evaluates the input again, and should that yield an id that does not fit
+    (an input that is not deterministic), the job fails rather than pack it
+    into another position.
+    """
+    ledger, entry = F.col("ledger_id").cast("long"), F.col("entry_id").cast("long")
+    fits = ledger.between(0, 0xFFFFFFFF) & entry.between(0, 0xFFFFFFFF)
+    position = F.when(fits, F.shiftleft(ledger, 32).bitwiseOR(entry)).otherwise(F.raise_error(
+        F.lit("a bulk build row has a null id, or an id of 2**32 or more that the planning pass did not see; "
+              "is the input DataFrame deterministic? Nothing was registered")))
+    return rows.select(position.alias("position"), F.col("deliver_at").cast("long").alias("deliver_at"))
+
+
+def _shuffle_to_tasks(rows: DataFrame, plan: PartitionPlan, ledger: Column) -> DataFrame:
+    """Send every row to its planned task in one shuffle, by a partition id computed from its ledger id."""
+    target = _partition_id(ledger, plan.starts)
+    if hasattr(rows, "repartitionById"):  # PySpark 4.1+: the id is the partition, no sampling pass
+        return rows.repartitionById(plan.partitions, target)
+    # PySpark 4.0: range partitioning on the id keeps each task's ledgers
+    # together (at the cost of the partitioner's sampling pass).
+    return rows.repartitionByRange(plan.partitions, target)
+
+
+def _partition_id(ledger: Column, starts: tuple[int, ...]) -> Column:
+    """``max p with starts[p] <= ledger`` in unsigned order, as a balanced tree of comparisons."""
+    # Flipping the sign bit maps unsigned order onto signed order, which is what
+    # BIGINT comparisons do.
+    key = ledger.bitwiseXOR(F.lit(-(1 << 63)))
+
+    def pick(lo: int, hi: int) -> Column:
+        if hi - lo == 1:
+            return F.lit(lo)
+        mid = (lo + hi) // 2
+        return F.when(key < F.lit(starts[mid] - (1 << 63)), pick(lo, mid)).otherwise(pick(mid, hi))
+
+    return pick(0, len(starts))

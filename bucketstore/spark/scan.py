@@ -181,6 +181,8 @@ def _delivered(part: SegmentRange, ts: np.ndarray, ledgers: np.ndarray, entries:
 def _repeated(value: str, n: int) -> pa.Array:
     """A string column holding ``value`` n times, built from buffers rather than n Python strings."""
     raw = value.encode("utf-8")
-    offsets = np.arange(n + 1, dtype=np.int64) * len(raw)
-    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)]
-                                 ).cast(pa.string())
+    # pa.string() has int32 offsets: a batch (64k rows) of paths (4 KiB at most) stays far below 2 GiB.
+    if len(raw) * n >= 1 << 31:
+        raise ValueError(f"a batch of {n} rows of a {len(raw)}-byte string exceeds 2 GiB; lower the batch size")
+    offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(raw))
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])

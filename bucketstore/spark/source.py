@@ -8,7 +8,9 @@ Writer options: ``path`` (from ``save(path)``), ``tracker`` (required),
 ``min_index_count_per_bucket``, ``max_time_step_per_segment_ms``,
 ``max_indexes_per_segment`` (as in :class:`~bucketstore.TrackerConfig`),
 ``ledger_id_stride`` (ledger ids reserved per task). ``lock_holder_pid`` is set
-by :func:`bucketstore.spark.build_store` and is not for direct use.
+and ``positions`` (``packed``: the frame holds ``position = ledger_id << 32 |
+entry_id`` and ``deliver_at``) are set by :func:`bucketstore.spark.build_store`
+and are not for direct use.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from pyspark.sql.types import IntegralType, StructType
 
 from ..config import TrackerConfig
 from .build_job import DEFAULT_ID_STRIDE, plan_build
-from .build_task import BUILD_COLUMNS
+from .build_task import BUILD_COLUMNS, PACKED_COLUMNS
 from .reader import StoreReader
 from .scan import DEFAULT_PARTITION_BYTES
 from .schema import READ_DDL
 from .writer import StoreWriter
 
-__all__ = ["BucketStoreDataSource", "FORMAT_NAME"]
+__all__ = ["BucketStoreDataSource", "FORMAT_NAME", "check_build_schema"]
 
 FORMAT_NAME = "bucketstore"
 _CONFIG_OPTIONS = ("min_index_count_per_bucket", "max_time_step_per_segment_ms", "max_indexes_per_segment")
@@ -62,7 +64,8 @@ class BucketStoreDataSource(DataSource):
                            self._int_option("partition_bytes", DEFAULT_PARTITION_BYTES))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        _check_build_schema(schema)
+        packed = self.options.get("positions") == "packed"
+        check_build_schema(schema, PACKED_COLUMNS if packed else BUILD_COLUMNS)
         tracker = self.options.get("tracker")
         if not tracker:
             raise ValueError('a bulk build needs .option("tracker", name)')
@@ -72,14 +75,15 @@ class BucketStoreDataSource(DataSource):
         job = plan_build(self._store(), tracker, config, overwrite=overwrite,
                          lock_holder_pid=int(holder) if holder else None,
                          id_stride=self._int_option("ledger_id_stride", DEFAULT_ID_STRIDE))
-        return StoreWriter(job)
+        return StoreWriter(job, packed)
 
 
-def _check_build_schema(schema: StructType) -> None:
+def check_build_schema(schema: StructType, columns: tuple[str, ...] = BUILD_COLUMNS) -> None:
+    """Refuse a frame without integer columns ledger_id, entry_id and deliver_at (naming what it has)."""
     fields = {f.name: f.dataType for f in schema.fields}
-    for name in BUILD_COLUMNS:
+    for name in columns:
         if name not in fields:
-            raise ValueError(f"a bulk build needs columns {', '.join(BUILD_COLUMNS)}; {name} is missing "
+            raise ValueError(f"a bulk build needs columns {', '.join(columns)}; {name} is missing "
                              f"(the DataFrame has {', '.join(fields)})")
         if not isinstance(fields[name], IntegralType):
             raise TypeError(f"column {name} must be an integer column, not {fields[name].simpleString()}")

@@ -32,13 +32,15 @@ class BuiltBuckets(WriterCommitMessage):
 class StoreWriter(DataSourceArrowWriter):
     """Writes each task's rows as sealed buckets; the commit registers them all at once."""
 
-    def __init__(self, job: BuildJob) -> None:
+    def __init__(self, job: BuildJob, packed: bool = False) -> None:
         self.job = job
+        #: Rows arrive as PACKED_COLUMNS (build_store's transfer layout).
+        self.packed = packed
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> BuiltBuckets:
         context = TaskContext.get()
         partition_id = context.partitionId() if context is not None else 0
-        rows = rows_from_batches(iterator)
+        rows = rows_from_batches(iterator, self.packed)
         return BuiltBuckets(partition_id, write_partition(self.job, rows, partition_id))
 
     def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:

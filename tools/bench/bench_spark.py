@@ -1,6 +1,6 @@
 """Spark reader and bulk builder against the single-process path, in one run.
 
-    python tools/bench/bench_spark.py [--rows 10000000] [--cores 2] [--dir /tmp/bench-spark]
+    python tools/bench/bench_spark.py [--rows 10000000] [--cores 2] [--repeats 3] [--dir /tmp/bench-spark]
 
 Input: ``rows`` delayed indexes in log order (ledgers of 10,000 entries, as an
 export from a topic arrives) with delivery times spread over a day. Measured:
@@ -13,6 +13,14 @@ export from a topic arrives) with delivery times spread over a day. Measured:
 * reading, Spark: ``spark.read.format("bucketstore")`` of the built store, every
   column consumed (a sum per column, so nothing is pruned);
 * reading, one process: every segment of every bucket with ``BucketFile``.
+
+The Spark build and read run ``repeats`` times each (the machine may be
+shared); every run is printed and the median is the reported figure. Rates
+per core divide by the ``local[N]`` core count: Spark's JVM and its Python
+workers share those cores. On a shared machine the wall clock also counts
+other programs' time, so each line also gives the CPU seconds this process
+tree (driver, JVM, Python workers; from /proc, Linux only) spent, and the
+rate per CPU-second: the per-core rate on a machine that is all ours.
 """
 
 from __future__ import annotations
@@ -34,13 +42,13 @@ DAY_MS = 86_400_000
 T0 = 1_700_000_000_000
 
 
-def single_process_build(rows: int, directory: str, config: bucketstore.TrackerConfig) -> float:
-    """Seconds to seal ``rows`` indexes in this process, cut exactly as the Spark tasks cut them."""
+def single_process_build(rows: int, directory: str, config: bucketstore.TrackerConfig) -> tuple[float, float]:
+    """Seconds (wall, CPU) to seal ``rows`` indexes in this process, cut exactly as the Spark tasks cut them."""
     ids = np.arange(rows, dtype=np.uint64)
     data = Rows(ids // np.uint64(ENTRIES_PER_LEDGER), ids % np.uint64(ENTRIES_PER_LEDGER),
                 np.uint64(T0) + (ids * np.uint64(2_654_435_761)) % np.uint64(DAY_MS))
     os.makedirs(directory)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     data = order_positions(data)
     for n, cut in enumerate(cut_buckets(data.ledgers, config.min_index_count_per_bucket)):
         part = time_order(data.take(slice(cut.lo, cut.hi)))
@@ -48,11 +56,11 @@ def single_process_build(rows: int, directory: str, config: bucketstore.TrackerC
                                       time_step_ms=config.max_time_step_per_segment_ms,
                                       max_indexes_per_segment=config.max_indexes_per_segment)
         write_bucket(directory, n, meta, payloads)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
-def single_process_read(directory: str) -> tuple[int, float]:
-    started = time.perf_counter()
+def single_process_read(directory: str) -> tuple[int, float, float]:
+    started, cpu = time.perf_counter(), time.process_time()
     total = 0
     for name in sorted(os.listdir(directory)):
         with BucketFile(os.path.join(directory, name)) as bf:
@@ -62,7 +70,30 @@ def single_process_read(directory: str) -> tuple[int, float]:
                 # Touch every column, as the Spark reader does when it converts them.
                 seg.timestamps.view(np.int64).sum(), seg.ledger_ids.view(np.int64).sum()
                 seg.entry_ids.view(np.int64).sum()
-    return total, time.perf_counter() - started
+    return total, time.perf_counter() - started, time.process_time() - cpu
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system, reaped children included) of this process and all its descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(name)] = fields
+            children.setdefault(int(fields[1]), []).append(int(name))
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        if pid in stats:  # utime, stime, cutime, cstime are fields 14-17 of stat (11-14 after the name)
+            total += sum(int(v) for v in stats[pid][11:15])
+    return total / tick
 
 
 def session(cores: int):
@@ -82,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--cores", type=int, default=2, help="Spark local[N] (default 2)")
+    ap.add_argument("--repeats", type=int, default=1, help="Spark builds and reads to time (median reported)")
     ap.add_argument("--dir", default="/tmp/bench-spark")
     args = ap.parse_args(argv)
     print("command:", " ".join([os.path.basename(sys.executable), *sys.argv]))
@@ -90,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     n = args.rows
 
     single_dir = os.path.join(args.dir, "single")
-    build_s = single_process_build(n, single_dir, config)
-    read_n, read_s = single_process_read(single_dir)
+    build_s, build_1cpu = single_process_build(n, single_dir, config)
+    read_n, read_s, read_1cpu = single_process_read(single_dir)
     assert read_n == n
 
     import bucketstore.spark as bspark
@@ -108,27 +140,42 @@ def main(argv: list[str] | None = None) -> int:
     df = spark.range(n).select((F.col("id") / ENTRIES_PER_LEDGER).cast("long").alias("ledger_id"),
                                (F.col("id") % ENTRIES_PER_LEDGER).alias("entry_id"),
                                (F.lit(T0) + (F.col("id") * 2_654_435_761) % DAY_MS).alias("deliver_at"))
-    store = os.path.join(args.dir, "store")
-    report = bspark.build_store(df, store, "bench", config)
-    started = time.perf_counter()
-    sums = spark.read.format("bucketstore").load(store).agg(
-        F.count("*").alias("n"), F.sum(F.col("timestamp") - T0), F.sum("ledger_id"), F.sum("entry_id"), F.sum("segment"),
-        F.max("tracker"), F.max("ledger_file")).first()
-    spark_read_s = time.perf_counter() - started
-    assert sums.n == n, sums
+    builds, reads, build_cpu, read_cpu = [], [], [], []
+    for r in range(args.repeats):
+        store = os.path.join(args.dir, f"store-{r}")
+        cpu = cpu_seconds()
+        report = bspark.build_store(df, store, "bench", config)
+        build_cpu.append(cpu_seconds() - cpu)
+        builds.append(report.seconds)
+        started, cpu = time.perf_counter(), cpu_seconds()
+        sums = spark.read.format("bucketstore").load(store).agg(
+            F.count("*").alias("n"), F.sum(F.col("timestamp") - T0), F.sum("ledger_id"), F.sum("entry_id"),
+            F.sum("segment"), F.max("tracker"), F.max("ledger_file")).first()
+        reads.append(time.perf_counter() - started)
+        read_cpu.append(cpu_seconds() - cpu)
+        assert sums.n == n, sums
+        print(f"run {r + 1}: build {builds[-1]:.2f} s ({build_cpu[-1]:.2f} CPU s), "
+              f"read {reads[-1]:.2f} s ({read_cpu[-1]:.2f} CPU s)", flush=True)
+        if r + 1 < args.repeats:
+            shutil.rmtree(store)
     spark.stop()
+    spark_build_s, spark_read_s = float(np.median(builds)), float(np.median(reads))
+    build_cpu_s, read_cpu_s = float(np.median(build_cpu)), float(np.median(read_cpu))
 
-    def line(what: str, rows: int, seconds: float, cores: int) -> None:
+    def line(what: str, rows: int, seconds: float, cores: int, cpu: float | None = None) -> None:
         rate = rows / seconds
-        print(f"{what:<34} {rows:>12,} rows {seconds:8.2f} s {rate / 1e6:7.2f} M/s {rate / cores / 1e6:7.2f} M/s/core")
+        tail = f" {cpu:8.2f} CPU s {rows / cpu / 1e6:6.2f} M/CPU-s" if cpu else ""
+        print(f"{what:<34} {rows:>12,} rows {seconds:8.2f} s {rate / 1e6:7.2f} M/s "
+              f"{rate / cores / 1e6:7.2f} M/s/core{tail}")
 
+    print(f"cores={args.cores}  repeats={args.repeats} (Spark lines: median)")
     print(f"rows={n:,}  buckets={report.buckets_after}  partitions={report.partitions}  "
           f"min_index_count_per_bucket={config.min_index_count_per_bucket}  "
           f"max_indexes_per_segment={config.max_indexes_per_segment}")
-    line("bulk build, one process", n, build_s, 1)
-    line(f"bulk build, Spark local[{args.cores}]", n, report.seconds, args.cores)
-    line("read, one process (BucketFile)", n, read_s, 1)
-    line(f"read, Spark local[{args.cores}]", n, spark_read_s, args.cores)
+    line("bulk build, one process", n, build_s, 1, build_1cpu)
+    line(f"bulk build, Spark local[{args.cores}]", n, spark_build_s, args.cores, build_cpu_s)
+    line("read, one process (BucketFile)", n, read_s, 1, read_1cpu)
+    line(f"read, Spark local[{args.cores}]", n, spark_read_s, args.cores, read_cpu_s)
     return 0
 
 

@@ -1,0 +1,98 @@
+"""Where each ledger goes in a bulk build, decided on the driver from one aggregation.
+
+The driver counts the input's rows per ledger (one pass, whose result is a row
+per distinct ledger), cuts the whole input into buckets exactly as the tasks
+will, and packs consecutive buckets into tasks of about equal row counts. The
+rows are then shuffled once, straight to their task by a partition id computed
+from ``ledger_id`` in the JVM: no count, no range-partitioner sampling pass.
+
+Because task boundaries fall on bucket boundaries of the global cut, every
+bucket but the very last holds at least ``min_count`` indexes (where a task
+cut its own range before, each task's last bucket could be short), and rows
+inside an existing bucket's range are refused before any task runs.
+
+Pure numpy, no Spark: the unit tests call it directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bucketing import cut_ledger_groups
+
+__all__ = ["PartitionPlan", "plan_partitions"]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    """Task ``p`` takes the ledgers from ``starts[p]`` up to (not including) ``starts[p + 1]``."""
+
+    rows: int
+    #: First ledger (unsigned) of each task, ascending; ``starts[0]`` is 0 so every ledger has a task.
+    starts: tuple[int, ...]
+    #: Buckets the global cut makes, and the most any one task makes.
+    buckets: int
+    max_buckets_per_task: int
+
+    @property
+    def partitions(self) -> int:
+        return len(self.starts)
+
+    def partition_of(self, ledger: int) -> int:
+        """The task a ledger's rows go to (what the JVM expression computes)."""
+        return int(np.searchsorted(np.array(self.starts, dtype=np.uint64), np.uint64(ledger), side="right")) - 1
+
+
+def plan_partitions(ledgers: np.ndarray, counts: np.ndarray, min_count: int, tasks: int,
+                    existing: Sequence[tuple[int, int]] = ()) -> PartitionPlan:
+    """Cut the input into buckets from its per-ledger row counts and group the buckets into about ``tasks`` tasks.
+
+    :param ledgers: distinct ledger ids (uint64, any order).
+    :param counts: rows per ledger, aligned with ``ledgers``.
+    :param min_count: ``min_index_count_per_bucket``.
+    :param tasks: the number of tasks wanted (fewer when there are fewer buckets).
+    :param existing: ranges of the tracker's current buckets, which new ones may not overlap.
+    :raises LedgerRangeConflict: a ledger of the input lies inside an existing range.
+    """
+    if tasks < 1:
+        raise ValueError("tasks must be at least 1")
+    ledgers = np.asarray(ledgers, dtype=np.uint64)
+    counts = np.asarray(counts, dtype=np.int64)
+    order = np.argsort(ledgers, kind="stable")
+    ledgers, counts = ledgers[order], counts[order]
+    if len(ledgers) > 1 and not (ledgers[1:] > ledgers[:-1]).all():
+        raise ValueError("ledger ids must be distinct")
+    n = int(counts.sum())
+    cuts = cut_ledger_groups(ledgers.tolist(), counts.tolist(), min_count, existing)
+    if not cuts:
+        return PartitionPlan(0, (0,), 0, 0)
+    tasks = min(tasks, len(cuts))
+    # Rows before each bucket decide its task: task = floor(rows_before * tasks / n),
+    # so tasks take consecutive buckets and about n / tasks rows each.
+    before = np.concatenate(([0], np.cumsum(counts)))
+    first_ledger = [a for a, _, _, _ in cuts]
+    task_of = (before[first_ledger] * tasks) // max(n, 1)
+    starts: list[int] = []
+    per_task: dict[int, int] = {}
+    for (a, _, start, _), t in zip(cuts, task_of.tolist()):
+        if t not in per_task:
+            starts.append(start)
+            per_task[t] = 0
+        per_task[t] += 1
+    starts[0] = 0  # ledgers below the first bucket do not occur; the first task may as well own them
+    return PartitionPlan(n, tuple(starts), len(cuts), max(per_task.values()))
+
+
+def default_tasks(rows: int, parallelism: int, rows_per_partition: int) -> int:
+    """Tasks for ``rows``: none over ``rows_per_partition``, and a multiple of the cores that run them.
+
+    A multiple, because tasks of equal size run in waves: five tasks on two
+    cores take three waves, the last with one core idle; six smaller ones
+    take three full waves.
+    """
+    parallelism = max(parallelism, 1)
+    return parallelism * max(1, math.ceil(rows / rows_per_partition / parallelism))
