@@ -39,8 +39,9 @@ import bucketstore
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, abandon_store
 
 from bucketstore.testing.oracle import Expectation, check_files, check_recovered, expect
-from bucketstore.testing.crash_points import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
-                             damaged_images, reference, shape)
+from bucketstore.testing.crash_points import (BACKGROUND_MERGE_STEPS, BACKGROUND_STEPS, MERGING, REOPEN, SMALL, STEPS,
+                                              TRACKER, Run, Workload, crashed_recoveries, damaged_images, reference,
+                                              shape)
 from helpers import FakeClock
 
 SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
@@ -53,6 +54,11 @@ WORKLOADS = [
     # A clean close and reopen after the trim: the recovery (due buckets deleted,
     # a durable mark-delete applied) is itself crashed at every call.
     Workload("reopened", SMALL, STEPS[:4] + (("reopen", REOPEN),) + STEPS[4:]),
+    # Seals and merges as background jobs on a stepped worker: crash points inside a job's
+    # write, between its write and its install, inside the install (catalog commit, then a
+    # merge's source deletion), and with tracker calls run between them.
+    Workload("background", SMALL, BACKGROUND_STEPS, background=True, max_pending_maintenance=3),
+    Workload("background-merging", MERGING, BACKGROUND_MERGE_STEPS, background=True, max_pending_maintenance=4),
 ]
 
 
@@ -83,14 +89,20 @@ def test_every_crash_point_recovers(workload: Workload, tmp_path: Path) -> None:
     n = len(ref.calls)
     kinds = Counter(ref.commit_kinds)
     # The workload must exercise what it claims to (merges only where the tracker merges).
-    for kind in ("seal", "delete", "mark-delete"):
+    for kind in ("seal", "delete", "mark-delete") + (("merge",) if workload.background and workload.config is MERGING else ()):
         assert kinds[kind], f"the reference run made no {kind} commit: {kinds}"
+    if workload.background:
+        phases = Counter((kind, phase) for kind, phase, _, _ in ref.background_steps)
+        assert phases[("create", "work")] and phases[("create", "install")], f"no background seal ran: {phases}"
+        if workload.config is MERGING:
+            assert phases[("merge", "install")] >= 2, f"no background merge ran: {phases}"
     commits_before = [0]
     for op, _ in ref.calls:
         commits_before.append(commits_before[-1] + (op == "catalog_commit"))
 
     states = skipped = recovery_states = 0
     per_kind: Counter[str] = Counter()
+    in_background: Counter[str] = Counter()
     for k in range(n + 1):
         # One run per crash point; each damage mode is then applied to its own copy.
         live = tmp_path / f"k{k}" / "live"
@@ -109,6 +121,9 @@ def test_every_crash_point_recovers(workload: Workload, tmp_path: Path) -> None:
         abandon_store(run.store)
         if not live.is_dir():
             continue  # died before the store directory existed: nothing to recover
+        step = ref.background_step_at(k)
+        if step is not None:
+            in_background[step] += 1  # the process died inside this background half-step
         skip = [0]
         for image in damaged_images(fs, live, k, tmp_path, where, SCALE, skip):
             # Crash the recovery too, for a rotating share of the states: on
@@ -125,7 +140,8 @@ def test_every_crash_point_recovers(workload: Workload, tmp_path: Path) -> None:
     elapsed = time.perf_counter() - started
     print(f"\n{workload.name}: {n} numbered calls, commits {dict(kinds)}; ran {states} crash states "
           f"({skipped} duplicate images skipped) and {recovery_states} crashes during recovery "
-          f"in {elapsed:.1f}s; states by last commit: {dict(per_kind)}")
+          f"in {elapsed:.1f}s; states by last commit: {dict(per_kind)}"
+          + (f"; crash points inside background steps: {dict(in_background)}" if workload.background else ""))
     assert states >= n  # at least one distinct image per crash point
 
 

@@ -91,6 +91,16 @@ class MaintenanceWorker:
             except BaseException:
                 log.exception("bucketstore maintenance: installing %r failed", job)
 
+    def run_while_waiting(self) -> bool:
+        """Called by a tracker about to wait (holding its lock) for one of its jobs.
+
+        A worker that runs jobs only when told (``bucketstore.testing.SteppedWorker``,
+        which makes the order of background I/O deterministic for crash enumeration)
+        runs its next step here, on the waiting thread, and returns True; this threaded
+        worker needs no help and returns False (the tracker then waits on its condition).
+        """
+        return False
+
     def stop(self, timeout: float | None = None) -> bool:
         """Finish queued jobs and end the thread; False if it is still running after ``timeout``."""
         with self._cond:

@@ -73,11 +73,15 @@ class Store:
     :ivar max_pending_maintenance: how many seals and merges of one tracker may be
         queued or running before adds wait for the worker (backpressure; each pending
         seal holds its frozen bucket's rows in memory).
+    :param maintenance: the worker that runs background seals and merges (default: a
+        thread of the store's own). ``bucketstore.testing.SteppedWorker`` runs them only
+        when a test says so, which makes their I/O order deterministic.
     """
 
     def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
                  sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS,
-                 background: bool = False, max_pending_maintenance: int = 2) -> None:
+                 background: bool = False, max_pending_maintenance: int = 2,
+                 maintenance: MaintenanceWorker | None = None) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         if delivery not in DELIVERY_MODES:
@@ -113,7 +117,9 @@ class Store:
         self._closed = False
         #: Open journal files, bounded: thousands of journal trackers share these descriptors.
         self.journal_fds = FdPool(JOURNAL_OPEN_FILES)
-        self.maintenance = MaintenanceWorker(self.path)
+        #: Runs the background seals and merges: the store's own thread unless the caller
+        #: passed a worker (the crash tests pass one they step by hand).
+        self.maintenance = maintenance if maintenance is not None else MaintenanceWorker(self.path)
         fs.makedirs(self.path)
         self._lock_fd = acquire_write_lock(self.path)
         catalog = None

@@ -427,7 +427,8 @@ class BucketTracker:
         full, wait (releasing the lock) for the worker. Bounds memory at any add rate."""
         limit = self._store.max_pending_maintenance
         while self._background and self._submitted - self._finished >= limit and not self._closed:
-            self._cond.wait()
+            if not self._store.maintenance.run_while_waiting():
+                self._cond.wait()
         self._check_open()
 
     def _wait_for_jobs(self, number: int, timeout: float | None = None) -> bool:
@@ -437,7 +438,8 @@ class BucketTracker:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
-            self._cond.wait(remaining)
+            if not self._store.maintenance.run_while_waiting():
+                self._cond.wait(remaining)
         return True
 
     def _record_load(self, seconds: float, ok: bool) -> None:

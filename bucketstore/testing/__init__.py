@@ -15,6 +15,9 @@ the layer they put above the store (see README, "Crash-testing your embedding").
   in the middle of a call) and the checks (:func:`check_journal_recovered`,
   :func:`check_deliveries`, :func:`check_recovered` / :func:`expect` for sealed mode,
   :func:`check_files`).
+* :mod:`~bucketstore.testing.stepped_worker`: :class:`SteppedWorker`, a maintenance worker
+  that runs background seals and merges only when told (``Store(background=True,
+  maintenance=SteppedWorker())``), so crashes inside them can be enumerated.
 * :mod:`~bucketstore.testing.clock`: :class:`FakeClock`.
 * :mod:`bucketstore.testing.state_machine` (needs hypothesis: ``pip install
   'bucketstore[testing]'``, not imported here): :class:`CrashMachine` and
@@ -31,11 +34,13 @@ from .clock import FakeClock
 from .crash_points import CrashState, crash_each_point
 from .faults import (ALL_SURVIVES, DAMAGES, DIRS_UNDONE, ONLY_SYNCED, TORN_AND_UNDONE, TORN_TAILS, ZEROED_TAILS,
                      Damage, DataLoss, DirLoss, FaultRule, FaultyFileSystem, SimulatedCrash, abandon_store)
+from .stepped_worker import SteppedWorker
 from .oracle import (CatalogState, Expectation, JournalBounds, Model, check_deliveries, check_files,
                      check_journal_files, check_journal_recovered, check_recovered, expect, reseed)
 
 __all__ = [
     "FakeClock",
+    "SteppedWorker",
     "crash_each_point",
     "CrashState",
     "FaultyFileSystem",

@@ -38,20 +38,28 @@ from bucketstore.engine.store import Store
 from bucketstore.testing.clock import FakeClock
 from bucketstore.testing.faults import DAMAGES, Damage, DataLoss, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.testing.oracle import CatalogState
+from bucketstore.testing.stepped_worker import SteppedWorker
 
 __all__ = ["CrashState", "crash_each_point", "Workload", "Run", "Reference", "reference", "DamagedImage",
-           "damaged_images", "crashed_recoveries", "shape"]
+           "damaged_images", "crashed_recoveries", "shape", "REOPEN", "BG_WORK", "BG_INSTALL", "BG_ALL"]
 
 TRACKER = "sub"
 
 
 @dataclass(frozen=True)
 class Workload:
-    """A named, deterministic sequence of tracker calls and the config it runs under."""
+    """A named, deterministic sequence of tracker calls and the config it runs under.
+
+    ``background``: seals and merges run as background jobs on a
+    :class:`~bucketstore.testing.stepped_worker.SteppedWorker`, driven by the ``BG_*``
+    marker steps (and by the tracker's own waits), with ``max_pending_maintenance``.
+    """
 
     name: str
     config: TrackerConfig
     steps: tuple[tuple[str, Callable[..., object]], ...]
+    background: bool = False
+    max_pending_maintenance: int = 2
 
     def universe(self) -> set[tuple[int, int]]:
         """Every position the workload adds (found by running it on an in-memory tracker)."""
@@ -59,7 +67,7 @@ class Workload:
         clock = FakeClock(1_000)
         tracker = bucketstore.InMemoryTracker(self.config, clock)
         for _, step in self.steps:
-            if step is not REOPEN:
+            if step not in _MARKERS:
                 step(_RecordingTracker(tracker, recorder), clock)
         return recorder.positions
 
@@ -122,6 +130,27 @@ def REOPEN(tracker, clock) -> None:  # noqa: N802 - a marker, run by Run itself
     raise AssertionError("REOPEN is handled by the runner")
 
 
+def BG_WORK(tracker, clock) -> None:  # noqa: N802 - a marker, run by Run itself
+    """Marker step (background runs): the oldest pending seal or merge does its off-lock part
+    (sort, encode, write and fsync its ledger file) and stops before its install."""
+    raise AssertionError("BG_WORK is handled by the runner")
+
+
+def BG_INSTALL(tracker, clock) -> None:  # noqa: N802
+    """Marker step (background runs): the oldest pending job finishes (its work if not yet
+    done, then its install: catalog commit, queue swap, checkpoint, source deletion)."""
+    raise AssertionError("BG_INSTALL is handled by the runner")
+
+
+def BG_ALL(tracker, clock) -> None:  # noqa: N802
+    """Marker step (background runs): every pending job runs to its end."""
+    raise AssertionError("BG_ALL is handled by the runner")
+
+
+_BACKGROUND_MARKERS = (BG_WORK, BG_INSTALL, BG_ALL)
+_MARKERS = (REOPEN, *_BACKGROUND_MARKERS)
+
+
 SMALL = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexes_per_segment=3,
                       max_time_step_per_segment_ms=100)
 MERGING = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexes_per_segment=3,
@@ -140,6 +169,58 @@ STEPS = (
 )
 
 
+#: The lifecycle with seals and merges in the background: jobs queue up (a backlog of three),
+#: and tracker calls run between a job's write and its install — deliveries from frozen
+#: buckets, a mark-delete that acknowledges a bucket being written, a clear that cancels
+#: written jobs — and the process dies with work in flight at the end.
+BACKGROUND_STEPS = (
+    ("seal five buckets (queued; backpressure runs the oldest)", adds(1, 6, 50)),
+    ("background: the next job writes its file", BG_WORK),
+    ("deliver while it is not installed", deliver(230, 9)),
+    ("background: it installs", BG_INSTALL),
+    ("background: the next job writes", BG_WORK),
+    ("deliver more", deliver(60, 4)),
+    ("mark-delete trims, a job in flight", lambda t, c: t.mark_delete(4, 1)),
+    ("background: everything pending runs", BG_ALL),
+    ("seal more", adds(7, 10, 100)),
+    ("background: the next job writes", BG_WORK),
+    ("direct adds", single_adds),
+    ("clear, a written job not installed", lambda t, c: t.clear()),
+    ("background: the cancelled jobs end", BG_ALL),
+    ("seal after clear", adds(11, 14, 100)),
+    ("background: the next job writes", BG_WORK),
+    ("deliver while it is not installed", deliver(1000, 100)),
+    ("background: it installs", BG_INSTALL),
+    ("seal the last ones, left in flight", adds(15, 17, 1200)),
+    ("background: the next job writes", BG_WORK),
+)
+
+
+#: Merges in the background (with ``max_num_buckets=2``): a merge writes its file while
+#: rows of its sources are delivered and trimmed (they must not come back at its install),
+#: its install commits and then deletes the sources (crash points in between), and a later
+#: merge loses a source to a mark-delete while it is queued (cancelled at its install).
+BACKGROUND_MERGE_STEPS = (
+    ("seal three buckets (queued)", adds(1, 4, 100)),
+    ("background: a seal installs", BG_INSTALL),
+    ("background: a seal installs", BG_INSTALL),
+    ("background: a seal installs, starting a merge", BG_INSTALL),
+    ("background: the merge writes its file", BG_WORK),
+    ("deliver from the merge's sources", deliver(200, 4)),
+    ("mark-delete trims a source's ledger", lambda t, c: t.mark_delete(1, 2)),
+    ("background: the merge installs, then deletes its sources", BG_INSTALL),
+    ("deliver more", deliver(40, 3)),
+    ("seal more (queued)", adds(5, 8, 300)),
+    ("background: a seal installs", BG_INSTALL),
+    ("background: a seal installs, starting a merge", BG_INSTALL),
+    ("background: the next seal writes", BG_WORK),
+    ("mark-delete acknowledges a source of the queued merge", lambda t, c: t.mark_delete(5, 0)),
+    ("background: everything pending runs (the merge is cancelled)", BG_ALL),
+    ("seal the last ones, left in flight", adds(9, 11, 300)),
+    ("background: the next seal writes", BG_WORK),
+)
+
+
 @dataclass
 class Reference:
     """What the uncrashed run did: its calls, and the committed state after each commit."""
@@ -148,6 +229,17 @@ class Reference:
     calls: list[tuple[str, str]]
     states: list[CatalogState]  # states[i]: after the i-th commit (states[0]: nothing committed)
     commit_kinds: list[str]
+    #: Background runs: the half-steps the stepped worker ran, in order, as
+    #: ``(kind, phase, first, end)``: ``kind`` "create" or "merge", ``phase`` "work" or
+    #: "install", and the numbered calls ``first <= k < end`` it made.
+    background_steps: list[tuple[str, str, int, int | None]]
+
+    def background_step_at(self, k: int) -> str | None:
+        """``"kind-phase"`` of the background half-step that made call ``k``, or None."""
+        for kind, phase, first, end in self.background_steps:
+            if first <= k < (end if end is not None else len(self.calls)):
+                return f"{kind}-{phase}"
+        return None
 
 
 class Run:
@@ -156,11 +248,18 @@ class Run:
     :param durability: the store's durability mode.
     :param wrap: called with each tracker the run opens; the steps get what it
         returns (the journal enumeration wraps the tracker in a model-checking proxy).
+    Background workloads (``workload.background``) run seals and merges on a
+    :class:`~bucketstore.testing.stepped_worker.SteppedWorker` (``run.worker``): they run
+    at the workload's ``BG_WORK`` / ``BG_INSTALL`` / ``BG_ALL`` steps, or when a tracker
+    waits for them (backpressure, flush, close).
     """
 
     def __init__(self, workload: Workload, path: Path, fs: FaultyFileSystem, *, durability: str = "sealed",
                  wrap: Callable[[Any], Any] | None = None, sync_interval_ms: int = 0) -> None:
         self.workload = workload
+        self.background = workload.background
+        self.max_pending_maintenance = workload.max_pending_maintenance
+        self.worker: SteppedWorker | None = None
         self.sync_interval_ms = sync_interval_ms
         self.path = path
         self.fs = fs
@@ -171,7 +270,10 @@ class Run:
         self.crashed_in = "end"
 
     def _open(self) -> object:
-        self.store = Store(self.path, durability=self.durability, fs=self.fs, sync_interval_ms=self.sync_interval_ms)
+        self.worker = SteppedWorker(calls=lambda: self.fs.calls) if self.background else None
+        self.store = Store(self.path, durability=self.durability, fs=self.fs, sync_interval_ms=self.sync_interval_ms,
+                           background=self.background, maintenance=self.worker,
+                           max_pending_maintenance=self.max_pending_maintenance)
         self.fs.attach(self.store.catalog)
         return self.wrap(self.store.tracker(TRACKER, self.workload.config, self.clock))
 
@@ -186,6 +288,9 @@ class Run:
                     self.store.close()
                     self.clock.advance(20)
                     tracker = self._open()
+                elif step in _BACKGROUND_MARKERS:
+                    assert self.worker is not None, f"step {name!r} needs a background run"
+                    {BG_WORK: self.worker.work, BG_INSTALL: self.worker.install, BG_ALL: self.worker.run_all}[step]()
                 else:
                     step(tracker, self.clock)
             self.crashed_in = "end"
@@ -223,7 +328,7 @@ def reference(workload: Workload, path: Path, *, durability: str = "sealed", syn
     calls = list(fs.log)
     abandon_store(run.store)
     kinds = [after.diff_kind(before) for before, after in zip(states, states[1:])]
-    return Reference(path, calls, states, kinds)
+    return Reference(path, calls, states, kinds, list(run.worker.spans) if run.worker is not None else [])
 
 
 def shape(log: list[tuple[str, str]], root: Path) -> list[tuple[str, str]]:
@@ -275,7 +380,7 @@ def crashed_recoveries(path: Path, config: TrackerConfig, clock: FakeClock, dama
     probe = path.parent / f"{path.name}-probe"
     shutil.copytree(path, probe)
     fs = FaultyFileSystem()
-    store = Store(probe, durability=durability, fs=fs)
+    store = Store(probe, durability=durability, fs=fs, background=False)
     fs.attach(store.catalog)
     store.tracker(TRACKER, config, clock)
     calls = fs.calls
@@ -287,7 +392,7 @@ def crashed_recoveries(path: Path, config: TrackerConfig, clock: FakeClock, dama
         fs = FaultyFileSystem(crash_at=j)
         store = None
         try:
-            store = Store(again, durability=durability, fs=fs)
+            store = Store(again, durability=durability, fs=fs, background=False)
             fs.attach(store.catalog)
             store.tracker(TRACKER, config, clock)
         except SimulatedCrash:
@@ -328,12 +433,13 @@ class CrashState:
 
 
 def _run_workload(workload: Callable[[Store, list[Any]], object], path: Path, fs: FaultyFileSystem,
-                  durability: str, sync_interval_ms: int) -> tuple[Store | None, list[Any]]:
+                  durability: str, sync_interval_ms: int, background: bool) -> tuple[Store | None, list[Any]]:
     """Run ``workload`` on a fresh store through ``fs`` until it returns or the simulated process dies."""
     acknowledged: list[Any] = []
     store = None
     try:
-        store = Store(path, durability=durability, sync_interval_ms=sync_interval_ms, fs=fs)
+        store = Store(path, durability=durability, sync_interval_ms=sync_interval_ms, fs=fs, background=background,
+                      maintenance=SteppedWorker() if background else None)
         fs.attach(store.catalog)
         workload(store, acknowledged)
         fs.crash()  # the process dies after its last call, without closing
@@ -345,7 +451,8 @@ def _run_workload(workload: Callable[[Store, list[Any]], object], path: Path, fs
 
 def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str | Path, *,
                      durability: str = "sealed", sync_interval_ms: int = 0,
-                     damages: Sequence[Damage] = DAMAGES, seed: int = 0) -> Iterator[CrashState]:
+                     damages: Sequence[Damage] = DAMAGES, seed: int = 0,
+                     background: bool = False) -> Iterator[CrashState]:
     """Crash ``workload`` before each of its numbered I/O calls; yield each crash image, reopened.
 
     The workload is a function ``workload(store, acknowledged)`` that opens trackers on
@@ -383,18 +490,23 @@ def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str |
     :param sync_interval_ms: the store's journal group-commit interval.
     :param damages: the damage modes to apply (default: every mode in :data:`DAMAGES`).
     :param seed: seeds the torn-tail cut points.
+    :param background: run seals and merges as background jobs on a
+        :class:`~bucketstore.testing.stepped_worker.SteppedWorker` (``store.maintenance``):
+        they run when the workload says (``store.maintenance.work()``, ``.install()``,
+        ``.run_all()``) or when a tracker waits for them (a full backlog, ``flush``),
+        so the calls stay deterministic. False (the default): the synchronous design.
     :return: an iterator of :class:`CrashState`.
     """
     root = Path(root)
     reference_path = root / "reference"
     fs = FaultyFileSystem()
-    _run_workload(workload, reference_path, fs, durability, sync_interval_ms)
+    _run_workload(workload, reference_path, fs, durability, sync_interval_ms, background)
     calls = list(fs.log)
     shutil.rmtree(reference_path, ignore_errors=True)
     for k in range(len(calls) + 1):
         live = root / f"crash-{k}"
         fs = FaultyFileSystem(crash_at=k)
-        _, acknowledged = _run_workload(workload, live, fs, durability, sync_interval_ms)
+        _, acknowledged = _run_workload(workload, live, fs, durability, sync_interval_ms, background)
         # The run must repeat the first one's calls up to and including the one it died at.
         assert shape(fs.log, live) == shape(calls[:k + 1], reference_path), \
             f"the workload is not deterministic: its calls up to call {k} differ from the first run's"
