@@ -51,8 +51,9 @@ from bucketstore.engine.store import Store
 
 from bucketstore.testing.oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)
-from bucketstore.testing.crash_points import (MERGING, REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
-                             damaged_images, reference, shape)
+from bucketstore.testing.crash_points import (BACKGROUND_MERGE_STEPS, BACKGROUND_STEPS, BG_INSTALL, BG_WORK, MERGING,
+                                              REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
+                                              damaged_images, reference, shape)
 from helpers import FakeClock
 
 SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
@@ -190,12 +191,49 @@ JOURNAL_STEPS = (
     + STEPS[5:]
 )
 
+def _redeliver_merged(tracker: Any, clock: FakeClock) -> None:
+    """Re-add positions of the merge's sources, delivered while it writes, with later times."""
+    tracker.add_message(1, 4, clock.now + 650)
+    tracker.add_message(2, 1, clock.now + 700)
+
+
+_FLUSH = ("flush (waits for the pending jobs)", lambda t, c: t.flush())
+_CONFIRM = ("confirm", lambda t, c: t.confirm_delivered())
+
+#: BACKGROUND_STEPS with the journal's own calls between a job's write and its install: a
+#: delivered position re-added while its seal is in flight, a confirmation, a flush.
+JOURNAL_BACKGROUND_STEPS = (
+    BACKGROUND_STEPS[:3]
+    + (("re-add delivered positions, their seal in flight", _redeliver_later),)
+    + BACKGROUND_STEPS[3:10]
+    + (_CONFIRM,)
+    + BACKGROUND_STEPS[10:15]
+    + (_FLUSH,)
+    + BACKGROUND_STEPS[15:]
+)
+JOURNAL_BACKGROUND_MERGE_STEPS = (
+    BACKGROUND_MERGE_STEPS[:6]
+    + (("re-add delivered positions of the merge's sources", _redeliver_merged),)
+    + BACKGROUND_MERGE_STEPS[6:12]
+    + (_CONFIRM,)
+    + BACKGROUND_MERGE_STEPS[12:15]
+    + (("seal more", BACKGROUND_MERGE_STEPS[9][1]), ("background: the next seal writes", BG_WORK),
+       ("background: it installs", BG_INSTALL), _FLUSH)
+    + BACKGROUND_MERGE_STEPS[15:]
+)
+
 WORKLOADS = [
     Workload("journal-lifecycle", SMALL, JOURNAL_STEPS),
     Workload("journal-merging", MERGING, JOURNAL_STEPS),
     # Reopened cleanly right after a delivery nobody confirmed (a close does not confirm):
     # the batch comes back on the reopen.
     Workload("journal-reopened", SMALL, JOURNAL_STEPS[:6] + (("reopen", REOPEN),) + JOURNAL_STEPS[7:]),
+    # Seals and merges as background jobs on a stepped worker (see test_crash_points.py):
+    # among the crash points, those between a seal's catalog commit and the journal
+    # checkpoint that retires its rows.
+    Workload("journal-background", SMALL, JOURNAL_BACKGROUND_STEPS, background=True, max_pending_maintenance=3),
+    Workload("journal-background-merging", MERGING, JOURNAL_BACKGROUND_MERGE_STEPS, background=True,
+             max_pending_maintenance=4),
 ]
 
 
@@ -243,6 +281,23 @@ def test_every_journal_crash_point_recovers(workload: Workload, tmp_path: Path) 
     for kind in ("seal", "delete", "mark-delete") + (("merge",) if workload.config.max_num_buckets > 0 else ()):
         assert kinds[kind], f"the reference run made no {kind} commit: {kinds}"
     assert journal_renames >= kinds["seal"], "a seal did not checkpoint the journal"
+    # Background runs: the crash points inside each kind of background half-step, and those
+    # after a seal's catalog commit and before the checkpoint that retires its journal rows.
+    in_background: Counter[str] = Counter()
+    for k in range(n):
+        step = ref.background_step_at(k)
+        if step is not None:
+            in_background[step] += 1
+    committed_not_checkpointed = 0
+    for kind, phase, first, end in ref.background_steps:
+        if (kind, phase) == ("create", "install"):
+            ops_in = [op for op, _ in ref.calls[first:end]]
+            if "catalog_commit" in ops_in:
+                committed_not_checkpointed += len(ops_in) - 1 - ops_in.index("catalog_commit")
+    if workload.background:
+        assert committed_not_checkpointed, "no crash point between a seal's commit and its checkpoint"
+        if workload.config is MERGING:
+            assert in_background["merge-work"] and in_background["merge-install"], dict(in_background)
 
     states = skipped = recovery_states = 0
     in_flight: Counter[str] = Counter()
@@ -272,7 +327,9 @@ def test_every_journal_crash_point_recovers(workload: Workload, tmp_path: Path) 
         shutil.rmtree(live)
     elapsed = time.perf_counter() - started
     print(f"\n{workload.name}: {n} numbered calls {dict(ops)}, commits {dict(kinds)}; ran {states} crash states "
-          f"({skipped} duplicate images skipped) and {recovery_states} crashes during recovery in {elapsed:.1f}s")
+          f"({skipped} duplicate images skipped) and {recovery_states} crashes during recovery in {elapsed:.1f}s"
+          + (f"; crash points inside background steps {dict(in_background)}, {committed_not_checkpointed} of "
+             "them after a seal's catalog commit, before its checkpoint" if workload.background else ""))
     assert states >= n  # at least one distinct image per crash point
 
 
