@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-from bucketstore.testing.state_machine import CrashMachine, JournalAtMostOnceCrashMachine, JournalCrashMachine
+from bucketstore.testing.state_machine import (BackgroundCrashMachine, BackgroundJournalCrashMachine, CrashMachine,
+                                               JournalAtMostOnceCrashMachine, JournalCrashMachine)
 from helpers import example_count
 
 CrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40, deadline=None,
@@ -22,3 +23,15 @@ JournalAtMostOnceCrashMachine.TestCase.settings = settings(
     max_examples=example_count(100), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestJournalAtMostOnceCrashMachine = JournalAtMostOnceCrashMachine.TestCase
+
+# Seals and merges in the background, on a worker the machine steps: the background_work
+# rule runs the next job's write, its install, everything, or nothing, between adds,
+# deliveries, trims, flushes, clears and crashes.
+BackgroundCrashMachine.TestCase.settings = settings(max_examples=example_count(150), stateful_step_count=40,
+                                                    deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TestBackgroundCrashMachine = BackgroundCrashMachine.TestCase
+
+BackgroundJournalCrashMachine.TestCase.settings = settings(
+    max_examples=example_count(150), stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestBackgroundJournalCrashMachine = BackgroundJournalCrashMachine.TestCase

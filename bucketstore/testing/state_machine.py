@@ -6,8 +6,13 @@ Needs hypothesis (``pip install 'bucketstore[testing]'``; the ``test`` extra has
 (``durability="journal"``) run one tracker on a
 :class:`~bucketstore.testing.faults.FaultyFileSystem`. Their rules add indexes (one by
 one and in batches, across rolling ledgers so that buckets seal), move the clock, take
-due indexes, acknowledge (mark-delete), flush, arm a crash at a random upcoming durable
+due indexes, acknowledge (mark-delete), flush, clear, arm a crash at a random upcoming durable
 call (or crash right now) under a random damage mode, and reopen cleanly.
+
+:class:`BackgroundCrashMachine` and :class:`BackgroundJournalCrashMachine` run seals and
+merges as background jobs on a :class:`~bucketstore.testing.stepped_worker.SteppedWorker`;
+their ``background_work`` rule lets the next job write its file, install, or all pending
+jobs finish, or nothing run, at random points between the other rules and the crashes.
 
 Between restarts the tracker must match the reference
 :class:`~bucketstore.testing.oracle.Model` exactly. At a restart (crash or clean reopen)
@@ -55,6 +60,7 @@ from bucketstore import TrackerConfig
 from bucketstore.engine.store import Store
 from bucketstore.testing.clock import FakeClock
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
+from bucketstore.testing.stepped_worker import SteppedWorker
 from bucketstore.testing.oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
                                         check_journal_recovered, check_recovered, expect, reseed)
 
@@ -81,6 +87,11 @@ class CrashMachine(RuleBasedStateMachine):
 
     DURABILITY = "sealed"
     DELIVERY = "at-least-once"
+    #: True: seals and merges are background jobs on a :class:`SteppedWorker`, run by the
+    #: ``background_work`` rule (or when the tracker waits for them); False: the synchronous design.
+    BACKGROUND = False
+    #: The store's backlog limit in background runs (adds wait, running jobs, when it is full).
+    MAX_PENDING = 4
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,6 +105,7 @@ class CrashMachine(RuleBasedStateMachine):
         self.restarts = 0
         self.crashes_in_ops = 0
         self.seals = 0
+        self.bg_steps = 0
         self.in_flight: Model | None = None
         self._open(FaultyFileSystem())
         self.model = Model(self.clock, CONFIG.tick_time_ms, at_least_once=self.DELIVERY == "at-least-once")
@@ -101,7 +113,11 @@ class CrashMachine(RuleBasedStateMachine):
     # -- plumbing ------------------------------------------------------------------------------
     def _open(self, fs: FaultyFileSystem) -> None:
         self.fs = fs
-        self.store = Store(self.path, durability=self.DURABILITY, fs=fs, delivery=self.DELIVERY)
+        #: The stepped worker of a background machine (None otherwise).
+        self.worker = SteppedWorker(calls=lambda: fs.calls) if self.BACKGROUND else None
+        self.store = Store(self.path, durability=self.DURABILITY, fs=fs, delivery=self.DELIVERY,
+                           background=self.BACKGROUND, maintenance=self.worker,
+                           max_pending_maintenance=self.MAX_PENDING)
         fs.attach(self.store.catalog)
         self.tracker = self.store.tracker(NAME, CONFIG, self.clock)
         self.delivered: set[tuple[int, int]] = set()  # in this lifetime
@@ -110,6 +126,7 @@ class CrashMachine(RuleBasedStateMachine):
         """Die under the armed damage (or close cleanly), reopen with a fresh faulty layer;
         return the context string that names this restart in failures."""
         self.seals += self._seals()
+        self.bg_steps += self._background_steps()
         context = f"restart {self.restarts} ({'crash, ' + str(self.damage) if crashed else 'clean'})"
         if crashed:
             abandon_store(self.store)
@@ -119,6 +136,9 @@ class CrashMachine(RuleBasedStateMachine):
         self.restarts += 1
         self._open(FaultyFileSystem())
         return context
+
+    def _background_steps(self) -> int:
+        return len(self.worker.history) if self.worker is not None else 0
 
     def _seals(self) -> int:
         return sum(1 for op, _ in self.fs.log if op == "rename")
@@ -172,7 +192,9 @@ class CrashMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         event(f"restarts: {min(self.restarts, 3)}+, crashes mid-operation: {min(self.crashes_in_ops, 2)}+, "
-              f"seals: {min(self.seals + self._seals(), 3)}+")
+              f"seals: {min(self.seals + self._seals(), 3)}+"
+              + (f", background half-steps: {min(self.bg_steps + self._background_steps(), 6)}+"
+                 if self.BACKGROUND else ""))
         abandon_store(self.store)
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -256,6 +278,13 @@ class CrashMachine(RuleBasedStateMachine):
         self._step(self.tracker.flush, lambda m: m.flush())
 
     @rule()
+    def clear(self) -> None:
+        """Forget everything (with background work in flight: its jobs are cancelled)."""
+        ok, _ = self._step(self.tracker.clear, lambda m: m.clear())
+        if ok:
+            self.delivered.clear()
+
+    @rule()
     def confirm_delivered(self) -> None:
         self._step(self.tracker.confirm_delivered, lambda m: m.confirm())
 
@@ -274,7 +303,34 @@ class CrashMachine(RuleBasedStateMachine):
 
     @rule()
     def reopen(self) -> None:
+        if self.worker is not None and self.worker.pending:
+            # A clean close finishes the pending jobs first (an armed crash may hit them):
+            # do that as a step of its own, so the restart below is a clean one.
+            ok, _ = self._call(lambda: self.tracker.wait_for_maintenance())
+            if not ok:
+                return
         self._restart(crashed=False)
+
+    @precondition(lambda self: self.worker is not None and self.worker.pending)
+    @rule(how=st.sampled_from(["work", "install", "all", "nothing"]))
+    def background_work(self, how: str) -> None:
+        """Let the background worker run, or stall, at a random point: the next job's
+        off-lock part only (its file written, not installed), its install, every pending
+        job, or nothing (the other rules run meanwhile; a crash may come at any of them).
+        The tracker must match the model whatever is in flight."""
+        worker = self.worker
+        assert worker is not None
+        run = {"work": worker.work, "install": worker.install, "all": worker.run_all, "nothing": lambda: None}[how]
+        event(f"background: {how} ({worker.pending} pending, head {'written' if worker.head_worked else 'queued'})")
+        self._step(lambda: (run(), None)[1], lambda m: None)
+
+    @precondition(lambda self: self.worker is not None and self.worker.pending)
+    @rule()
+    def background_step(self) -> None:
+        """The worker makes one half-step: the next job writes its file, or installs it."""
+        worker = self.worker
+        assert worker is not None
+        self._step(lambda: (worker.step(), None)[1], lambda m: None)
 
     # -- invariants ----------------------------------------------------------------------------
     @invariant()
@@ -317,6 +373,20 @@ class JournalCrashMachine(CrashMachine):
         check_files(self.store, NAME, context)
         check_journal_files(self.path, NAME, context)
         self.model = reseed(bounds, got, self.tracker)
+
+
+class BackgroundCrashMachine(CrashMachine):
+    """:class:`CrashMachine` with seals and merges as background jobs (``background=True``) on a
+    :class:`~bucketstore.testing.stepped_worker.SteppedWorker`, run or stalled by the
+    ``background_work`` rule between the other operations and crashes."""
+
+    BACKGROUND = True
+
+
+class BackgroundJournalCrashMachine(JournalCrashMachine):
+    """:class:`JournalCrashMachine` with background seals and merges (see :class:`BackgroundCrashMachine`)."""
+
+    BACKGROUND = True
 
 
 class JournalAtMostOnceCrashMachine(JournalCrashMachine):
