@@ -95,7 +95,7 @@ def run_writer(store_path: str | os.PathLike[str], log_path: str | os.PathLike[s
     ledger, now = resume_point(read_side_log(log_path))
     side = SideLog(log_path)
     clock = FakeClock(now)
-    store = bucketstore.open(store_path, background=background)
+    store = bucketstore.open(store_path, background=background)  # explicit: the test runs both designs
     tracker = store.tracker(NAME, CONFIG, clock)
     known = set(store.catalog.buckets(NAME))
     if ready is not None:
@@ -131,8 +131,13 @@ JOURNAL_CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=8, ma
 
 
 def run_journal_writer(store_path: str | os.PathLike[str], log_path: str | os.PathLike[str], seed: int,
-                       iterations: int | None = None, ready: int | None = None) -> None:
+                       iterations: int | None = None, ready: int | None = None, background: bool = False) -> None:
     """A journal-mode embedder (``delivery="at-least-once"``) that works until killed.
+
+    With ``background`` its seals and merges run on the store's maintenance thread, so a
+    kill also lands inside them: mid-write, between write and install, between a seal's
+    catalog commit and the checkpoint that retires its journal rows, between a merge's
+    commit and the deletion of its sources.
 
     Its side log is what its downstream durably received, in order:
 
@@ -154,7 +159,7 @@ def run_journal_writer(store_path: str | os.PathLike[str], log_path: str | os.Pa
     batch = max([r["batch"] for r in records if "batch" in r], default=-1)
     side = SideLog(log_path)
     clock = FakeClock(now)
-    store = bucketstore.open(store_path, durability="journal")
+    store = bucketstore.open(store_path, durability="journal", background=background)
     tracker = store.tracker(NAME, JOURNAL_CONFIG, clock)
     if ready is not None:
         os.write(ready, b"r")
