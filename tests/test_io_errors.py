@@ -3,7 +3,10 @@
 Faults come from :class:`~bucketstore.testing.faults.FaultyFileSystem`: ``EIO`` and
 ``ENOSPC`` once or forever, a write that stops half-way (a disk filling up), a
 failed ``fsync`` (which must never be retried on the same file), and a failed
-catalog commit (raised the way LMDB reports one).
+catalog commit (raised the way LMDB reports one). Every test runs in both designs: seals
+on the calling thread (``background=False``) and on the maintenance thread, where a
+failure is raised once as ``MaintenanceError`` by the next call (``Rig.fill`` waits for
+the seal it triggers and counts those).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 
 import bucketstore
 from bucketstore import TrackerConfig
+from bucketstore.errors import MaintenanceError
 from bucketstore.testing.faults import FaultyFileSystem
 from bucketstore.engine.store import Store
 
@@ -28,10 +32,12 @@ CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexe
 class Rig:
     """A store on a faulty file layer with one tracker, and the positions added to it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, background: bool = False) -> None:
         self.path = path
+        self.background = background
+        self.maintenance_errors = 0
         self.fs = FaultyFileSystem()
-        self.store = Store(path, fs=self.fs)
+        self.store = Store(path, fs=self.fs, background=background)
         self.fs.attach(self.store.catalog)
         self.clock = FakeClock(1_000)
         self.tracker = self.store.tracker("sub", CONFIG, self.clock)
@@ -41,6 +47,11 @@ class Rig:
         rows = [(ledger, e, self.clock.now + 50 + 40 * e + ledger) for e in range(count)]
         assert self.tracker.add_messages(rows) == count
         self.added.update({(l, e): t for l, e, t in rows})
+        if self.background:
+            try:  # the seal this roll started runs on the worker: wait for its outcome
+                self.tracker.wait_for_maintenance()
+            except MaintenanceError:
+                self.maintenance_errors += 1
 
     def files(self) -> list[str]:
         return sorted(os.listdir(self.path / "ledgers"))
@@ -62,9 +73,9 @@ class Rig:
         self.store.close()
 
 
-@pytest.fixture
-def rig(tmp_path: Path):
-    r = Rig(tmp_path / "store")
+@pytest.fixture(params=[False, True], ids=["synchronous", "background"])
+def rig(tmp_path: Path, request: pytest.FixtureRequest):
+    r = Rig(tmp_path / "store", background=request.param)
     yield r
     r.close()
 
@@ -90,6 +101,7 @@ def test_failed_seal_keeps_indexes_in_memory(rig: Rig, fault: dict, forever: boo
     assert rule.fired >= 1
     stats = rig.tracker.stats()
     assert stats["create"]["failed"] == 1 and stats["create"]["succeeded"] == 0
+    assert rig.maintenance_errors == rig.background, "a background failure must be raised, once"
     assert rig.keys() == {}, "a failed seal must not be acknowledged in the catalog"
     assert rig.files() == [], f"a failed seal left {rig.files()} behind"
     assert rig.fs.fsync_retries == [], "a failed fsync was retried on the same file"

@@ -13,6 +13,7 @@ from helpers import FakeClock
 
 import bucketstore
 from bucketstore import TrackerConfig
+from bucketstore.errors import MaintenanceError
 from bucketstore.testing.faults import FaultyFileSystem
 from bucketstore.engine.store import Store
 
@@ -20,11 +21,14 @@ SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_
 
 
 def _seal_ledgers(tracker, ledgers, per_ledger=4, base=1000, step=10):
-    """Add ``per_ledger`` indexes to each ledger in turn; each roll seals the previous one."""
+    """Add ``per_ledger`` indexes to each ledger in turn; each roll seals the previous one.
+    Returns once the seals (and the merges they start) are installed: they run on the
+    store's maintenance thread."""
     for ledger in ledgers:
         for entry in range(per_ledger):
             tracker.add_message(ledger, entry, base + step * entry + ledger)
     tracker.add_message(max(ledgers) + 1, 0, base + 10**6)  # roll: seal the last one
+    tracker.wait_for_maintenance()
 
 
 def _drain(tracker, clock):
@@ -67,7 +71,8 @@ def test_26239_failed_create_during_merge_keeps_the_sources(tmp_path):
     _seal_ledgers(t, [1, 2])
     # The third seal succeeds; the merge it triggers writes a ledger whose fsync fails.
     rule = fs.fail(ops=["fsync"], first_call=fs.calls + 3, times=None)
-    _seal_ledgers(t, [3])
+    with pytest.raises(MaintenanceError):  # the background merge's failure, raised once
+        _seal_ledgers(t, [3])
     assert t.stats()["merge"]["failed"] >= 1
     fs.rules.remove(rule)
     assert len(store.catalog.buckets("sub")) >= 2  # sources kept
@@ -88,6 +93,7 @@ def test_26240_trim_never_deletes_a_bucket_overlapping_the_first_live_ledger(tmp
             for entry in range(4):
                 t.add_message(ledger, entry, 1000 + entry)
         t.add_message(5, 0, 2000)
+        t.wait_for_maintenance()
         assert [(b.start_ledger, b.end_ledger) for b in t.buckets()] == [(1, 2)]
         t.mark_delete(2, 0)  # first live ledger 2 lies inside [1, 2]
         assert len(t.buckets()) == 1
@@ -128,7 +134,8 @@ def test_26238_failed_catalog_write_after_create_leaves_no_orphan_and_loses_noth
     fs.attach(store.catalog)
     t = store.tracker("sub", SMALL, clock)
     rule = fs.fail(ops=["catalog_commit"], times=None)
-    _seal_ledgers(t, [1])
+    with pytest.raises(MaintenanceError):  # the background seal's failure, raised once
+        _seal_ledgers(t, [1])
     assert t.stats()["create"]["failed"] == 1
     fs.rules.remove(rule)
     assert os.listdir(tmp_path / "s" / "ledgers") == []

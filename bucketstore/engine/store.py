@@ -67,9 +67,10 @@ class Store:
         batch is durably delivered once confirmed; a crash before may deliver it
         again) or ``"at-most-once"`` (durably delivered when returned; a crash before
         the embedder used it loses it).
-    :ivar background: True: seals and merges run on the store's maintenance thread,
-        the tracker's lock held only to freeze and to install; False (the default for
-        now): they run on the calling thread, under the lock (the synchronous design).
+    :ivar background: True (the default): seals and merges run on the store's maintenance
+        thread, the tracker's lock held only to freeze and to install; False: they run on
+        the calling thread, under the lock (the synchronous design: a seal is installed
+        when the add that triggered it returns).
     :ivar max_pending_maintenance: how many seals and merges of one tracker may be
         queued or running before adds wait for the worker (backpressure; each pending
         seal holds its frozen bucket's rows in memory).
@@ -80,7 +81,7 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
                  sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS,
-                 background: bool = False, max_pending_maintenance: int = 2,
+                 background: bool = True, max_pending_maintenance: int = 2,
                  maintenance: MaintenanceWorker | None = None) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
@@ -332,7 +333,7 @@ def _holds_files(store_path: str) -> bool:
 
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
-               sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = False,
+               sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = True,
                max_pending_maintenance: int = 2) -> Store:
     """Open (creating if missing) the store at ``path``.
 
@@ -349,8 +350,10 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
         return and the embedder's use of the batch loses it (never repeats it).
     :param repair: drop catalog keys whose ledger file is missing or damaged, and
         report them in the tracker's ``recovery_report``, instead of raising.
-    :param background: run seals and merges on the store's maintenance thread; False
-        (the default) runs them on the calling thread under the tracker's lock.
+    :param background: True (the default): seals and merges run on the store's
+        maintenance thread, off the tracker's lock (``tracker.wait_for_maintenance()``
+        waits for them; ``flush()`` and ``close()`` do too); False: the synchronous
+        design, where they run on the calling thread under the tracker's lock.
     :param max_pending_maintenance: per tracker, how many seals/merges may be pending
         before adds wait for the worker (bounds the frozen rows held in memory).
     :raises StoreLockedError: another process or handle has the store open.
