@@ -264,6 +264,10 @@ class Store:
                     live._cancel_jobs()  # a seal or merge in flight installs nothing now
                     live._closed = True
                     live._cond.notify_all()
+                    # Wait (releasing the lock) until the cancelled jobs have ended: one may be
+                    # writing its file right now, and only its install removes it. Returning
+                    # earlier would leave a *.tmp or an orphan beside a deleted tracker.
+                    live._wait_for_jobs(live._submitted)
                     if live._journal is not None:
                         live._journal.close()
             with self._lock:
