@@ -29,6 +29,7 @@ def _fill(tracker, ledgers=3, per_ledger=12, base=1000):
         for entry in range(per_ledger):
             tracker.add_message(ledger, entry, base + 10 * entry + ledger)
     tracker.add_message(ledgers, 0, base + 5000)  # roll: seal the last full ledger range
+    tracker.wait_for_maintenance()  # the seals run on the store's worker: installed now
 
 
 def _files(path):

@@ -13,6 +13,7 @@ import pytest
 
 import bucketstore
 from bucketstore import BucketStoreError, JournalError, TrackerConfig
+from bucketstore.errors import MaintenanceError
 from bucketstore.testing.faults import FaultyFileSystem, abandon_store
 from bucketstore.engine.store import Store
 
@@ -80,13 +81,14 @@ def test_failed_journal_commit_raises_poisons_and_loses_nothing_acknowledged(tmp
         assert not t.contains_message(1, 20)
 
 
-def test_every_fsync_failing_during_a_seal_loses_nothing_acknowledged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["synchronous", "background"])
+def test_every_fsync_failing_during_a_seal_loses_nothing_acknowledged(tmp_path: Path, background: bool) -> None:
     """The disk fails every fsync from now on: the seal fails (its rows stay in memory), the
     batch's journal commit fails with JournalError, and a reopen has every index acknowledged
-    before."""
+    before. In the background the seal fails on the worker and is raised once."""
     clock = FakeClock(1_000)
     fs = FaultyFileSystem()
-    store = Store(tmp_path, durability="journal", fs=fs)
+    store = Store(tmp_path, durability="journal", fs=fs, background=background)
     fs.attach(store.catalog)
     tracker = store.tracker("sub", CONFIG, clock)
     rows = [(1, e, 2_000 + e) for e in range(5)]
@@ -94,6 +96,9 @@ def test_every_fsync_failing_during_a_seal_loses_nothing_acknowledged(tmp_path: 
     fs.fail(errno.EIO, ops=["fsync"], first_call=fs.calls, times=None)
     with pytest.raises(JournalError):
         tracker.add_messages([(2, 0, 3_000)])  # rolls the ledger: the seal fails first
+    if background:
+        with pytest.raises(MaintenanceError):
+            tracker.wait_for_maintenance()
     assert tracker.stats()["create"]["failed"] == 1
     assert fs.fsync_retries == []
     abandon_store(store)
