@@ -19,6 +19,7 @@ from bucketstore import TrackerConfig
 from bucketstore.engine.store import Store
 from bucketstore.errors import MaintenanceError
 from bucketstore.format.fs import FileSystem
+from bucketstore.testing import SteppedWorker, abandon_store
 
 from helpers import FakeClock, example_count
 
@@ -282,3 +283,35 @@ def test_deliveries_stay_exact_under_threads_while_seals_and_merges_run(tmp_path
                 assert added[(l, e)] <= now, "delivered early"
             assert t.stats()["maintenance"]["failed"] == 0
             t._check()
+
+
+@pytest.mark.parametrize("durability", ["sealed", "journal"])
+def test_a_seal_whose_rows_were_all_delivered_meanwhile_leaves_no_bucket(tmp_path, durability):
+    """Found by the merging differential test once background became the default: every row
+    of a frozen bucket was delivered while its file was written; the install registered a
+    bucket with nothing live, whose file stayed after a clean close (the synchronous design
+    deletes it at the delivery that empties it). Now the install deletes it as exhausted; in
+    journal mode the unconfirmed batch still comes back after a crash."""
+    worker = SteppedWorker()
+    clock = FakeClock(1_000)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=3)
+    store = Store(tmp_path, durability, background=True, maintenance=worker)
+    t = store.tracker("sub", cfg, clock)
+    _fill(t, 1, 6, 1_100)
+    t.add_message(2, 0, 9_000)  # rolls: [1, 1] is frozen, its seal queued
+    assert worker.work()  # its file is written, not installed
+    clock.now = 2_000
+    got = t.get_scheduled_messages(100)  # every frozen row, delivered (not confirmed)
+    assert got == [(1, e) for e in range(6)]
+    assert worker.install()
+    assert t.buckets() == [] and store.catalog.buckets("sub") == {}
+    assert os.listdir(tmp_path / "ledgers") == []
+    assert t.stats()["create"]["succeeded"] == 1 and t.stats()["delete"]["succeeded"] == 1
+    if durability == "journal":  # a crash now: the unconfirmed batch comes back, once
+        abandon_store(store)
+        with bucketstore.open(tmp_path, "journal") as again:
+            t = again.tracker("sub", cfg, clock)
+            assert sorted(t.get_scheduled_messages(100)) == got
+    else:
+        store.close()
+        assert os.listdir(tmp_path / "ledgers") == []

@@ -240,7 +240,7 @@ def test_merging_workload_matches_model(tmp_path_factory, seed, max_buckets):
                 delivered |= set(got)
             assert tracker.number_of_delayed_messages == len(model.where)
             tracker._check()
-        assert tracker.stats()["merge"]["failed"] == 0
+        assert tracker.stats()["merge"]["failed"] == 0, tracker.stats()["maintenance"]
         event(f"merged: {tracker.stats()['merge']['succeeded'] > 0}")
         clock.advance(10**6)
         assert tracker.get_scheduled_messages(10**6) == model.pop(10**6)

@@ -152,6 +152,9 @@ class SealJob:
             # The frozen runs stay in the queue: the indexes are kept in memory.
             tracker._finish_job(self, "failed")
             return
+        # Every frozen row was popped (delivered, or skipped as dead) while the file was written:
+        # the new bucket holds nothing live.
+        consumed = all(not run.remaining for run in self.runs)
         for run in self.runs:
             run.kill()
         queue = tracker._queue
@@ -170,8 +173,14 @@ class SealJob:
             queue.push(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
         self._sealed = self._due = None
         queue.drop_dead()  # the frozen runs
+        if bucket is not None and consumed:
+            # Delete it now, as the delivery that emptied it would have deleted it had it been
+            # installed then (journal mode first journals its delivered, unconfirmed rows):
+            # otherwise its file stays until the next delivery call, and a clean close keeps it.
+            tracker._exhausted.append(bucket)
+            tracker._delete_exhausted()
         md = tracker._mark_delete
-        if bucket is not None and md is not None and bucket.end_ledger < md[0]:
+        if bucket is not None and not bucket.dead and md is not None and bucket.end_ledger < md[0]:
             tracker._delete_buckets([bucket])  # acknowledged while it was being written
         if tracker._journal is not None and not tracker._replaying:
             # Only now, with the bucket durable and in the catalog, may the journal let
