@@ -216,6 +216,7 @@ def test_a_seal_checkpoint_carries_unconfirmed_rows_of_the_mutable_bucket(tmp_pa
     batch = p.tracker.get_scheduled_messages(10)  # from the mutable bucket: in memory only
     assert batch == [(1, e) for e in range(4)]
     p.tracker.add_message(2, 0, 5000)  # rolls over: seals [1, 1] and checkpoints the journal
+    p.tracker.wait_for_maintenance()  # installed (background): confirms nothing
     assert p.tracker.stats()["create"]["succeeded"] == 1
     p.die()
     q = p.reopen()
@@ -234,6 +235,7 @@ def test_a_seal_checkpoint_carries_unconfirmed_rows_of_a_sealed_bucket(tmp_path,
     batch = p.tracker.get_scheduled_messages(10)
     assert batch == [(1, 0), (1, 1)]
     p.tracker.add_messages([(3, e, 3100 + e) for e in range(6)])  # seals [2, 2]: a checkpoint
+    p.tracker.wait_for_maintenance()  # installed (background): confirms nothing
     assert p.tracker.stats()["create"]["succeeded"] == 2
     p.die()
     q = p.reopen()
@@ -274,6 +276,7 @@ def test_a_merge_still_leaves_out_confirmed_rows(tmp_path, clock):
     batch = p.tracker.get_scheduled_messages(10)
     p.tracker.confirm_delivered()
     p.tracker.add_messages([(3, e, 3100 + e) for e in range(6)])  # merges [1, 2]
+    p.tracker.wait_for_maintenance()  # installed (background): confirms nothing
     (merged,) = p.tracker.buckets()
     assert merged.start_ledger == 1 and int(merged.counts.sum()) == 10  # (1, 0) and (1, 1) left out
     p.die()
@@ -309,6 +312,7 @@ def test_a_re_added_unconfirmed_position_comes_back_once_at_its_new_time(tmp_pat
     assert p.tracker.add_message(1, 0, 50_000)  # tracked again, due later
     if checkpoint:
         p.tracker.add_messages([(3 if sealed else 2, e, 3100 + e) for e in range(6)])  # a seal
+        p.tracker.wait_for_maintenance()  # installed (background): confirms nothing
         assert p.tracker.stats()["create"]["succeeded"] == 1 + sealed
     p.die()
     q = p.reopen()
@@ -359,6 +363,7 @@ def test_a_superseded_position_sealed_at_its_new_time_survives_a_checkpoint(tmp_
     assert p.tracker.get_scheduled_messages(10) == [(1, 0)]  # from the mutable bucket, unconfirmed
     assert p.tracker.add_message(1, 0, 5000)  # superseded
     p.tracker.add_message(2, 0, 6000)  # rolls over: seals [1, 1] with (1, 0) at 5000; checkpoints
+    p.tracker.wait_for_maintenance()  # installed (background): confirms nothing
     assert p.tracker.stats()["create"]["succeeded"] == 1
     p.die()
     q = p.reopen()

@@ -373,6 +373,7 @@ def test_re_added_position_is_not_merged_back_at_its_old_time_after_a_restart(tm
         t = store.tracker("sub", cfg, clock)
         t.add_messages([(1, e, 1100 + 10 * e) for e in range(9)])  # three segments of three
         t.add_message(2, 0, 3000)  # seals [1, 1]
+        t.wait_for_maintenance()  # installed (background)
         clock.now = 1130
         assert t.get_scheduled_messages(4) == [(1, 0), (1, 1), (1, 2), (1, 3)]  # segment 1 and a row of 2
         t.confirm_delivered()
@@ -382,6 +383,7 @@ def test_re_added_position_is_not_merged_back_at_its_old_time_after_a_restart(tm
         t = store.tracker("sub", merging, clock)
         t.add_messages([(3, e, 2000 + e) for e in range(5)])
         t.add_message(4, 0, 3000)  # seals [2, 3], which merges with [1, 1]
+        t.wait_for_maintenance()  # installed (background)
         assert t.stats()["merge"]["succeeded"] >= 1
         clock.now = 1200
         got = t.get_scheduled_messages(100)
@@ -456,6 +458,7 @@ def test_a_sealed_position_re_added_with_a_later_time_keeps_it_across_checkpoint
         t = store.tracker("t", cfg, clock)
         t.add_messages([(2, e, 1020 + e) for e in range(6)])
         t.add_messages([(3, e, 1020 + e) for e in range(6)])  # seals ledger 2
+        t.wait_for_maintenance()  # installed (background)
         assert t.stats()["immutable_buckets"] == 1
         assert t.add_message(2, 0, 900) is False  # due: untracked, the caller dispatches it
         assert t.add_message(2, 0, 1500) is True  # tracked again, later

@@ -245,9 +245,11 @@ def tracker_store(tmp_path):
                         "entry_id": [e for _ in range(6) for e in range(150)],
                         "deliver_at": [10_000 + (l * 37 + e * 11) % 9000 for l in range(6) for e in range(150)]})
         a.add_message(100, 0, 20_000)  # rolls the last ledger range over: seals it
+        a.wait_for_maintenance()  # the seals run on the store's worker
         b = store.tracker("beta", CFG, clock)
         b.add_messages((np.full(250, big, U64), 2**40 + np.arange(250, dtype=U64), 2**63 + 5 + np.arange(250, dtype=U64)))
         b.add_message(2**64 - 1, 0, 20_000)
+        b.wait_for_maintenance()  # the seals run on the store's worker
         assert a.stats()["immutable_buckets"] >= 2 and b.stats()["immutable_buckets"] == 1
     return path
 
@@ -292,6 +294,7 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
         s = store.tracker("sealed", CFG, clock)
         s.add_messages([(5, e, 10_000 + e) for e in range(250)])
         s.add_message(6, 0, 90_000)
+        s.wait_for_maintenance()  # the seals run on the store's worker
         assert s.stats()["immutable_buckets"] == 1
     big = 2**63
     ledgers = [1, 2, big + 3, big + 4]
@@ -302,6 +305,7 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
         j.add_messages((np.repeat(np.array(ledgers, dtype=U64), 100), np.tile(np.arange(100, dtype=U64), 4),
                         np.tile(10_000 + (np.arange(100, dtype=U64) % 5) * 1000, 4)))
         j.add_message(2**64 - 1, 0, 90_000)  # rolls over: seals the second 200 indexes
+        j.wait_for_maintenance()  # the seals run on the store's worker
         assert j.stats()["immutable_buckets"] == 2  # ledgers 1-2 and 2**63 + 3-4
         clock.now = 11_500
         # 80 rows at 10 000, then 50 of the 80 at 11 000: ledgers 1 and 2 and half of 2**63 + 3.

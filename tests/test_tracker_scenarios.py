@@ -272,11 +272,13 @@ def test_readded_position_is_not_delivered_early_by_a_merged_old_row(tmp_path):
         t.add_message(1, 1, 100)
         t.add_message(1, 2, 300)
         t.add_message(2, 1, 400)  # seals ledger 1: segments {(100,1,1)} and {(300,1,2)}
+        t.wait_for_maintenance()  # installed (background)
         t.add_message(2, 2, 500)
         clock.now = 100
         assert t.get_scheduled_messages(1) == [(1, 1)]  # delivered from bucket [1, 1]
         assert t.add_message(1, 1, 1000)  # the same position again, due much later
         t.add_message(3, 1, 600)  # seals ledger 2; two buckets > max 1: they are merged
+        t.wait_for_maintenance()  # installed (background)
         assert t.stats()["merge"]["succeeded"] == 1
         clock.now = 999
         got = t.get_scheduled_messages(10)
