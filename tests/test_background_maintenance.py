@@ -11,6 +11,7 @@ import errno
 import os
 import random
 import threading
+import time
 
 import pytest
 
@@ -180,9 +181,20 @@ def test_clear_and_delete_tracker_cancel_a_seal_in_flight(tmp_path):
             assert fs.reached()
             if action == "clear":
                 t.clear()
+                fs.release()
             else:
+                # delete_tracker waits for the cancelled seal to end: let its rename go only
+                # once the tracker is closed (the seal was cancelled while in flight).
+                def release_once_closed() -> None:
+                    while not t._closed:
+                        time.sleep(0.001)
+                    fs.release()
+
+                releaser = threading.Thread(target=release_once_closed)
+                releaser.start()
                 store.delete_tracker(action)
-            fs.release()
+                releaser.join()
+                assert t._maint.cancelled == 1  # (stats() refuses a closed tracker)
             if action == "clear":
                 t.flush()
                 assert t.stats()["maintenance"]["cancelled"] == 1
