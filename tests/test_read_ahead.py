@@ -99,6 +99,26 @@ def test_a_low_segment_is_read_ahead_and_handed_over_without_a_disk_read(tmp_pat
         assert ra["hits"] + ra["misses"] == 4  # segments 2-5 taken once each, read ahead or not
 
 
+def test_a_segment_needed_before_its_read_started_is_read_now_and_the_read_is_skipped(tmp_path):
+    clock = FakeClock(0)
+    store, t = _sealed_store(tmp_path / "s", clock)
+    with store:
+        held = _hold_reader(store)
+        try:
+            clock.now = 1010
+            assert t.get_scheduled_messages(11) == [(1, e) for e in range(11)]  # low: read queued
+            request = t.buckets()[0].ahead
+            clock.now = 1030
+            assert t.get_scheduled_messages(100) == [(1, e) for e in range(11, 31)]  # needs segment 2 now
+            ra = t.stats()["read_ahead"]
+            assert (ra["late"], ra["misses"], ra["hits"]) == (1, 1, 0) and request.cancelled
+        finally:
+            held.release.set()
+        _wait_done(request)
+        assert not request.started and request.run is None  # skipped, never read
+        assert _drain(t, clock) == [(1, e) for e in range(31, 100)] + [(2, 0)]
+
+
 def test_read_ahead_off_by_default_in_a_synchronous_store(tmp_path):
     clock = FakeClock(0)
     with bucketstore.open(tmp_path / "s") as store:

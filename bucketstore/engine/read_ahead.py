@@ -51,24 +51,34 @@ Bucket = Any
 class SegmentRead:
     """One request: read segment ``number`` of ``bucket``. Filled in by the reader thread."""
 
-    __slots__ = ("bucket", "number", "run", "error", "done")
+    __slots__ = ("bucket", "number", "run", "error", "started", "done", "cancelled", "_finished")
 
     def __init__(self, bucket: Bucket, number: int) -> None:
         self.bucket = bucket
         self.number = number
         self.run: Any = None
         self.error: BaseException | None = None
+        self.started = False
         self.done = False
+        self.cancelled = False  # nobody will take it: the reader skips it if not started yet
+        self._finished = threading.Event()
 
     def perform(self) -> None:
         """Read and decode (no lock held). Never raises: a failure is kept for the hand-over."""
         try:
-            if not self.bucket.dead:  # (a stale answer only costs a wasted read)
+            # (Flags read without the tracker's lock: a stale answer only costs a wasted read.)
+            if not self.cancelled and not self.bucket.dead:
+                self.started = True
                 self.run = self.bucket.read_segment(self.number)
         except Exception as exc:  # damage, EIO, a file unlinked by a merge or a delete
             self.error = exc
         finally:
             self.done = True  # published last: whoever sees it sees the run or the error
+            self._finished.set()
+
+    def wait(self) -> None:
+        """Wait for a read the reader has started (it takes no lock, so this cannot deadlock)."""
+        self._finished.wait()
 
     def __repr__(self) -> str:
         return f"SegmentRead({self.bucket!r}, segment {self.number}, done={self.done})"
@@ -125,10 +135,12 @@ class ReadAheadCounters:
     :ivar requested: segments asked of the reader.
     :ivar hits: segments the queue took ready from the reader (no disk wait under the lock).
     :ivar misses: segments the queue read synchronously: nothing was asked for it
-        (the bucket's first segment, a segment the queue needed before its run was
-        low), or the read was still running (also counted in ``late``) or failed
-        (also in ``failed``).
-    :ivar late: the read was still running when the queue needed the segment.
+        (a merged bucket's first segment, a segment the queue needed before its run
+        was low), or the read had not started yet (also counted in ``late``) or
+        failed (also in ``failed``).
+    :ivar late: the read was not finished when the queue needed the segment: if it
+        was running, the queue waited for it (a hit: the read was under way anyway);
+        if it was still queued, it was cancelled and the segment read synchronously.
     :ivar failed: the read raised; the synchronous read then reported the error, if it persisted.
     :ivar dropped: reads never taken (their bucket merged away or deleted, or the
         segment already read synchronously).
@@ -167,6 +179,7 @@ class ReadAhead:
         if pending is not None:
             if pending.number == number:
                 return  # already asked for
+            pending.cancelled = True
             self.counters.dropped += 1  # asked for a segment the queue has read since
         request = SegmentRead(bucket, number)
         bucket.ahead = request
@@ -179,18 +192,23 @@ class ReadAhead:
         request, bucket.ahead = bucket.ahead, None
         c = self.counters
         if request is not None:
-            if request.number == bucket.current + 1 and request.done and request.run is not None \
-                    and request.error is None:
-                c.hits += 1
-                return bucket.adopt(request.number, request.run)
             if request.number != bucket.current + 1:
-                c.dropped += 1
-            elif not request.done:
-                c.late += 1
+                c.dropped += 1  # for a segment the queue has read since
+                request.cancelled = True
             else:
-                c.failed += 1
-                log.info("bucketstore read-ahead of %r failed (%s: %s); reading it synchronously",
-                         bucket, type(request.error).__name__, request.error)
+                if not request.done:
+                    c.late += 1
+                    if request.started:
+                        request.wait()  # at most one read's time, and that read is under way
+                    else:
+                        request.cancelled = True  # still queued: reading now is quicker
+                if request.done and request.run is not None:
+                    c.hits += 1
+                    return bucket.adopt(request.number, request.run)
+                if request.error is not None:
+                    c.failed += 1
+                    log.info("bucketstore read-ahead of %r failed (%s: %s); reading it synchronously",
+                             bucket, type(request.error).__name__, request.error)
         if self._reader is not None:
             c.misses += 1
         return bucket.load_next_segment()
@@ -198,6 +216,7 @@ class ReadAhead:
     def forget(self, bucket: Bucket) -> None:
         """The bucket is gone (deleted, merged away, the tracker closed): drop its read."""
         if bucket.ahead is not None:
+            bucket.ahead.cancelled = True
             bucket.ahead = None
             self.counters.dropped += 1
 
