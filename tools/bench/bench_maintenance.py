@@ -222,11 +222,25 @@ def make_sealed_store(path: str, n: int, segment: int) -> None:
         t.add_message(int(ledgers[-1]) + 1, 0, EPOCH + 10 ** 8)  # rolls the last ledger: all sealed
 
 
-def bench_read_ahead(path: str, n: int, segment: int, read_ahead: bool, gap_ms: float) -> dict[str, float]:
+def _evict(directory: str) -> None:
+    """Drop a directory's ledger files from the page cache (cold reads, as after a restart)."""
+    for name in os.listdir(directory):
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_read_ahead(path: str, n: int, segment: int, read_ahead: bool, gap_ms: float,
+                     cold: bool = False) -> dict[str, float]:
     """Reopen the sealed store and drain it 1,000 at a time: per-call latency (ms)."""
     latencies = []
     copy = path + "-copy"
     shutil.copytree(path, copy)  # draining deletes the buckets
+    if cold:
+        _evict(os.path.join(copy, "ledgers"))
     clock = Clock(EPOCH)  # nothing due at recovery: it skips no segment
     with bucketstore.open(copy, read_ahead=read_ahead) as store:
         t = store.tracker("t", _segment_config(segment), clock)
@@ -244,13 +258,16 @@ def bench_read_ahead(path: str, n: int, segment: int, read_ahead: bool, gap_ms: 
                 time.sleep(gap)
         ra = t.stats()["read_ahead"]
         load = t.stats()["load"]
+        delete = t.stats()["delete"]
     shutil.rmtree(copy)
     assert got == n, got
     lat = np.array(latencies) * 1000
     return {"read_ahead": read_ahead, "calls": len(lat), "p50_ms": round(float(np.percentile(lat, 50)), 3),
             "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
-            "busy_M_per_s": round(n / lat.sum() * 1000 / 1e6, 3), "hits": ra["hits"], "misses": ra["misses"],
-            "late": ra["late"], "load_ms_per_segment": round(load["latency_ms"] / max(1, load["succeeded"]), 3)}
+            "busy_M_per_s": round(float(n / lat.sum() * 1000 / 1e6), 3), "hits": ra["hits"], "misses": ra["misses"],
+            "late": ra["late"], "load_ms_per_segment": round(load["latency_ms"] / max(1, load["succeeded"]), 3),
+            "bucket_deletes": delete["succeeded"],
+            "delete_ms_each": round(delete["latency_ms"] / max(1, delete["succeeded"]), 3)}
 
 
 def _spin(seconds: float | None, stop: threading.Event | None, out: list[float]) -> None:
@@ -373,9 +390,14 @@ def main() -> None:
     p.add_argument("--messages", type=float, default=1e6, help="indexes for rates and readahead (default 1e6)")
     p.add_argument("--gap-ms", type=float, default=1.0, help="readahead: the caller's pause between calls")
     p.add_argument("--segments", default="5000,50000", help="readahead: max_indexes_per_segment values")
+    p.add_argument("--cold", action="store_true", help="readahead: evict the ledger files from the page cache")
+    p.add_argument("--switch-interval-ms", type=float, default=None,
+                   help="sys.setswitchinterval for the run (default: Python's 5 ms)")
     args = p.parse_args()
     print("command:", " ".join([os.path.basename(sys.executable)] + sys.argv))
-    print("load average at start:", os.getloadavg())
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
+    print("load average at start:", os.getloadavg(), "switch interval (s):", sys.getswitchinterval())
     tmp = tempfile.mkdtemp(prefix="bench-maint-")
     try:
         cases = args.cases.split(",")
@@ -409,10 +431,10 @@ def main() -> None:
                     runs = {m: [] for m in modes}
                     for _ in range(args.repeats):
                         for m in modes:
-                            runs[m].append(bench_read_ahead(path, n, segment, m, gap))
+                            runs[m].append(bench_read_ahead(path, n, segment, m, gap, args.cold))
                     for m in modes:
                         print(f"get_scheduled_messages(1000) over {n:,} sealed indexes, segments of {segment:,}, "
-                              f"{gap} ms between calls:", _median_of(runs[m]))
+                              f"{gap} ms between calls{', cold cache' if args.cold else ''}:", _median_of(runs[m]))
                 shutil.rmtree(path)
         if "gil" in cases:
             print(f"gil ({int(args.per_bucket):,}-index seals on the maintenance thread):",
