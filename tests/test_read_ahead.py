@@ -88,6 +88,7 @@ def test_a_low_segment_is_read_ahead_and_handed_over_without_a_disk_read(tmp_pat
         bucket = t.buckets()[0]
         assert bucket.ahead is not None and bucket.ahead.number == 2
         _wait_done(bucket.ahead)
+        assert t.stats()["read_ahead"]["held_indexes"] == 20  # segment 2, read, not yet taken
         loads = t.stats()["load"]["succeeded"]
         clock.now = 1039
         assert t.get_scheduled_messages(100) == [(1, e) for e in range(11, 40)]
@@ -129,7 +130,7 @@ def test_read_ahead_off_by_default_in_a_synchronous_store(tmp_path):
         assert _drain(t, clock) == [(1, e) for e in range(100)] + [(2, 0)]
         ra = t.stats()["read_ahead"]
         assert ra == {"enabled": False, "requested": 0, "hits": 0, "misses": 0, "late": 0, "failed": 0,
-                      "dropped": 0}
+                      "dropped": 0, "held_indexes": 0}
     with bucketstore.open(tmp_path / "b", background=True) as store:
         assert store.segment_reader is not None and store.read_ahead
 

@@ -810,15 +810,15 @@ class BucketTracker:
         """Counters: buckets, indexes, loaded indexes, bytes on disk and in memory, op counts/latencies."""
         with self._lock:
             self._check_open()
-            loaded = (self._queue.loaded_indexes() + len(self._direct)
-                      + ReadAhead.held_rows(self._buckets.values()))
+            loaded = self._queue.loaded_indexes() + len(self._direct)
+            ahead = ReadAhead.held_rows(self._buckets.values())  # read, not yet in the queue
             stats: dict[str, Any] = {
                 "tracker": self.name,
                 "immutable_buckets": len(self._buckets),
                 "number_of_delayed_messages": len(self._index),
                 "loaded_indexes": loaded,
                 "snapshot_size_bytes": sum(b.size for b in self._buckets.values()),
-                "memory_bytes": (loaded * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
+                "memory_bytes": ((loaded + ahead) * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
                                  + 200 * len(self._buckets)),
                 "mutable_bucket_range": [self._mutable.start_ledger, self._mutable.end_ledger],
                 "queue_entries": len(self._queue),
@@ -829,7 +829,7 @@ class BucketTracker:
             stats.update(self._ops.as_dict())
             stats["maintenance"] = {**self._maint.as_dict(), "background": self._store.background,
                                     "sealing": len(self._sealing), "merging": len(self._merging)}
-            stats["read_ahead"] = self._read_ahead.counters.as_dict()
+            stats["read_ahead"] = {**self._read_ahead.counters.as_dict(), "held_indexes": ahead}
             return stats
 
     def buckets(self) -> list[SealedBucket]:
