@@ -333,8 +333,9 @@ def _racing_event(store, t, mem, cfg, clock, held, event):
         t._check()
 
 
-@pytest.mark.parametrize("background", [False, True])
-def test_deliveries_match_the_in_memory_tracker_under_threads_while_read_ahead_runs(tmp_path, background):
+@pytest.mark.parametrize("durability,background", [("sealed", False), ("sealed", True), ("journal", True)])
+def test_deliveries_match_the_in_memory_tracker_under_threads_while_read_ahead_runs(tmp_path, durability,
+                                                                                     background):
     """Adders, a deliverer, a trimmer and (background) the maintenance worker and the reader
     at once. Each call goes to the bucket tracker and to InMemoryTracker under one test lock
     and must give the same answer; the worker and the reader run freely meanwhile, so reads
@@ -346,7 +347,8 @@ def test_deliveries_match_the_in_memory_tracker_under_threads_while_read_ahead_r
         clock = FakeClock(0)
         cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=rng.choice([40, 120]),
                             max_indexes_per_segment=rng.choice([8, 30]), max_num_buckets=rng.choice([2, 3]))
-        with bucketstore.open(tmp_path / f"s{seed}", background=background, read_ahead=True) as store:
+        with bucketstore.open(tmp_path / f"s{seed}", durability, background=background, read_ahead=True,
+                              sync_interval_ms=5) as store:
             t = store.tracker("t", cfg, clock)
             mem = InMemoryTracker(cfg, clock)
             lock = threading.Lock()
