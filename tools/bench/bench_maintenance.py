@@ -380,6 +380,19 @@ def _median_of(results: list[dict]) -> dict:
     return out
 
 
+def _paired_ratios(sync: list[dict], background: list[dict]) -> dict:
+    """Per numeric field, the median over repeats of background / synchronous, each pair measured
+    back to back (so a load spike on the shared machine hits both sides of a pair alike)."""
+    out = {}
+    for key, value in sync[0].items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or key == "seals":
+            continue
+        pairs = [b[key] / a[key] for a, b in zip(sync, background) if a[key]]
+        if pairs:
+            out[key] = round(float(np.median(pairs)), 3)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="ledgers,stalls,rates,readahead,gil", help="comma-separated cases to run")
@@ -415,6 +428,7 @@ def main() -> None:
             for m in modes:
                 print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges):",
                       _median_of(runs[m]))
+            print("stalls, background / synchronous (median of paired ratios):", _paired_ratios(*runs.values()))
         if "rates" in cases:
             runs = {m: [] for m in modes}
             for _ in range(args.repeats):
@@ -422,6 +436,7 @@ def main() -> None:
                     runs[m].append(bench_rates(tmp, int(args.messages), m))
             for m in modes:
                 print(f"rates ({int(args.messages):,} indexes, 50,000-index seals):", _median_of(runs[m]))
+            print("rates, background / synchronous (median of paired ratios):", _paired_ratios(*runs.values()))
         if "readahead" in cases:
             n = int(args.messages)
             for segment in (int(x) for x in args.segments.split(",")):
