@@ -51,6 +51,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import bucketstore  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
+from bucketstore.engine import merge_pipeline, seal_pipeline  # noqa: E402
+from bucketstore.engine import tracker as tracker_module  # noqa: E402
 from bucketstore.format.row_sort import sort_rows  # noqa: E402
 from bucketstore.format.snapshot import build_bucket  # noqa: E402
 
@@ -80,7 +82,36 @@ def bench_small_ledgers(n: int, tmp: str, background: bool) -> dict[str, float]:
     return out
 
 
-def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool) -> dict[str, float]:
+#: Lock-holding steps of the background pipelines, timed when ``--trace-holds`` is given: label -> ms list.
+HOLDS: dict[str, list[float]] = {}
+#: Set while a background run is measured (the wrapped steps run in synchronous runs too).
+TRACING = threading.Event()
+
+
+def trace_holds() -> None:
+    """Time the steps that run under a tracker's lock in the background design (wraps them in this
+    process only): the freeze at a roll, the seal's and the merge's plan and install."""
+    def wrap(cls: type, name: str, label: str) -> None:
+        original = getattr(cls, name)
+
+        def timed(self, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if TRACING.is_set():
+                    HOLDS.setdefault(label, []).append((time.perf_counter() - started) * 1000)
+
+        setattr(cls, name, timed)
+
+    wrap(tracker_module.BucketTracker, "_start_seal", "roll: freeze + seal plan")
+    wrap(seal_pipeline.SealJob, "install", "seal install")
+    wrap(merge_pipeline.MergeJob, "__init__", "merge plan")
+    wrap(merge_pipeline.MergeJob, "install", "merge install")
+
+
+def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
+                 max_pending: int = 2) -> dict[str, float]:
     cfg = TrackerConfig(min_index_count_per_bucket=per_bucket, max_num_buckets=4,
                         max_indexes_per_segment=per_bucket // 4)
     path = os.path.join(tmp, f"stalls-{background}")
@@ -89,7 +120,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool) -> dic
     latencies: list[float] = []
     stop = threading.Event()
     current = [1]  # the writer's ledger: the other thread adds to it too (entry ids past the writer's)
-    with bucketstore.open(path, background=background) as store:
+    with bucketstore.open(path, background=background, max_pending_maintenance=max_pending) as store:
         tracker = store.tracker("t", cfg, clock=clock)
 
         def other() -> None:
@@ -404,6 +435,9 @@ def main() -> None:
     p.add_argument("--gap-ms", type=float, default=1.0, help="readahead: the caller's pause between calls")
     p.add_argument("--segments", default="5000,50000", help="readahead: max_indexes_per_segment values")
     p.add_argument("--cold", action="store_true", help="readahead: evict the ledger files from the page cache")
+    p.add_argument("--max-pending", type=int, default=2, help="stalls: max_pending_maintenance (default 2)")
+    p.add_argument("--trace-holds", action="store_true",
+                   help="stalls: time the steps the background design runs under the tracker's lock")
     p.add_argument("--switch-interval-ms", type=float, default=None,
                    help="sys.setswitchinterval for the run (default: Python's 5 ms)")
     args = p.parse_args()
@@ -421,14 +455,23 @@ def main() -> None:
             for m in modes:
                 print(f"small ledgers ({n:,} one-message ledgers):", _median_of(runs[m]))
         if "stalls" in cases:
+            if args.trace_holds:
+                trace_holds()
             runs = {m: [] for m in modes}
             for _ in range(args.repeats):
                 for m in modes:
-                    runs[m].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m))
+                    if m and args.trace_holds:
+                        TRACING.set()
+                    runs[m].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending))
+                    TRACING.clear()
             for m in modes:
                 print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges):",
                       _median_of(runs[m]))
             print("stalls, background / synchronous (median of paired ratios):", _paired_ratios(*runs.values()))
+            if HOLDS:
+                print("stalls, background: lock-holding steps (ms, all repeats): ",
+                      {k: {"n": len(v), "median": round(float(np.median(v)), 1), "max": round(max(v), 1)}
+                       for k, v in HOLDS.items()})
         if "rates" in cases:
             runs = {m: [] for m in modes}
             for _ in range(args.repeats):
