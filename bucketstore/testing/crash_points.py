@@ -273,7 +273,8 @@ class Run:
         self.worker = SteppedWorker(calls=lambda: self.fs.calls) if self.background else None
         self.store = Store(self.path, durability=self.durability, fs=self.fs, sync_interval_ms=self.sync_interval_ms,
                            background=self.background, maintenance=self.worker,
-                           max_pending_maintenance=self.max_pending_maintenance)
+                           max_pending_maintenance=self.max_pending_maintenance,
+                           read_ahead=False)  # the reader thread is not stepped: keep the run deterministic
         self.fs.attach(self.store.catalog)
         return self.wrap(self.store.tracker(TRACKER, self.workload.config, self.clock))
 
@@ -439,7 +440,7 @@ def _run_workload(workload: Callable[[Store, list[Any]], object], path: Path, fs
     store = None
     try:
         store = Store(path, durability=durability, sync_interval_ms=sync_interval_ms, fs=fs, background=background,
-                      maintenance=SteppedWorker() if background else None)
+                      maintenance=SteppedWorker() if background else None, read_ahead=False)
         fs.attach(store.catalog)
         workload(store, acknowledged)
         fs.crash()  # the process dies after its last call, without closing

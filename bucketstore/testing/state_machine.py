@@ -117,7 +117,7 @@ class CrashMachine(RuleBasedStateMachine):
         self.worker = SteppedWorker(calls=lambda: fs.calls) if self.BACKGROUND else None
         self.store = Store(self.path, durability=self.DURABILITY, fs=fs, delivery=self.DELIVERY,
                            background=self.BACKGROUND, maintenance=self.worker,
-                           max_pending_maintenance=self.MAX_PENDING)
+                           max_pending_maintenance=self.MAX_PENDING, read_ahead=False)
         fs.attach(self.store.catalog)
         self.tracker = self.store.tracker(NAME, CONFIG, self.clock)
         self.delivered: set[tuple[int, int]] = set()  # in this lifetime
