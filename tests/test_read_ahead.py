@@ -122,7 +122,7 @@ def test_a_segment_needed_before_its_read_started_is_read_now_and_the_read_is_sk
 
 def test_read_ahead_off_by_default_in_a_synchronous_store(tmp_path):
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", background=False) as store:
         assert store.segment_reader is None
         t = store.tracker("t", CFG, clock)
         t.add_messages([(1, e, 1000 + e) for e in range(100)])
@@ -181,6 +181,7 @@ def test_damage_found_during_read_ahead_is_reported_as_without_it(tmp_path, read
         t = store.tracker("t", CFG, clock)
         t.add_messages([(1, e, 1000 + e) for e in range(100)])
         t.add_message(2, 0, 10_000)
+        t.wait_for_maintenance()  # the seal runs on the store's worker
         clock.now = 1010
         assert len(t.get_scheduled_messages(5)) == 5
         bucket = t.buckets()[0]
@@ -212,6 +213,7 @@ def test_a_read_in_flight_when_its_bucket_goes_is_never_taken(tmp_path, event):
             tr.add_messages([(1, e, 1000 + e) for e in range(100)])
             tr.add_messages([(2, e, 1000 + e) for e in range(100)])
             tr.add_message(3, 0, 10_000)
+        t.wait_for_maintenance()  # the seals run on the store's worker
         assert len(t.buckets()) == 2
         held = _hold_reader(store)
         try:
@@ -249,6 +251,7 @@ def test_damage_found_during_read_ahead_is_reported_as_without_it(tmp_path, read
         t = store.tracker("t", CFG, clock)
         t.add_messages([(1, e, 1000 + e) for e in range(100)])
         t.add_message(2, 0, 10_000)
+        t.wait_for_maintenance()  # the seal runs on the store's worker
         clock.now = 1010
         assert len(t.get_scheduled_messages(5)) == 5
         bucket = t.buckets()[0]
@@ -280,6 +283,7 @@ def test_a_read_in_flight_when_its_bucket_goes_is_never_taken(tmp_path, event):
             tr.add_messages([(1, e, 1000 + e) for e in range(100)])
             tr.add_messages([(2, e, 1000 + e) for e in range(100)])
             tr.add_message(3, 0, 10_000)
+        t.wait_for_maintenance()  # the seals run on the store's worker
         assert len(t.buckets()) == 2
         held = _hold_reader(store)
         try:
