@@ -145,7 +145,7 @@ class _Columns:
         if zigzag.any():
             signed = diff.view(np.int64)
             zz = ((signed << 1) ^ (signed >> 63)).view(np.uint64)  # the seams stay 0
-            stored = np.where(np.repeat(zigzag, counts), zz, diff)
+            stored = zz if zigzag.all() else np.where(np.repeat(zigzag, counts), zz, diff)
             top = np.where(zigzag, np.maximum.reduceat(zz, starts), dmax)
         else:
             top = dmax
@@ -195,7 +195,9 @@ class _Columns:
 
     def _planes(self, stored: np.ndarray | None, kinds: tuple[int, ...]) -> list[bytes]:
         """Byte plane k of every stored value, for k below the widest of these kinds' widths."""
-        chosen = np.isin(self.kind, kinds)
+        chosen = self.kind == kinds[0]
+        for kind in kinds[1:]:
+            chosen |= self.kind == kind
         if stored is None or not chosen.any():
             return []
         top = int(self.width[chosen].max())
@@ -231,9 +233,13 @@ class _Columns:
         return out
 
 
+_WIDTH_LIMITS = np.array([(1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1], dtype=_U64)
+_WIDTH_OF = np.array([1, 2, 4, 8], dtype=np.uint8)
+
+
 def _widths(top: np.ndarray) -> np.ndarray:
     """The narrowest byte width (1, 2, 4, 8) of each value."""
-    return np.where(top < 1 << 8, 1, np.where(top < 1 << 16, 2, np.where(top < 1 << 32, 4, 8))).astype(np.uint8)
+    return _WIDTH_OF[np.searchsorted(_WIDTH_LIMITS, top, side="left")]
 
 
 def _unpack_bits(packed: np.ndarray, bits: int, n: int) -> np.ndarray:

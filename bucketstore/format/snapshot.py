@@ -280,6 +280,14 @@ def serialized_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> LedgerBitmap
     entries = np.ascontiguousarray(entries, dtype=_U64)
     if not len(ledgers):
         return LedgerBitmaps([], 0)
+    if (int(ledgers.max()) - int(ledgers.min()) + 1) * _ARRAY_MAX < len(ledgers):
+        # Few ledgers, thousands of positions each (a dense bucket): their containers are
+        # runs or bitsets, pyroaring's to make, and sorting every position would cost more.
+        bitmaps = ledger_bitmaps(ledgers, entries)
+        flat = _flat_bitmaps(bitmaps)
+        out = LedgerBitmaps(flat, sum(len(bm) for bm in bitmaps.values()))
+        out._loaded = bitmaps
+        return out
     sl, se = _positions_in_order(ledgers, entries)
     flat: list[object] = []
     total, lo, n = 0, 0, len(sl)
