@@ -126,10 +126,6 @@ class _Columns:
         seams = ends - 1
         diff[seams] = 0
         dmax = np.maximum.reduceat(diff, starts)
-        decreases = np.zeros(n, dtype=np.bool_)
-        np.less(values[1:], values[:-1], out=decreases[:-1])
-        decreases[seams] = False
-        zigzag = np.logical_or.reduceat(decreases, starts)
         # Equal differences: max == min. The seam slots would spoil the minimum: fill them with the top.
         diff[seams] = _TOP
         dmin = np.minimum.reduceat(diff, starts)
@@ -137,8 +133,14 @@ class _Columns:
         self.arith = (counts == 1) | (dmax == dmin)
         self.step = np.where(counts == 1, np.uint64(0), diff[starts])
         self.first = values[starts]
-        zigzag &= ~self.arith
         self.values, self.starts, self.counts = values, starts, counts
+        if self.arith.all():  # fixed-delay traffic: nothing else to choose
+            zigzag = np.zeros(len(starts), dtype=np.bool_)
+        else:
+            decreases = np.zeros(n, dtype=np.bool_)
+            np.less(values[1:], values[:-1], out=decreases[:-1])
+            decreases[seams] = False
+            zigzag = np.logical_or.reduceat(decreases, starts) & ~self.arith
         self.kind = np.where(self.arith, KIND_ARITH, np.where(zigzag, KIND_DELTA_Z, KIND_DELTA_U)).astype(np.uint8)
         self.base = self.first.copy()
         stored = diff
