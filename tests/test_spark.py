@@ -390,7 +390,7 @@ def test_a_task_failure_mid_job_registers_nothing_and_leaves_no_file(spark, tmp_
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
 
-    @F.udf(LongType())
+    @F.udf(LongType(), useArrow=False)  # a plain Python UDF: the spark extra has no pandas
     def explode_on_ledger_900(ledger_id):
         if ledger_id == 900:
             raise RuntimeError("injected task failure")
