@@ -3,7 +3,8 @@
 The data flow: ``tracker`` takes an index into ``mutable_bucket`` (or ``mutable_timebucket``);
 a ledger roll seals it through ``format.snapshot`` into a ledger file registered in
 ``catalog``; ``sealed_bucket`` reads one segment at a time into ``shared_queue``, from which
-``get_scheduled_messages`` delivers. ``index_set`` is the tracker-wide set of what is tracked,
+``get_scheduled_messages`` delivers (``read_ahead`` reads a bucket's next segment on the store's
+reader thread once its loaded one runs low). ``index_set`` is the tracker-wide set of what is tracked,
 ``merge`` picks and rewrites adjacent buckets, ``journal`` is the write-ahead log of
 ``durability="journal"``, and ``store`` owns the directory, its lock and its trackers. A tracker
 gets only ``store_services`` from its store (catalog, ledger directory, id allocator), so

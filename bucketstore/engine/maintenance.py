@@ -7,10 +7,12 @@ fsync — holding no lock, then installs its result under the lock again,
 reconciling what happened meanwhile. Jobs of one tracker therefore finish in
 the order they were started, which is what ``flush()`` waits on.
 
-A thread, not a process pool: the CPU-heavy parts (numpy sorts, zlib,
-roaring serialisation) release the GIL for most of their time, and a process
-would have to copy every frozen row out and back (see README "Performance"
-for the other-thread latency this gives).
+A thread, not a process pool, by measurement (``tools/bench/bench_maintenance.py
+--cases gil``, README "Figures"): the encode is partly GIL-bound (a pure-Python
+thread keeps about 70 % of its rate beside it), but handing the rows to a pool
+worker costs more GIL time than it saves (pickling the frozen columns out and the
+payloads back): beside the worker process the other thread kept less of its rate,
+and the encode was no faster, on two cores.
 """
 
 from __future__ import annotations

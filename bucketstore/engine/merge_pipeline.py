@@ -155,6 +155,7 @@ class MergeJob:
         for b in self.window:
             b.dead = True  # their runs and slots in the queue die with them
             tracker._buckets.remove(b)
+            tracker._read_ahead.forget(b)
         if self.meta is not None and self.path is not None:
             merged = SealedBucket(self.path, self.ledger_id, self.meta, os.path.getsize(self.path),
                                   on_load=tracker._record_load)

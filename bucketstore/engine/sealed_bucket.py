@@ -32,10 +32,12 @@ class SealedBucket:
     :ivar current: the last segment handed to the queue (1-based; 0 = none yet).
     :ivar dead: set once the bucket is deleted or merged away; the queue then
         ignores its runs and slots.
+    :ivar ahead: the read-ahead of a later segment, if one was asked for
+        (:class:`~bucketstore.engine.read_ahead.SegmentRead`; see ``read_ahead``).
     """
 
     __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
-                 "current", "dead", "merging", "_on_load")
+                 "current", "dead", "merging", "ahead", "_on_load")
 
     def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
                  first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> None:
@@ -50,6 +52,7 @@ class SealedBucket:
         self.current = first_segment - 1
         self.dead = False
         self.merging = False
+        self.ahead = None
         self._on_load = on_load
 
     @property
@@ -76,7 +79,10 @@ class SealedBucket:
         return int(self.min_ts[self.current])
 
     def read_segment(self, number: int) -> Run:
-        """Read segment ``number`` (1-based) from the ledger file as a run."""
+        """Read segment ``number`` (1-based) from the ledger file as a run.
+
+        Uses only what never changes after construction (path, ids, per-segment
+        counts and timestamps): the read-ahead thread calls it with no lock held."""
         with LedgerReader(self.path) as reader:
             # The file is opened anew for every segment: check it is still the ledger
             # recovery or the seal registered (a file swapped underneath would otherwise
@@ -116,6 +122,15 @@ class SealedBucket:
         self.current = number
         if self._on_load:
             self._on_load(time.perf_counter() - started, True)
+        return run
+
+    def adopt(self, number: int, run: Run) -> Run:
+        """Take segment ``number``, read ahead off the lock, as the next segment (it must be
+        ``current + 1``). Recorded as a load that cost the caller nothing."""
+        assert number == self.current + 1, (number, self.current)
+        self.current = number
+        if self._on_load:
+            self._on_load(0.0, True)
         return run
 
     def file_exists(self) -> bool:

@@ -157,12 +157,22 @@ class SharedQueue:
 
     :param on_bucket_exhausted: called with a sealed bucket whose last segment
         has been read to the end (the tracker deletes it).
+    :param load: reads a sealed bucket's next segment (default: ``load_next_segment``;
+        the tracker's read-ahead hands over a segment read off the lock instead).
+    :param on_low: called with a sealed bucket whose loaded run is low — at most
+        ``low_fraction`` of it left unread, or read to its end with a segment still on
+        disk — so its next segment can be read ahead.
     """
 
-    def __init__(self, on_bucket_exhausted: Callable[[SegmentSource], None]) -> None:
+    def __init__(self, on_bucket_exhausted: Callable[[SegmentSource], None],
+                 load: Callable[[SegmentSource], Run] | None = None,
+                 on_low: Callable[[SegmentSource], None] | None = None, low_fraction: float = 0.5) -> None:
         self._heap: list[tuple[int, int, int, int, Run | Slot]] = []
         self._seq = itertools.count()
         self._on_exhausted = on_bucket_exhausted
+        self._load: Callable[[SegmentSource], Run] = load or (lambda bucket: bucket.load_next_segment())
+        self._on_low = on_low
+        self._low_fraction = low_fraction
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -200,8 +210,17 @@ class SharedQueue:
             return
         if owner.has_next_segment():
             self.push(Slot(owner))
+            if self._on_low is not None:
+                self._on_low(owner)
         else:
             self._on_exhausted(owner)
+
+    def _check_low(self, run: Run) -> None:
+        """Tell the read-ahead that a sealed bucket's run is low (it ignores repeats)."""
+        owner = run.owner
+        if self._on_low is not None and owner is not None and run.remaining <= self._low_fraction * len(run.ts) \
+                and not owner.dead and owner.has_next_segment():
+            self._on_low(owner)
 
     def _pop_due_items(self, cutoff: int) -> list[Run]:
         """Pop every live item whose head is due, reading slots into runs."""
@@ -212,7 +231,7 @@ class SharedQueue:
             if item.dead:
                 continue
             if isinstance(item, Slot):
-                item = item.bucket.load_next_segment()
+                item = self._load(item.bucket)
             due.append(item)
         return due
 
@@ -231,7 +250,7 @@ class SharedQueue:
                 continue
             if isinstance(item, Slot):
                 heapq.heappop(heap)
-                run = item.bucket.load_next_segment()
+                run = self._load(item.bucket)
                 self.push(run)
                 continue
             skip = _first_tracked(item, index)
@@ -241,6 +260,7 @@ class SharedQueue:
             item.pos += skip
             if item.remaining:
                 self.push(item)
+                self._check_low(item)
             else:
                 self._retire(item)
         return None
@@ -278,7 +298,7 @@ class SharedQueue:
                 # every due row that could sort before the ones it picks.
                 while (due == run.remaining < need and owner is not None and not owner.dead
                        and owner.has_next_segment() and owner.next_segment_min_ts() <= cutoff):
-                    run.extend(owner.load_next_segment())
+                    run.extend(self._load(owner))
                     due = run.due_count(cutoff)
                 counts.append(min(due, need))
             if len(runs) == 1:
@@ -304,6 +324,7 @@ class SharedQueue:
                 run.pos += k
                 if run.remaining:
                     self.push(run)
+                    self._check_low(run)
                 else:
                     self._retire(run)
         return delivered, last_key

@@ -39,6 +39,7 @@ from ..format.fs import REAL_FS, FileSystem
 from .handoff import DELIVERY_MODES
 from .journal import FdPool, journal_directory
 from .maintenance import MaintenanceWorker
+from .read_ahead import SegmentReader
 from .store_lock import acquire_write_lock
 from .store_services import StoreServices
 from ..format.ledger_file import LedgerReader
@@ -73,11 +74,17 @@ class Store:
     :ivar max_pending_maintenance: how many seals and merges of one tracker may be
         queued or running before adds wait for the worker (backpressure; each pending
         seal holds its frozen bucket's rows in memory).
+    :ivar read_ahead: True: a sealed bucket's next segment is read and decoded on the
+        store's reader thread once its loaded segment runs low, so
+        ``get_scheduled_messages`` does not wait on the disk in the common case (at most
+        one extra segment per bucket in memory); False: segments are read when the queue
+        reaches them, under the tracker's lock. Defaults to ``background``.
     """
 
     def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
                  sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS,
-                 background: bool = False, max_pending_maintenance: int = 2) -> None:
+                 background: bool = False, max_pending_maintenance: int = 2,
+                 read_ahead: bool | None = None) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         if delivery not in DELIVERY_MODES:
@@ -94,6 +101,7 @@ class Store:
             raise ValueError("max_pending_maintenance must be an int >= 1")
         self.background = bool(background)
         self.max_pending_maintenance = max_pending_maintenance
+        self.read_ahead = self.background if read_ahead is None else bool(read_ahead)
         self.sync_interval_ms = sync_interval_ms
         raw_path = os.fspath(path)
         if isinstance(raw_path, bytes):
@@ -114,6 +122,7 @@ class Store:
         #: Open journal files, bounded: thousands of journal trackers share these descriptors.
         self.journal_fds = FdPool(JOURNAL_OPEN_FILES)
         self.maintenance = MaintenanceWorker(self.path)
+        self.segment_reader = SegmentReader(self.path) if self.read_ahead else None
         fs.makedirs(self.path)
         self._lock_fd = acquire_write_lock(self.path)
         catalog = None
@@ -133,7 +142,7 @@ class Store:
                 delivery=delivery, fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
                 store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget,
                 maintenance=self.maintenance, background=self.background,
-                max_pending_maintenance=max_pending_maintenance)
+                max_pending_maintenance=max_pending_maintenance, segment_reader=self.segment_reader)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
             if catalog is not None:
@@ -300,6 +309,8 @@ class Store:
             for tracker in list(self._trackers.values()):
                 tracker.close()  # drains its seals and merges
             self.maintenance.stop()
+            if self.segment_reader is not None:
+                self.segment_reader.stop()
             self.catalog.close()
             os.close(self._lock_fd)
             self._closed = True
@@ -327,7 +338,7 @@ def _holds_files(store_path: str) -> bool:
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
                sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = False,
-               max_pending_maintenance: int = 2) -> Store:
+               max_pending_maintenance: int = 2, read_ahead: bool | None = None) -> Store:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
@@ -347,7 +358,9 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
         (the default) runs them on the calling thread under the tracker's lock.
     :param max_pending_maintenance: per tracker, how many seals/merges may be pending
         before adds wait for the worker (bounds the frozen rows held in memory).
+    :param read_ahead: read a sealed bucket's next segment on the store's reader thread
+        once its loaded segment runs low (None, the default: on when ``background``).
     :raises StoreLockedError: another process or handle has the store open.
     """
     return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, delivery=delivery,
-                 background=background, max_pending_maintenance=max_pending_maintenance)
+                 background=background, max_pending_maintenance=max_pending_maintenance, read_ahead=read_ahead)

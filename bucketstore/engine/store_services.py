@@ -17,6 +17,7 @@ from ..format.ledger_file import ledger_file_name
 from .catalog import Catalog
 from .journal import FdPool
 from .maintenance import MaintenanceWorker
+from .read_ahead import SegmentReader
 
 __all__ = ["StoreServices"]
 
@@ -37,13 +38,15 @@ class StoreServices:
     :ivar maintenance: the store's maintenance worker (used when ``background``).
     :ivar background: seals and merges run on ``maintenance``, off the trackers' locks.
     :ivar max_pending_maintenance: per tracker, pending seals/merges before adds wait.
+    :ivar segment_reader: the store's read-ahead thread, or None (read-ahead off: sealed
+        buckets' segments are read when the queue needs them, under the tracker's lock).
     """
 
     def __init__(self, *, path: str, durability: str, repair: bool, sync_interval_ms: int, fs: FileSystem,
                  catalog: Catalog, ledgers_dir: str, next_ledger_id: int, store_id: str, journal_fds: FdPool,
                  tracker_closed: Callable[[Any], None], delivery: str = "at-least-once",
                  maintenance: MaintenanceWorker | None = None, background: bool = False,
-                 max_pending_maintenance: int = 2) -> None:
+                 max_pending_maintenance: int = 2, segment_reader: SegmentReader | None = None) -> None:
         self.path = path
         self.durability = durability
         self.repair = repair
@@ -60,6 +63,7 @@ class StoreServices:
         self.maintenance = maintenance if maintenance is not None else MaintenanceWorker(path)
         self.background = background
         self.max_pending_maintenance = max_pending_maintenance
+        self.segment_reader = segment_reader
 
     @property
     def next_ledger_id(self) -> int:

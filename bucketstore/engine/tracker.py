@@ -38,6 +38,7 @@ from ..format.ledger_file import ledger_file_name
 from .mutable_bucket import MutableBucket
 from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
+from .read_ahead import LOW_FRACTION, ReadAhead
 from .identity import LedgerIdentityError, check_identity
 from .seal_pipeline import SealJob
 from .sealed_bucket import BucketMap, SealedBucket, split_positions
@@ -74,7 +75,10 @@ class BucketTracker:
         self._finished = 0
         self._cutoff = Cutoff(config, clock)
         self._index = DelayedIndexSet()
-        self._queue = SharedQueue(self._bucket_exhausted)
+        #: Segment read-ahead (off when the store has no reader: segments are read when needed).
+        self._read_ahead = ReadAhead(store.segment_reader)
+        self._queue = SharedQueue(self._bucket_exhausted, load=self._read_ahead.load, on_low=self._read_ahead.low,
+                                  low_fraction=LOW_FRACTION)
         # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
         # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
         # 2**bits - 1 ms early (late instead, never early, when deliver_at_time_strict).
@@ -481,6 +485,7 @@ class BucketTracker:
         for b in buckets:
             b.dead = True
             self._buckets.remove(b)
+            self._read_ahead.forget(b)
         try:
             self._store.catalog.commit(self.name, remove=[b.key for b in buckets])
         except BucketStoreError as exc:
@@ -787,6 +792,8 @@ class BucketTracker:
                     self._journal.commit()  # a clean close loses nothing that was added
                 finally:
                     self._journal.close()
+            for b in self._buckets.values():
+                self._read_ahead.forget(b)
             self._queue.clear()
             self._mutable.clear()
             self._index.clear()
@@ -804,13 +811,14 @@ class BucketTracker:
         with self._lock:
             self._check_open()
             loaded = self._queue.loaded_indexes() + len(self._direct)
+            ahead = ReadAhead.held_rows(self._buckets.values())  # read, not yet in the queue
             stats: dict[str, Any] = {
                 "tracker": self.name,
                 "immutable_buckets": len(self._buckets),
                 "number_of_delayed_messages": len(self._index),
                 "loaded_indexes": loaded,
                 "snapshot_size_bytes": sum(b.size for b in self._buckets.values()),
-                "memory_bytes": (loaded * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
+                "memory_bytes": ((loaded + ahead) * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
                                  + 200 * len(self._buckets)),
                 "mutable_bucket_range": [self._mutable.start_ledger, self._mutable.end_ledger],
                 "queue_entries": len(self._queue),
@@ -821,6 +829,7 @@ class BucketTracker:
             stats.update(self._ops.as_dict())
             stats["maintenance"] = {**self._maint.as_dict(), "background": self._store.background,
                                     "sealing": len(self._sealing), "merging": len(self._merging)}
+            stats["read_ahead"] = {**self._read_ahead.counters.as_dict(), "held_indexes": ahead}
             return stats
 
     def buckets(self) -> list[SealedBucket]:

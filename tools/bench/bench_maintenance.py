@@ -1,24 +1,43 @@
-"""Maintenance benchmarks: ledger rolls, and seals/merges off the caller's path.
+"""Maintenance benchmarks: ledger rolls, seals/merges and segment reads off the caller's path.
 
-Cases (each prints its figures; see README "Performance"):
+Every case runs the synchronous design (``background=False``) and the background
+one side by side in the same process, ``--repeats`` times, interleaved, and prints
+medians (and the spread) with the load average, so figures compare as ratios
+within one run on a noisy machine. See README "Figures".
 
 * ``ledgers``: 100,000 one-message ledgers, in one ``add_messages`` call and
   with single ``add_message`` calls (every ledger rolls the mutable bucket; the
   seal gate must cost O(1) per roll, not a scan of the pending rows).
 * ``stalls``: one writer adds ``--total`` indexes in batches of 10,000 over
   ledgers of ``--per-bucket`` indexes (each roll seals one bucket of that size;
-  ``max_num_buckets=4`` makes merges) while a second thread adds one index per
-  millisecond and times each call. Run twice in the same process, synchronous
-  (``background=False``) and background, side by side: the other thread's
-  p50/p99/max latency, the writer's rate at the caller (seals included), and the
-  time until everything is sealed (``flush``).
+  ``max_num_buckets=4`` makes a merge of 4 buckets) while a second thread adds one
+  index per millisecond and times each call: the other thread's p50/p99/max, the
+  writer's rate at the caller (seals included), and the rate until everything is
+  sealed (``flush``).
+* ``rates``: ``--messages`` indexes (delays U[0, 1 h), 50,000 entries per ledger,
+  the default config: a 50,000-index seal per ledger) added with single calls,
+  then delivered with ``get_scheduled_messages(10000)``; then added again in
+  batches of 10,000 on a fresh tracker. Rates at the caller, seals included.
+* ``readahead``: a store holding ``--messages`` sealed indexes (default segments
+  of 5,000) is reopened and drained with ``get_scheduled_messages(1000)``, the
+  caller pausing ``--gap-ms`` between calls (its dispatch): per-call latency
+  p50/p99/max and the read-ahead hits, with read-ahead off and on (both with
+  synchronous seals, so read-ahead is the only difference).
+* ``gil``: is a seal's encode GIL-bound? A pure-Python counting thread runs
+  alone, then while a ``--per-bucket`` seal runs on the maintenance thread; the
+  ratio of its rates is the share of the CPU the seal left to Python code (1.0:
+  the seal holds the GIL never; 0.5: always, with two cores).
 
-Run:  python tools/bench/bench_maintenance.py [--ledgers N] [--repeats R] [--per-bucket N] [--total N]
+Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,gil] [--repeats R]
+      [--ledgers N] [--per-bucket N] [--total N] [--messages N] [--gap-ms MS]
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import gc
+import multiprocessing
 import os
 import shutil
 import sys
@@ -32,37 +51,67 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import bucketstore  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
+from bucketstore.engine import merge_pipeline, seal_pipeline  # noqa: E402
+from bucketstore.engine import tracker as tracker_module  # noqa: E402
+from bucketstore.format.row_sort import sort_rows  # noqa: E402
+from bucketstore.format.snapshot import build_bucket  # noqa: E402
 
 EPOCH = 1_700_000_000_000
 
 
-def bench_small_ledgers(n: int, tmp: str, repeats: int) -> dict[str, float]:
-    """Seconds to add ``n`` one-message ledgers (best of ``repeats``), batch and single calls."""
+def bench_small_ledgers(n: int, tmp: str, background: bool) -> dict[str, float]:
+    """Seconds to add ``n`` one-message ledgers, in one batch call and with single calls."""
     ledgers = np.arange(1, n + 1, dtype=np.uint64)
     entries = np.zeros(n, dtype=np.uint64)
     at = EPOCH + 60_000 + ledgers
-    out: dict[str, float] = {}
+    out: dict[str, float] = {"background": background}
     for mode in ("batch", "single"):
-        best = float("inf")
-        for r in range(repeats):
-            path = os.path.join(tmp, f"ledgers-{mode}-{r}")
-            with bucketstore.open(path) as store:
-                tracker = store.tracker("t", TrackerConfig(), clock=lambda: EPOCH)
-                started = time.perf_counter()
-                if mode == "batch":
-                    tracker.add_messages((ledgers, entries, at))
-                else:
-                    add = tracker.add_message
-                    for ledger, t in zip(ledgers.tolist(), at.tolist()):
-                        add(ledger, 0, t)
-                best = min(best, time.perf_counter() - started)
-                assert tracker.number_of_delayed_messages == n
-            shutil.rmtree(path)
-        out[f"{mode}_seconds"] = round(best, 3)
+        path = os.path.join(tmp, f"ledgers-{mode}-{background}")
+        with bucketstore.open(path, background=background) as store:
+            tracker = store.tracker("t", TrackerConfig(), clock=lambda: EPOCH)
+            started = time.perf_counter()
+            if mode == "batch":
+                tracker.add_messages((ledgers, entries, at))
+            else:
+                add = tracker.add_message
+                for ledger, t in zip(ledgers.tolist(), at.tolist()):
+                    add(ledger, 0, t)
+            out[f"{mode}_seconds"] = round(time.perf_counter() - started, 3)
+            assert tracker.number_of_delayed_messages == n
+        shutil.rmtree(path)
     return out
 
 
-def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool) -> dict[str, float]:
+#: Lock-holding steps of the background pipelines, timed when ``--trace-holds`` is given: label -> ms list.
+HOLDS: dict[str, list[float]] = {}
+#: Set while a background run is measured (the wrapped steps run in synchronous runs too).
+TRACING = threading.Event()
+
+
+def trace_holds() -> None:
+    """Time the steps that run under a tracker's lock in the background design (wraps them in this
+    process only): the freeze at a roll, the seal's and the merge's plan and install."""
+    def wrap(cls: type, name: str, label: str) -> None:
+        original = getattr(cls, name)
+
+        def timed(self, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if TRACING.is_set():
+                    HOLDS.setdefault(label, []).append((time.perf_counter() - started) * 1000)
+
+        setattr(cls, name, timed)
+
+    wrap(tracker_module.BucketTracker, "_start_seal", "roll: freeze + seal plan")
+    wrap(seal_pipeline.SealJob, "install", "seal install")
+    wrap(merge_pipeline.MergeJob, "__init__", "merge plan")
+    wrap(merge_pipeline.MergeJob, "install", "merge install")
+
+
+def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
+                 max_pending: int = 2) -> dict[str, float]:
     cfg = TrackerConfig(min_index_count_per_bucket=per_bucket, max_num_buckets=4,
                         max_indexes_per_segment=per_bucket // 4)
     path = os.path.join(tmp, f"stalls-{background}")
@@ -71,7 +120,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool) -> dic
     latencies: list[float] = []
     stop = threading.Event()
     current = [1]  # the writer's ledger: the other thread adds to it too (entry ids past the writer's)
-    with bucketstore.open(path, background=background) as store:
+    with bucketstore.open(path, background=background, max_pending_maintenance=max_pending) as store:
         tracker = store.tracker("t", cfg, clock=clock)
 
         def other() -> None:
@@ -110,26 +159,347 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool) -> dic
             "merges": stats["merge"]["succeeded"]}
 
 
+def _workload(n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n messages published 1 per 0.1 ms, delays U[0, 1 h), 50,000 entries per ledger (bench_tracker's)."""
+    rng = np.random.default_rng(seed)
+    seq = np.arange(n, dtype=np.uint64)
+    at = EPOCH + 1000 + seq // np.uint64(10) + rng.integers(0, 3_600_000, n).astype(np.uint64)
+    return seq // np.uint64(50_000), seq % np.uint64(50_000), at
+
+
+def _timed(fn) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        started = time.perf_counter()
+        fn()
+        return time.perf_counter() - started
+    finally:
+        gc.enable()
+
+
+def bench_rates(tmp: str, n: int, background: bool) -> dict[str, float]:
+    """Single adds, deliveries and batch adds at the caller (seals included), M indexes/s."""
+    ledgers, entries, at = _workload(n)
+    cols = (ledgers, entries, at)
+    rows = list(zip(ledgers.tolist(), entries.tolist(), at.tolist()))
+    out: dict[str, float] = {"background": background}
+    clock = Clock(EPOCH)
+    path = os.path.join(tmp, f"rates-{background}")
+    with bucketstore.open(path, background=background) as store:
+        t = store.tracker("t", TrackerConfig(), clock)
+        add = t.add_message
+
+        def single() -> None:
+            for l, e, a in rows:
+                add(l, e, a)
+
+        out["single_add_M_per_s"] = round(n / _timed(single) / 1e6, 3)
+        t.wait_for_maintenance()
+        clock.now = EPOCH + 10 ** 9
+        got = [0]
+
+        def drain() -> None:
+            while True:
+                batch = t.get_scheduled_messages(10_000)
+                if not batch:
+                    return
+                got[0] += len(batch)
+
+        out["deliver_M_per_s"] = round(n / _timed(drain) / 1e6, 3)
+        assert got[0] == n, got
+    shutil.rmtree(path)
+    clock.now = EPOCH
+    with bucketstore.open(path, background=background) as store:
+        t = store.tracker("t", TrackerConfig(), clock)
+
+        def batches() -> None:
+            for lo in range(0, n, 10_000):
+                t.add_messages(tuple(c[lo:lo + 10_000] for c in cols))
+
+        caller = _timed(batches)
+        started = time.perf_counter()
+        t.wait_for_maintenance()
+        out["batch_add_M_per_s"] = round(n / caller / 1e6, 3)
+        out["batch_until_sealed_M_per_s"] = round(n / (caller + time.perf_counter() - started) / 1e6, 3)
+        out["seals"] = t.stats()["create"]["succeeded"]
+    shutil.rmtree(path)
+    return out
+
+
+class Clock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _segment_config(segment: int) -> TrackerConfig:
+    """The default config with segments of up to ``segment`` indexes (and buckets of 10 segments or more)."""
+    if segment == TrackerConfig().max_indexes_per_segment:
+        return TrackerConfig()
+    return TrackerConfig(max_indexes_per_segment=segment, max_time_step_per_segment_ms=3_600_000,
+                         min_index_count_per_bucket=max(50_000, 10 * segment))
+
+
+def make_sealed_store(path: str, n: int, segment: int) -> None:
+    """A store holding ``n`` sealed indexes of the ``rates`` workload."""
+    ledgers, entries, at = _workload(n, seed=2)
+    with bucketstore.open(path) as store:
+        t = store.tracker("t", _segment_config(segment), Clock(EPOCH))
+        for lo in range(0, n, 10_000):
+            t.add_messages((ledgers[lo:lo + 10_000], entries[lo:lo + 10_000], at[lo:lo + 10_000]))
+        t.add_message(int(ledgers[-1]) + 1, 0, EPOCH + 10 ** 8)  # rolls the last ledger: all sealed
+
+
+def _evict(directory: str) -> None:
+    """Drop a directory's ledger files from the page cache (cold reads, as after a restart)."""
+    for name in os.listdir(directory):
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_read_ahead(path: str, n: int, segment: int, read_ahead: bool, gap_ms: float,
+                     cold: bool = False) -> dict[str, float]:
+    """Reopen the sealed store and drain it 1,000 at a time: per-call latency (ms)."""
+    latencies = []
+    copy = path + "-copy"
+    shutil.copytree(path, copy)  # draining deletes the buckets
+    if cold:
+        _evict(os.path.join(copy, "ledgers"))
+    clock = Clock(EPOCH)  # nothing due at recovery: it skips no segment
+    with bucketstore.open(copy, read_ahead=read_ahead) as store:
+        t = store.tracker("t", _segment_config(segment), clock)
+        clock.now = EPOCH + 10 ** 9
+        got = 0
+        gap = gap_ms / 1000
+        while True:
+            started = time.perf_counter()
+            batch = t.get_scheduled_messages(1000)
+            latencies.append(time.perf_counter() - started)
+            if not batch:
+                break
+            got += len(batch)
+            if gap:
+                time.sleep(gap)
+        ra = t.stats()["read_ahead"]
+        load = t.stats()["load"]
+        delete = t.stats()["delete"]
+    shutil.rmtree(copy)
+    assert got == n, got
+    lat = np.array(latencies) * 1000
+    return {"read_ahead": read_ahead, "calls": len(lat), "p50_ms": round(float(np.percentile(lat, 50)), 3),
+            "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
+            "busy_M_per_s": round(float(n / lat.sum() * 1000 / 1e6), 3), "hits": ra["hits"], "misses": ra["misses"],
+            "late": ra["late"], "load_ms_per_segment": round(load["latency_ms"] / max(1, load["succeeded"]), 3),
+            "bucket_deletes": delete["succeeded"],
+            "delete_ms_each": round(delete["latency_ms"] / max(1, delete["succeeded"]), 3)}
+
+
+def _spin(seconds: float | None, stop: threading.Event | None, out: list[float]) -> None:
+    """Pure-Python work: count loop iterations for ``seconds`` (or until ``stop``); rate into ``out``."""
+    count = 0
+    started = time.perf_counter()
+    deadline = started + seconds if seconds is not None else None
+    while True:
+        for _ in range(1000):
+            count += 1
+        if (stop is not None and stop.is_set()) or (deadline is not None and time.perf_counter() >= deadline):
+            break
+    out.append(count / (time.perf_counter() - started))
+
+
+def bench_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, float]:
+    """Another thread's pure-Python rate during a background seal, over its rate alone."""
+    cfg = TrackerConfig(min_index_count_per_bucket=per_bucket, max_num_buckets=-1)
+    path = os.path.join(tmp, "gil")
+    rng = np.random.default_rng(3)
+    ratios, seal_alone, seal_beside = [], [], []
+    with bucketstore.open(path, background=True) as store:
+        t = store.tracker("t", cfg, Clock(EPOCH))
+        for r in range(repeats * 2):
+            ledger = r + 1
+            entries = np.arange(per_bucket, dtype=np.uint64)
+            at = EPOCH + 60_000 + rng.integers(0, 3_600_000, per_bucket).astype(np.uint64)
+            t.add_messages((np.full(per_bucket, ledger, np.uint64), entries, at))
+            before = t.stats()["create"]
+            spin = r % 2 == 1  # alternate: seals alone and seals beside a spinning thread
+            rates: list[float] = []
+            stop = threading.Event()
+            spinner = threading.Thread(target=_spin, args=(None, stop, rates)) if spin else None
+            if spinner:
+                spinner.start()
+            t.add_message(ledger + 1, 0, EPOCH + 10 ** 8)  # rolls: the seal runs on the worker
+            t.wait_for_maintenance()
+            if spinner:
+                stop.set()
+                spinner.join()
+            after = t.stats()["create"]
+            seal_s = after["latency_ms"] * after["succeeded"] / 1000 - before["latency_ms"] * before["succeeded"] / 1000
+            if spin:
+                seal_beside.append(seal_s)
+                solo: list[float] = []
+                _spin(seal_s, None, solo)  # the same thread's rate alone, right after, as long
+                ratios.append(rates[0] / solo[0])
+            else:
+                seal_alone.append(seal_s)
+    shutil.rmtree(path)
+    return {"other_thread_rate_during_seal_over_alone": round(float(np.median(ratios)), 3),
+            "ratios": [round(x, 3) for x in ratios],
+            "seal_s_alone": round(float(np.median(seal_alone)), 3),
+            "seal_s_beside_spinner": round(float(np.median(seal_beside)), 3)}
+
+
+def _encode(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> tuple:
+    """A seal's CPU-heavy part: cut, encode and compress a sorted bucket (module level: picklable)."""
+    return build_bucket(1, 1, ts, ledgers, entries, time_step_ms=300_000, max_indexes_per_segment=5000)
+
+
+def bench_encode_where(per_bucket: int, repeats: int) -> dict[str, float]:
+    """The seal's encode on a thread vs in a process-pool worker, alone and beside a pure-Python
+    thread: the encode's wall time and the other thread's rate (over its rate alone)."""
+    rng = np.random.default_rng(4)
+    ts, ledgers, entries = sort_rows(EPOCH + rng.integers(0, 3_600_000, per_bucket).astype(np.uint64),
+                                     np.ones(per_bucket, np.uint64), np.arange(per_bucket, dtype=np.uint64))
+    out: dict[str, list[float]] = {k: [] for k in ("thread_alone_s", "thread_beside_s", "thread_other_ratio",
+                                                   "process_alone_s", "process_beside_s", "process_other_ratio")}
+    ctx = multiprocessing.get_context("forkserver")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        pool.submit(_encode, ts[:10], ledgers[:10], entries[:10]).result()  # warm: imports done
+
+        def in_thread() -> None:
+            worker = threading.Thread(target=_encode, args=(ts, ledgers, entries))
+            worker.start()
+            worker.join()
+
+        def in_process() -> None:
+            pool.submit(_encode, ts, ledgers, entries).result()
+
+        for _ in range(repeats):
+            for name, run in (("thread", in_thread), ("process", in_process)):
+                out[f"{name}_alone_s"].append(_timed(run))
+                rates: list[float] = []
+                stop = threading.Event()
+                spinner = threading.Thread(target=_spin, args=(None, stop, rates))
+                spinner.start()
+                beside = _timed(run)
+                stop.set()
+                spinner.join()
+                solo: list[float] = []
+                _spin(beside, None, solo)
+                out[f"{name}_beside_s"].append(beside)
+                out[f"{name}_other_ratio"].append(rates[0] / solo[0])
+    return {k: round(float(np.median(v)), 3) for k, v in out.items()}
+
+
+def _median_of(results: list[dict]) -> dict:
+    """Per numeric field, the median over repeats (and [min, max] beside it)."""
+    out: dict = {}
+    for key, value in results[0].items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            out[key] = value
+            continue
+        values = [r[key] for r in results]
+        out[key] = round(float(np.median(values)), 3)
+        if len(values) > 1 and min(values) != max(values):
+            out[key + "_range"] = [min(values), max(values)]
+    return out
+
+
+def _paired_ratios(sync: list[dict], background: list[dict]) -> dict:
+    """Per numeric field, the median over repeats of background / synchronous, each pair measured
+    back to back (so a load spike on the shared machine hits both sides of a pair alike)."""
+    out = {}
+    for key, value in sync[0].items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or key == "seals":
+            continue
+        pairs = [b[key] / a[key] for a, b in zip(sync, background) if a[key]]
+        if pairs:
+            out[key] = round(float(np.median(pairs)), 3)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="ledgers,stalls,rates,readahead,gil", help="comma-separated cases to run")
+    p.add_argument("--repeats", type=int, default=3, help="repeats per case (medians reported)")
     p.add_argument("--ledgers", type=float, default=1e5, help="one-message ledgers (default 1e5)")
-    p.add_argument("--repeats", type=int, default=3, help="repeats per case; the best is reported")
     p.add_argument("--per-bucket", type=float, default=1e6, help="indexes per sealed bucket (default 1e6)")
-    p.add_argument("--total", type=float, default=6e6, help="indexes the writer adds (default 6e6)")
-    p.add_argument("--cases", default="ledgers,stalls", help="comma-separated cases to run")
+    p.add_argument("--total", type=float, default=6e6, help="indexes the stalls writer adds (default 6e6)")
+    p.add_argument("--messages", type=float, default=1e6, help="indexes for rates and readahead (default 1e6)")
+    p.add_argument("--gap-ms", type=float, default=1.0, help="readahead: the caller's pause between calls")
+    p.add_argument("--segments", default="5000,50000", help="readahead: max_indexes_per_segment values")
+    p.add_argument("--cold", action="store_true", help="readahead: evict the ledger files from the page cache")
+    p.add_argument("--max-pending", type=int, default=2, help="stalls: max_pending_maintenance (default 2)")
+    p.add_argument("--trace-holds", action="store_true",
+                   help="stalls: time the steps the background design runs under the tracker's lock")
+    p.add_argument("--switch-interval-ms", type=float, default=None,
+                   help="sys.setswitchinterval for the run (default: Python's 5 ms)")
     args = p.parse_args()
     print("command:", " ".join([os.path.basename(sys.executable)] + sys.argv))
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
+    print("load average at start:", os.getloadavg(), "switch interval (s):", sys.getswitchinterval())
     tmp = tempfile.mkdtemp(prefix="bench-maint-")
     try:
         cases = args.cases.split(",")
+        modes = (False, True)
         if "ledgers" in cases:
             n = int(args.ledgers)
-            print(f"small ledgers ({n:,} one-message ledgers, 50,000-index seals):",
-                  bench_small_ledgers(n, tmp, args.repeats))
+            runs = {m: [bench_small_ledgers(n, tmp, m) for _ in range(args.repeats)] for m in modes}
+            for m in modes:
+                print(f"small ledgers ({n:,} one-message ledgers):", _median_of(runs[m]))
         if "stalls" in cases:
-            for background in (False, True):
+            if args.trace_holds:
+                trace_holds()
+            runs = {m: [] for m in modes}
+            for _ in range(args.repeats):
+                for m in modes:
+                    if m and args.trace_holds:
+                        TRACING.set()
+                    runs[m].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending))
+                    TRACING.clear()
+            for m in modes:
                 print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges):",
-                      bench_stalls(tmp, int(args.per_bucket), int(args.total), background))
+                      _median_of(runs[m]))
+            print("stalls, background / synchronous (median of paired ratios):", _paired_ratios(*runs.values()))
+            if HOLDS:
+                print("stalls, background: lock-holding steps (ms, all repeats): ",
+                      {k: {"n": len(v), "median": round(float(np.median(v)), 1), "max": round(max(v), 1)}
+                       for k, v in HOLDS.items()})
+        if "rates" in cases:
+            runs = {m: [] for m in modes}
+            for _ in range(args.repeats):
+                for m in modes:
+                    runs[m].append(bench_rates(tmp, int(args.messages), m))
+            for m in modes:
+                print(f"rates ({int(args.messages):,} indexes, 50,000-index seals):", _median_of(runs[m]))
+            print("rates, background / synchronous (median of paired ratios):", _paired_ratios(*runs.values()))
+        if "readahead" in cases:
+            n = int(args.messages)
+            for segment in (int(x) for x in args.segments.split(",")):
+                path = os.path.join(tmp, f"sealed-{segment}")
+                make_sealed_store(path, n, segment)
+                for gap in sorted({0.0, args.gap_ms}):
+                    runs = {m: [] for m in modes}
+                    for _ in range(args.repeats):
+                        for m in modes:
+                            runs[m].append(bench_read_ahead(path, n, segment, m, gap, args.cold))
+                    for m in modes:
+                        print(f"get_scheduled_messages(1000) over {n:,} sealed indexes, segments of {segment:,}, "
+                              f"{gap} ms between calls{', cold cache' if args.cold else ''}:", _median_of(runs[m]))
+                shutil.rmtree(path)
+        if "gil" in cases:
+            print(f"gil ({int(args.per_bucket):,}-index seals on the maintenance thread):",
+                  bench_gil(tmp, int(args.per_bucket), args.repeats))
+            print(f"gil: the encode of {int(args.per_bucket):,} indexes on a thread or in a process-pool worker:",
+                  bench_encode_where(int(args.per_bucket), args.repeats))
+        print("load average at end:", os.getloadavg())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
