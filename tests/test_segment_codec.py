@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from bucketstore.format.segment_codec import (FLAG_ZLIB, FLAG_ZSTD, KIND_ARITH, KIND_DELTA_U, KIND_DELTA_Z, KIND_FRAME,
                                               KIND_PACKED, MAX_SEGMENT_INDEXES,
-                                       SegmentCodecError, decode_segment, encode_segment)
+                                       SegmentCodecError, decode_segment, encode_segment, encode_segments)
+from bucketstore.format import segment_codec
 
 U64 = st.integers(0, (1 << 64) - 1)
 EDGE = st.sampled_from([0, 1, (1 << 32) - 1, 1 << 32, (1 << 63), (1 << 64) - 2, (1 << 64) - 1])
@@ -156,3 +157,35 @@ def test_decoder_raises_only_its_own_error_on_garbage(payload) -> None:
         decode_segment(payload)
     except SegmentCodecError as exc:
         assert 0 <= exc.offset <= max(len(payload), 9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 2_000) | U64, st.integers(0, 6) | U64, st.integers(0, 300) | U64),
+                     min_size=1, max_size=120),
+       cuts=st.lists(st.integers(1, 119), max_size=30), block=st.sampled_from([1, 3, 16, 1 << 15]),
+       compress=st.booleans(), codec=st.sampled_from(["zlib", "zstd"]))
+def test_encoding_segments_together_equals_encoding_each_alone(rows, cuts, block, compress, codec) -> None:
+    """encode_segments makes every choice with array operations across segments (reductions
+    between neighbouring segments, blocks of segments, one compressor): each payload must
+    still be exactly what the segment alone encodes to."""
+    ts, ledgers, entries = _sorted_rows(rows)
+    starts = np.array(sorted({0, *(c for c in cuts if c < len(ts))}), dtype=np.int64)
+    bounds = list(zip(starts.tolist(), [*starts[1:].tolist(), len(ts)]))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(segment_codec, "_BLOCK_ROWS", block)
+        together = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec)
+    alone = [encode_segment(ts[lo:hi], ledgers[lo:hi], entries[lo:hi], compress=compress, codec=codec)
+             for lo, hi in bounds]
+    assert together == alone
+    for payload, (lo, hi) in zip(together, bounds):
+        seg = decode_segment(payload, hi - lo)
+        assert np.array_equal(seg.timestamps, ts[lo:hi]) and np.array_equal(seg.entry_ids, entries[lo:hi])
+
+
+def test_encode_segments_refuses_bad_starts() -> None:
+    col = np.arange(4, dtype=np.uint64)
+    for starts in ([1], [0, 0], [0, 4], []):
+        with pytest.raises(ValueError, match="segment starts"):
+            encode_segments(col, col, col, np.array(starts, dtype=np.int64))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        encode_segments(col[::-1].copy(), col, col, np.array([0, 2], dtype=np.int64))

@@ -11,7 +11,8 @@ from pyroaring import BitMap, BitMap64
 from bucketstore.format.segment_codec import MAX_SEGMENT_INDEXES
 from bucketstore.format.snapshot import (BucketFile, BucketMetadata, MetadataCodecError, SegmentMetadata, bucket_key,
                                   build_bucket, cut_segments, decode_metadata, encode_metadata, parse_bucket_key,
-                                  segment_bitmaps, sort_indexes, write_bucket)
+                                  ledger_bitmaps, segment_bitmaps, serialized_bitmaps, sort_indexes, write_bucket)
+from bucketstore.format import snapshot
 from bucketstore.cli.verify import verify_file
 
 
@@ -225,3 +226,41 @@ def test_sort_rows_matches_lexsort(rows) -> None:
     order = np.lexsort((cols[2], cols[1], cols[0]))
     for g, c in zip(got, cols):
         assert g.dtype == np.uint64 and np.array_equal(g, c[order])
+
+
+def _ledger_entries(draw_sets: list[tuple[int, int, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    ledgers, entries = [], []
+    for ledger, shape, values in draw_sets:
+        if shape == 1:  # a run of consecutive ids: a run container
+            values = list(range(values[0], values[0] + 1 + values[-1] % 9000)) if values else []
+        elif shape == 2:  # more than 4096 ids in one container: bitset or runs
+            values = [v % 65536 for v in range(values[0] if values else 0, 70000, 11)]
+        for v in values:
+            ledgers.append(ledger)
+            entries.append(v)
+    return np.array(ledgers, dtype=np.uint64), np.array(entries, dtype=np.uint64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sets=st.lists(st.tuples(st.integers(0, 40) | st.integers(0, (1 << 64) - 1), st.sampled_from([0, 0, 0, 1, 2]),
+                               st.lists(st.integers(0, 300) | st.integers(0, 1 << 20) | st.integers(0, 1 << 40),
+                                        min_size=1, max_size=80)),
+                     min_size=1, max_size=12),
+       block=st.sampled_from([1, 5, 64, 1 << 15]), seed=st.integers(0, 2**32 - 1))
+def test_serialized_bitmaps_are_pyroarings_bytes(sets, block, seed) -> None:
+    """The array-container fast path writes what pyroaring writes for the same positions
+    (run-optimized), and every other ledger goes through pyroaring: entry 0 is unchanged."""
+    ledgers, entries = _ledger_entries(sets)
+    order = np.random.default_rng(seed).permutation(len(ledgers))
+    ledgers, entries = ledgers[order], entries[order]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(snapshot, "_BLOCK_ROWS", block)
+        got = serialized_bitmaps(ledgers, entries)
+    want = ledger_bitmaps(ledgers, entries)
+    flat = []
+    for ledger in sorted(want):
+        bm = want[ledger]
+        flat += [ledger, 64 if isinstance(bm, BitMap64) else 32, bm.serialize()]
+    assert got.flat() == flat
+    assert got.cardinality == len(set(zip(ledgers.tolist(), entries.tolist())))
+    assert dict(got) == want and list(got) == sorted(want)

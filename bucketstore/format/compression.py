@@ -25,7 +25,7 @@ import zlib
 
 import zstandard
 
-__all__ = ["CompressionError", "ZLIB", "ZSTD", "compress", "decompress_exact"]
+__all__ = ["CompressionError", "Compressor", "ZLIB", "ZSTD", "compress", "decompress_exact"]
 
 ZLIB = "zlib"
 ZSTD = "zstd"
@@ -38,38 +38,49 @@ _ZLIB_LEVEL = 1
 _ZSTD_MAGIC = 0xFD2FB528
 _BLOCK_RAW, _BLOCK_RLE, _BLOCK_COMPRESSED = 0, 1, 2
 
-# Compressor objects are reusable but not thread-safe: one per thread would be
-# the general answer; creating one per call costs ~2 us, which is negligible
-# beside a segment's encode, so we keep it simple.
-
 
 class CompressionError(ValueError):
     """A compressed body is damaged or does not inflate to exactly the recorded size."""
 
 
-def compress(body: bytes | list[bytes], codec: str) -> bytes:
-    """Compress ``body`` with ``codec`` (:data:`ZLIB` or :data:`ZSTD`).
+class Compressor:
+    """One codec context for compressing many bodies (a bucket's segments) in a row.
 
-    ``body`` may be given as its pieces (byte planes): zstd then writes one frame
-    per piece (short pieces joined to the next); zlib compresses their concatenation.
+    Creating a zstd context costs about as much as compressing a small segment's
+    plane, so a writer makes one per bucket. Not thread-safe: one per thread.
     """
-    if codec == ZSTD:
+
+    __slots__ = ("codec", "_zstd")
+
+    def __init__(self, codec: str) -> None:
+        if codec not in (ZLIB, ZSTD):
+            raise ValueError(f"unknown codec {codec!r}")
+        self.codec = codec
         # write_content_size: every frame records its size, which the reader checks.
-        cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True)
+        self._zstd = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True) if codec == ZSTD else None
+
+    def compress(self, body: bytes | list[bytes]) -> bytes:
+        """Compress ``body``; given as its pieces (byte planes), zstd writes one frame per
+        piece (short pieces joined to the next) and zlib compresses their concatenation."""
+        zstd = self._zstd
+        if zstd is None:
+            return zlib.compress(body if isinstance(body, bytes) else b"".join(body), _ZLIB_LEVEL)
         if isinstance(body, bytes):
-            return cctx.compress(body)
+            return zstd.compress(body)
         frames, pending = [], b""
         for piece in body:
             pending += piece
             if len(pending) >= _MIN_FRAME:
-                frames.append(cctx.compress(pending))
+                frames.append(zstd.compress(pending))
                 pending = b""
         if pending or not frames:
-            frames.append(cctx.compress(pending))
+            frames.append(zstd.compress(pending))
         return b"".join(frames)
-    if codec == ZLIB:
-        return zlib.compress(body if isinstance(body, bytes) else b"".join(body), _ZLIB_LEVEL)
-    raise ValueError(f"unknown codec {codec!r}")
+
+
+def compress(body: bytes | list[bytes], codec: str) -> bytes:
+    """Compress ``body`` with ``codec`` (:data:`ZLIB` or :data:`ZSTD`), as :meth:`Compressor.compress`."""
+    return Compressor(codec).compress(body)
 
 
 def decompress_exact(stream: bytes | memoryview, size: int, codec: str) -> bytes:

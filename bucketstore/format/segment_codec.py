@@ -33,13 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compression import ZLIB, ZSTD, CompressionError, compress as _compress, decompress_exact
+from .compression import ZLIB, ZSTD, CompressionError, Compressor, decompress_exact
 
 __all__ = [
     "Segment",
     "SegmentCodecError",
     "MAX_SEGMENT_INDEXES",
     "encode_segment",
+    "encode_segments",
     "decode_segment",
     "check_sorted",
 ]
@@ -68,6 +69,7 @@ _ARITH = struct.Struct("<BQQ")  # kind, first, step
 _DELTA = struct.Struct("<BQB")  # kind, first, width
 _WIDTH_DTYPE = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _U64 = np.dtype("<u8")
+_TOP = np.uint64((1 << 64) - 1)
 
 
 class SegmentCodecError(ValueError):
@@ -104,50 +106,142 @@ def check_sorted(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> in
     return int(np.argmin(ok)) + 1
 
 
-def _encode_column(values: np.ndarray, frame: bool = True) -> list[bytes]:
-    """One column as its pieces: the header, then each byte plane (see ``compression``)."""
-    first = int(values[0])
-    if len(values) == 1:
-        return [_ARITH.pack(KIND_ARITH, first, 0)]
-    # uint64 subtraction wraps, so differences are exact modulo 2**64 for any input.
-    diffs = np.diff(values)
-    step = int(diffs[0])
-    if (diffs == diffs[0]).all():
-        return [_ARITH.pack(KIND_ARITH, first, step)]
-    if (values[1:] >= values[:-1]).all():
-        kind, stored = KIND_DELTA_U, diffs
-    else:
-        signed = diffs.view(np.int64)
-        stored = ((signed << 1) ^ (signed >> 63)).view(np.uint64)
-        kind = KIND_DELTA_Z
-    width = _width(int(stored.max()))
-    if kind == KIND_DELTA_Z and frame:
-        low = values.min()
-        frame_width = _width(int(values.max() - low))
-        # Measured (bench_codec, merged buckets): offsets beat zigzag differences
-        # whenever they are no wider, because they carry about one bit less.
-        if frame_width <= width:
-            offsets = values - low
-            top = int(offsets.max())
-            if top < 16:
+class _Columns:
+    """The writer's choices for one column of many segments, made with array operations.
+
+    Segment ``i`` is rows ``starts[i] .. starts[i] + counts[i] - 1``. Every choice is
+    the one a segment encoded alone would get (``formats/bucket_snapshot.md``, "The
+    writer's choices"): ARITH when all differences are equal, DELTA_U when the column
+    never decreases, else FRAME / PACKED when the offsets from the minimum are no
+    wider than the zigzagged differences (version 2), else DELTA_Z; the narrowest width.
+    """
+
+    def __init__(self, values: np.ndarray, starts: np.ndarray, counts: np.ndarray, frame: bool) -> None:
+        n, ends = len(values), starts + counts
+        # diff[j] = v[j+1] - v[j] (wrapping), one slot longer than np.diff so that slot
+        # ends[i] - 1, the difference *between* segments i and i+1 (or past the end), can
+        # be set to a neutral value for each reduction over [starts[i], ends[i]).
+        diff = np.zeros(n, dtype=_U64)
+        np.subtract(values[1:], values[:-1], out=diff[:-1])
+        seams = ends - 1
+        diff[seams] = 0
+        dmax = np.maximum.reduceat(diff, starts)
+        # Equal differences: max == min. The seam slots would spoil the minimum: fill them with the top.
+        diff[seams] = _TOP
+        dmin = np.minimum.reduceat(diff, starts)
+        diff[seams] = 0
+        self.arith = (counts == 1) | (dmax == dmin)
+        self.step = np.where(counts == 1, np.uint64(0), diff[starts])
+        self.first = values[starts]
+        self.values, self.starts, self.counts = values, starts, counts
+        if self.arith.all():  # fixed-delay traffic: nothing else to choose
+            zigzag = np.zeros(len(starts), dtype=np.bool_)
+        else:
+            decreases = np.zeros(n, dtype=np.bool_)
+            np.less(values[1:], values[:-1], out=decreases[:-1])
+            decreases[seams] = False
+            zigzag = np.logical_or.reduceat(decreases, starts) & ~self.arith
+        self.kind = np.where(self.arith, KIND_ARITH, np.where(zigzag, KIND_DELTA_Z, KIND_DELTA_U)).astype(np.uint8)
+        self.base = self.first.copy()
+        stored = diff
+        if zigzag.any():
+            signed = diff.view(np.int64)
+            zz = ((signed << 1) ^ (signed >> 63)).view(np.uint64)  # the seams stay 0
+            stored = zz if zigzag.all() else np.where(np.repeat(zigzag, counts), zz, diff)
+            top = np.where(zigzag, np.maximum.reduceat(zz, starts), dmax)
+        else:
+            top = dmax
+        self.width = _widths(top)
+        self.stored = stored
+        self.offsets: np.ndarray | None = None
+        if frame and zigzag.any():
+            low = np.minimum.reduceat(values, starts)
+            spread = np.maximum.reduceat(values, starts) - low
+            # Measured (bench_codec, merged buckets): offsets beat zigzag differences
+            # whenever they are no wider, because they carry about one bit less.
+            framed = zigzag & (_widths(spread) <= self.width)
+            if framed.any():
                 # A handful of distinct values (the ledgers of a merged bucket): zstd's
                 # Huffman stage spends at least one bit a byte, so pack them first.
-                bits = next(b for b in _PACK_BITS if top < 1 << b)
-                return [_DELTA.pack(KIND_PACKED, int(low), bits), _pack_bits(offsets, bits)]
-            return [_DELTA.pack(KIND_FRAME, int(low), frame_width), *_planes(offsets, frame_width)]
-    return [_DELTA.pack(kind, first, width), *_planes(stored, width)]
+                packed = framed & (spread < 16)
+                self.kind[framed] = KIND_FRAME
+                self.kind[packed] = KIND_PACKED
+                self.width = np.where(framed, _widths(spread), self.width)
+                self.width[packed] = np.where(spread[packed] < 2, 1, np.where(spread[packed] < 4, 2, 4))
+                self.base = np.where(framed, low, self.base)
+                self.offsets = values - np.repeat(low, counts)
+
+    def pieces(self) -> list[list[bytes]]:
+        """Per segment: the column's header, then its byte planes (or its packed bits)."""
+        kinds, widths = self.kind.tolist(), self.width.tolist()
+        firsts, steps, bases = self.first.tolist(), self.step.tolist(), self.base.tolist()
+        starts, counts = self.starts.tolist(), self.counts.tolist()
+        delta_planes = self._planes(self.stored, (KIND_DELTA_U, KIND_DELTA_Z))
+        frame_planes = self._planes(self.offsets, (KIND_FRAME,))
+        packed = self._packed()
+        out = []
+        for i, kind in enumerate(kinds):
+            if kind == KIND_ARITH:
+                out.append([_ARITH.pack(KIND_ARITH, firsts[i], steps[i])])
+                continue
+            lo, width = starts[i], widths[i]
+            if kind == KIND_PACKED:
+                out.append([_DELTA.pack(KIND_PACKED, bases[i], width), packed[i]])
+            elif kind == KIND_FRAME:
+                hi = lo + counts[i]
+                out.append([_DELTA.pack(KIND_FRAME, bases[i], width), *[p[lo:hi] for p in frame_planes[:width]]])
+            else:
+                hi = lo + counts[i] - 1
+                out.append([_DELTA.pack(kind, firsts[i], width), *[p[lo:hi] for p in delta_planes[:width]]])
+        return out
+
+    def _planes(self, stored: np.ndarray | None, kinds: tuple[int, ...]) -> list[bytes]:
+        """Byte plane k of every stored value, for k below the widest of these kinds' widths."""
+        chosen = self.kind == kinds[0]
+        for kind in kinds[1:]:
+            chosen |= self.kind == kind
+        if stored is None or not chosen.any():
+            return []
+        top = int(self.width[chosen].max())
+        # Little-endian uint64: byte k of each value is plane k of any width above k.
+        as_bytes = stored.view(np.uint8).reshape(-1, 8)
+        return [as_bytes[:, k].tobytes() for k in range(top)]
+
+    def _packed(self) -> dict[int, bytes]:
+        """Segment index -> its bit-packed offsets, for the PACKED segments."""
+        out: dict[int, bytes] = {}
+        for bits in _PACK_BITS:
+            chosen = np.flatnonzero((self.kind == KIND_PACKED) & (self.width == bits))
+            if not len(chosen):
+                continue
+            assert self.offsets is not None
+            per = 8 // bits
+            counts, starts = self.counts[chosen], self.starts[chosen]
+            # Each segment's values are padded with zeros to whole bytes, all segments in one buffer.
+            padded = -(-counts // per) * per
+            dest_start = np.cumsum(padded) - padded
+            rows = np.arange(int(counts.sum()), dtype=np.int64)
+            into = np.repeat(dest_start - (np.cumsum(counts) - counts), counts) + rows
+            src = np.repeat(starts - (np.cumsum(counts) - counts), counts) + rows
+            lanes = np.zeros(int(padded.sum()), dtype=np.uint8)
+            lanes[into] = self.offsets[src]
+            lanes = lanes.reshape(-1, per)
+            packed = lanes[:, 0].copy()
+            for k in range(1, per):
+                packed |= lanes[:, k] << np.uint8(k * bits)
+            blob = packed.tobytes()
+            for i, a, size in zip(chosen.tolist(), (dest_start // per).tolist(), (padded // per).tolist()):
+                out[i] = blob[a:a + size]
+        return out
 
 
-def _pack_bits(offsets: np.ndarray, bits: int) -> bytes:
-    """Values < 2**bits, ``8 // bits`` to a byte, the first value in the lowest bits."""
-    per = 8 // bits
-    padded = np.zeros(-(-len(offsets) // per) * per, dtype=np.uint8)
-    padded[:len(offsets)] = offsets
-    lanes = padded.reshape(-1, per)
-    packed = lanes[:, 0].copy()
-    for k in range(1, per):
-        packed |= lanes[:, k] << np.uint8(k * bits)
-    return packed.tobytes()
+_WIDTH_LIMITS = np.array([(1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1], dtype=_U64)
+_WIDTH_OF = np.array([1, 2, 4, 8], dtype=np.uint8)
+
+
+def _widths(top: np.ndarray) -> np.ndarray:
+    """The narrowest byte width (1, 2, 4, 8) of each value."""
+    return _WIDTH_OF[np.searchsorted(_WIDTH_LIMITS, top, side="left")]
 
 
 def _unpack_bits(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
@@ -157,18 +251,6 @@ def _unpack_bits(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
     for k in range(per):
         lanes[:, k] = (packed >> np.uint8(k * bits)) & mask
     return lanes.reshape(-1)[:n]
-
-
-def _width(top: int) -> int:
-    return 1 if top < 1 << 8 else 2 if top < 1 << 16 else 4 if top < 1 << 32 else 8
-
-
-def _planes(stored: np.ndarray, width: int) -> list[bytes]:
-    narrow = stored.astype(_WIDTH_DTYPE[width])
-    if width == 1:
-        return [narrow.tobytes()]
-    planes = narrow.view(np.uint8).reshape(-1, width).T
-    return [plane.tobytes() for plane in planes]
 
 
 def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, compress: bool = True,
@@ -185,25 +267,89 @@ def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, 
         :data:`MAX_SEGMENT_INDEXES` rows, or rows out of order.
     """
     ts = np.ascontiguousarray(ts, dtype=_U64)
+    if len(ts) == 0:
+        raise ValueError("a segment needs at least one index and three columns of equal length")
+    if len(ts) > MAX_SEGMENT_INDEXES:
+        raise ValueError(f"a segment holds at most {MAX_SEGMENT_INDEXES} indexes, not {len(ts)}")
+    return encode_segments(ts, ledgers, entries, np.zeros(1, dtype=np.int64), compress=compress, codec=codec)[0]
+
+
+def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, starts: np.ndarray, *,
+                    compress: bool = True, codec: str = ZSTD, check: bool = True) -> list[bytes]:
+    """Encode consecutive slices of sorted columns as segment payloads, all in one pass.
+
+    Segment ``i`` holds rows ``starts[i]`` up to (not including) ``starts[i + 1]``, the
+    last one up to the end; ``starts[0]`` must be 0. Each payload is byte for byte what
+    :func:`encode_segment` makes of its rows alone: the per-segment choices are made
+    with array operations over all segments (a bucket of small segments would
+    otherwise spend most of its time in per-call overhead), and one compressor
+    serves every frame.
+
+    :param check: verify that the rows are strictly increasing (callers that have
+        already checked the whole run pass ``False``).
+    :raises ValueError: mismatched lengths, bad ``starts``, a segment of more than
+        :data:`MAX_SEGMENT_INDEXES` rows, or rows out of order.
+    """
+    ts = np.ascontiguousarray(ts, dtype=_U64)
     ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
     entries = np.ascontiguousarray(entries, dtype=_U64)
     n = len(ts)
-    if n == 0 or len(ledgers) != n or len(entries) != n:
-        raise ValueError("a segment needs at least one index and three columns of equal length")
-    if n > MAX_SEGMENT_INDEXES:
-        raise ValueError(f"a segment holds at most {MAX_SEGMENT_INDEXES} indexes, not {n}")
-    bad = check_sorted(ts, ledgers, entries)
-    if bad >= 0:
-        raise ValueError(f"segment rows are not strictly increasing at row {bad}")
+    if len(ledgers) != n or len(entries) != n:
+        raise ValueError("the three columns differ in length")
+    starts = np.asarray(starts, dtype=np.int64)
+    if n == 0:
+        if len(starts):
+            raise ValueError("segments of no rows")
+        return []
+    counts = np.diff(starts, append=n)
+    if not len(starts) or starts[0] != 0 or (counts < 1).any():
+        raise ValueError("segment starts must begin at 0 and increase strictly, below the row count")
+    if int(counts.max()) > MAX_SEGMENT_INDEXES:
+        raise ValueError(f"a segment holds at most {MAX_SEGMENT_INDEXES} indexes, not {int(counts.max())}")
+    if check:
+        bad = check_sorted(ts, ledgers, entries)
+        if bad >= 0:
+            raise ValueError(f"segment rows are not strictly increasing at row {bad}")
     # Version 1 (zlib) segments never hold FRAME columns: a version-1 reader would refuse them.
     frame = codec != ZLIB
-    pieces = [*_encode_column(ts, frame), *_encode_column(ledgers, frame), *_encode_column(entries, frame)]
-    body = b"".join(pieces)
-    if compress and len(body) > 64:
-        packed = _compress(pieces, codec)
-        if len(packed) + _RAW_LEN.size < len(body):
-            return _PREFIX.pack(_CODEC_FLAG[codec], n) + _RAW_LEN.pack(len(body)) + packed
-    return _PREFIX.pack(0, n) + body
+    squeeze = Compressor(codec) if compress else None
+    flag = _CODEC_FLAG[codec] if compress else 0
+    out = []
+    for first, last in _blocks(starts, n):
+        lo = int(starts[first])
+        hi = int(starts[last]) if last < len(starts) else n
+        block_starts, block_counts = starts[first:last] - lo, counts[first:last]
+        columns = [_Columns(col[lo:hi], block_starts, block_counts, frame).pieces() for col in (ts, ledgers, entries)]
+        for count, t_pieces, l_pieces, e_pieces in zip(block_counts.tolist(), *columns):
+            pieces = [*t_pieces, *l_pieces, *e_pieces]
+            body = b"".join(pieces)
+            if squeeze is not None and len(body) > 64:
+                packed = squeeze.compress(pieces)
+                if len(packed) + _RAW_LEN.size < len(body):
+                    out.append(_PREFIX.pack(flag, count) + _RAW_LEN.pack(len(body)) + packed)
+                    continue
+            out.append(_PREFIX.pack(0, count) + body)
+    return out
+
+
+#: Rows encoded together (whole segments; a bigger segment is a block of its own). Measured:
+#: temporaries of a few hundred kB are reused by the allocator, where whole-bucket ones are
+#: fresh pages every time, and on a VM the page faults cost more than the arithmetic.
+_BLOCK_ROWS = 1 << 15
+
+
+def _blocks(starts: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """``(first, last)`` segment index ranges of consecutive segments holding about ``_BLOCK_ROWS`` rows."""
+    if n <= _BLOCK_ROWS:
+        return [(0, len(starts))]
+    out = []
+    first = 0
+    while first < len(starts):
+        last = int(np.searchsorted(starts, int(starts[first]) + _BLOCK_ROWS, side="left"))
+        last = max(last, first + 1)
+        out.append((first, last))
+        first = last
+    return out
 
 
 def _max_body_size(n: int) -> int:

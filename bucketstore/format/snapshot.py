@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import struct
 from array import array
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -38,13 +39,15 @@ from .compression import ZLIB, ZSTD, CompressionError, compress as _compress, de
 from .fs import REAL_FS, FileSystem
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
-from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
-                            encode_segment)
+from .segment_codec import (_BLOCK_ROWS, MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
+                            encode_segments)
 
 __all__ = [
     "SNAPSHOT_VERSION",
     "READABLE_VERSIONS",
     "ledger_bitmaps",
+    "serialized_bitmaps",
+    "LedgerBitmaps",
     "SegmentMetadata",
     "BucketMetadata",
     "EntryBitmap",
@@ -129,8 +132,9 @@ class BucketMetadata:
     segments: list[SegmentMetadata]
     version: int = SNAPSHOT_VERSION
     #: ledger id -> bitmap of every entry id of that ledger in the bucket. Stored in
-    #: version 2; for a version-1 file, the union of the segments' bitmaps.
-    bitmaps: dict[int, EntryBitmap] = field(default_factory=dict)
+    #: version 2; for a version-1 file, the union of the segments' bitmaps. A bucket just
+    #: built holds them serialized (:class:`LedgerBitmaps`).
+    bitmaps: Mapping[int, EntryBitmap] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -216,7 +220,207 @@ def ledger_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryB
     return {int(sl[a]): _make_bitmap(se[a:b]) for a, b in zip(starts, ends)}
 
 
-def _flat_bitmaps(bitmaps: dict[int, EntryBitmap]) -> list[object]:
+class LedgerBitmaps(Mapping[int, EntryBitmap]):
+    """Ledger id -> roaring bitmap of entry ids, held as entry 0's serialized bitmaps.
+
+    A seal writes a bucket's bitmaps and never reads them back (the tracker-wide
+    index has the positions already), so :func:`serialized_bitmaps` makes their
+    portable serializations directly; the bitmap objects are deserialized only
+    if someone reads this mapping.
+    """
+
+    __slots__ = ("_ledgers", "_flat", "_loaded", "cardinality")
+
+    def __init__(self, flat: list[object], cardinality: int) -> None:
+        #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list.
+        self._flat = flat
+        self._ledgers = flat[0::3]
+        self._loaded: dict[int, EntryBitmap] | None = None
+        #: The number of positions, the sum of the bitmaps' cardinalities.
+        self.cardinality = cardinality
+
+    def flat(self) -> list[object]:
+        """Entry 0's bitmap list, ``[ledger_id, width, blob, ...]``."""
+        return self._flat
+
+    def _load(self) -> dict[int, EntryBitmap]:
+        if self._loaded is None:
+            flat = self._flat
+            self._loaded = {flat[j]: (BitMap64 if flat[j + 1] == _BITMAP64 else BitMap).deserialize(flat[j + 2])
+                            for j in range(0, len(flat), 3)}
+        return self._loaded
+
+    def __getitem__(self, ledger: int) -> EntryBitmap:
+        return self._load()[ledger]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ledgers)
+
+    def __len__(self) -> int:
+        return len(self._ledgers)
+
+
+# The portable 32-bit roaring serialization (RoaringFormatSpec), for the ledgers made
+# by serialized_bitmaps' fast path: every container an array container.
+_COOKIE_NO_RUNS = 12346
+_ARRAY_MAX = 4096  # CRoaring keeps up to 4096 values in an array container, more in a bitset
+
+
+def serialized_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> LedgerBitmaps:
+    """Per-ledger bitmaps of the positions in these columns (any order), serialized as
+    entry 0 stores them: each exactly what ``_make_bitmap(...).serialize()`` gives.
+
+    The common ledger of a sparse bucket (a few hundred entry ids, few of them
+    consecutive) is a roaring bitmap of array containers only; those are laid out
+    for all ledgers at once with array operations. A ledger whose bitmap has a run
+    or a bitset container after run optimization, or an entry id of 2**32 or more,
+    is built by pyroaring, as before. Repeated positions count once.
+    """
+    ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
+    entries = np.ascontiguousarray(entries, dtype=_U64)
+    if not len(ledgers):
+        return LedgerBitmaps([], 0)
+    if (int(ledgers.max()) - int(ledgers.min()) + 1) * _ARRAY_MAX < len(ledgers):
+        # Few ledgers, thousands of positions each (a dense bucket): their containers are
+        # runs or bitsets, pyroaring's to make, and sorting every position would cost more.
+        bitmaps = ledger_bitmaps(ledgers, entries)
+        flat = _flat_bitmaps(bitmaps)
+        out = LedgerBitmaps(flat, sum(len(bm) for bm in bitmaps.values()))
+        out._loaded = bitmaps
+        return out
+    sl, se = _positions_in_order(ledgers, entries)
+    flat: list[object] = []
+    total, lo, n = 0, 0, len(sl)
+    # Blocks of whole ledgers (see segment_codec._BLOCK_ROWS: temporaries the allocator reuses).
+    while lo < n:
+        hi = n if n - lo <= _BLOCK_ROWS else int(np.searchsorted(sl, sl[lo + _BLOCK_ROWS], side="left"))
+        if hi == lo:  # one ledger of more than _BLOCK_ROWS positions
+            hi = int(np.searchsorted(sl, sl[lo], side="right"))
+        total += _bitmap_block(sl[lo:hi], se[lo:hi], flat)
+        lo = hi
+    return LedgerBitmaps(flat, total)
+
+
+def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object]) -> int:
+    """Append ``[ledger, width, blob, ...]`` for whole ledgers' sorted positions; return their count."""
+    n = len(sl)
+    if n > 1:  # drop repeated positions: a bitmap is a set
+        fresh = np.ones(n, dtype=np.bool_)
+        fresh[1:] = (sl[1:] != sl[:-1]) | (se[1:] != se[:-1])
+        if not fresh.all():
+            sl, se = sl[fresh], se[fresh]
+            n = len(sl)
+    new_ledger = np.ones(n, dtype=np.bool_)
+    np.not_equal(sl[1:], sl[:-1], out=new_ledger[1:])
+    first_row = np.flatnonzero(new_ledger)
+    per_ledger = np.diff(first_row, append=n)
+    ledger_ids = sl[first_row]
+    high = se >> np.uint64(16)
+    new_container = new_ledger.copy()
+    new_container[1:] |= high[1:] != high[:-1]
+    first_in_container = np.flatnonzero(new_container)
+    cards = np.diff(first_in_container, append=n)
+    # A run starts wherever an entry id does not follow the one before it in its container.
+    run_start = new_container.copy()
+    run_start[1:] |= se[1:] != se[:-1] + np.uint64(1)
+    runs = np.add.reduceat(run_start.astype(np.int64), first_in_container)
+    # run_optimize keeps an array container unless runs are smaller: 2 + 4 runs < 2 + 2 card.
+    array_like = (cards <= _ARRAY_MAX) & (2 * runs >= cards)
+    container_ledger = np.cumsum(new_ledger)[first_in_container] - 1
+    fast = np.logical_and.reduceat(array_like, np.flatnonzero(new_ledger[first_in_container]))
+    wide = np.maximum.reduceat(se, first_row) >= np.uint64(1 << 32)
+    fast &= ~wide
+    blobs: list[bytes] = [b""] * len(ledger_ids)
+    if fast.any():
+        _array_only_blobs(blobs, fast, se, first_row, per_ledger, first_in_container, cards, container_ledger, high)
+    for j in np.flatnonzero(~fast).tolist():
+        lo = int(first_row[j])
+        blobs[j] = _make_bitmap(se[lo:lo + int(per_ledger[j])]).serialize()
+    for ledger, is_wide, blob in zip(ledger_ids.tolist(), wide.tolist(), blobs):
+        flat += [ledger, _BITMAP64 if is_wide else _BITMAP32, blob]
+    return n
+
+
+def _positions_in_order(ledgers: np.ndarray, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The columns sorted by (ledger, entry): one sort of packed keys when the ranges fit 64 bits."""
+    l0, e0 = ledgers.min(), entries.min()
+    lb = (int(ledgers.max()) - int(l0)).bit_length()
+    eb = (int(entries.max()) - int(e0)).bit_length()
+    if lb + eb > 64:
+        order = np.lexsort((entries, ledgers))
+        return ledgers[order], entries[order]
+    if lb == 0:
+        return ledgers.copy(), np.sort(entries)
+    # Two buffers in all (fresh pages are dear on a VM): the key, sorted in place, becomes
+    # the entry column, and the scratch buffer the ledger column.
+    key = np.subtract(ledgers, l0)
+    scratch = np.empty_like(key)
+    if eb:
+        key <<= np.uint64(eb)
+        key |= np.subtract(entries, e0, out=scratch)
+    key.sort()
+    sl = np.right_shift(key, np.uint64(eb), out=scratch)
+    sl += l0
+    if eb:
+        key &= np.uint64((1 << eb) - 1)
+        key += e0
+        return sl, key
+    return sl, np.full(len(key), e0, dtype=_U64)
+
+
+def _array_only_blobs(blobs: list[bytes], fast: np.ndarray, se: np.ndarray, first_row: np.ndarray,
+                      per_ledger: np.ndarray, first_in_container: np.ndarray, cards: np.ndarray,
+                      container_ledger: np.ndarray, high: np.ndarray) -> None:
+    """Fill ``blobs[j]`` for the ``fast`` ledgers: portable roaring bitmaps of array containers only.
+
+    Layout (no run containers): cookie u32 = 12346, container count u32, per container
+    its key u16 and cardinality - 1 u16, per container its byte offset u32, then each
+    container's sorted low 16 bits as u16. Every field is a whole number of u16, so
+    all the ledgers are written into one u16 buffer and sliced.
+    """
+    chosen = np.flatnonzero(fast)
+    containers = np.bincount(container_ledger, minlength=len(fast))
+    c = containers[chosen].astype(np.int64)
+    size16 = 4 + 4 * c + per_ledger[chosen]
+    base = np.cumsum(size16) - size16
+    buf = np.zeros(int(size16.sum()), dtype="<u2")
+    buf[base] = _COOKIE_NO_RUNS
+    buf[base + 2] = c & 0xFFFF
+    buf[base + 3] = c >> 16
+    # Containers of the chosen ledgers, in order; q = the container's index in its ledger.
+    where = np.full(len(fast), -1, dtype=np.int64)
+    where[chosen] = np.arange(len(chosen))
+    slot = where[container_ledger]
+    keep = slot >= 0
+    k_slot = slot[keep]
+    k_first = first_in_container[keep]
+    k_card = cards[keep]
+    k_ledger_first_container = np.cumsum(containers) - containers  # global container index of each ledger's first
+    q = np.flatnonzero(keep) - k_ledger_first_container[container_ledger[keep]]
+    k_base, k_c = base[k_slot], c[k_slot]
+    header = k_base + 4 + 2 * q
+    buf[header] = high[k_first].astype(np.uint16)
+    buf[header + 1] = (k_card - 1).astype(np.uint16)
+    # Byte offset of each container: after the 8-byte preamble and 8 bytes of header per container,
+    # plus the values of the ledger's earlier containers (first row of the container - first row of the ledger).
+    offset = 8 + 8 * k_c + 2 * (k_first - first_row[container_ledger[keep]])
+    at = k_base + 4 + 2 * k_c + 2 * q
+    buf[at] = offset & 0xFFFF
+    buf[at + 1] = offset >> 16
+    # Values: the ledger's entry ids in order, low 16 bits, after its headers.
+    rows_per = per_ledger[chosen]
+    rows = np.repeat(first_row[chosen], rows_per) + (np.arange(int(rows_per.sum())) -
+                                                      np.repeat(np.cumsum(rows_per) - rows_per, rows_per))
+    dest = np.repeat(base + 4 + 4 * c - first_row[chosen], rows_per) + rows
+    buf[dest] = (se[rows] & np.uint64(0xFFFF)).astype(np.uint16)
+    blob = buf.tobytes()
+    for j, a, b in zip(chosen.tolist(), (2 * base).tolist(), (2 * (base + size16)).tolist()):
+        blobs[j] = blob[a:b]
+
+
+def _flat_bitmaps(bitmaps: Mapping[int, EntryBitmap]) -> list[object]:
+    if isinstance(bitmaps, LedgerBitmaps):
+        return bitmaps.flat()
     flat: list[object] = []
     for ledger in sorted(bitmaps):
         bm = bitmaps[ledger]
@@ -442,21 +646,33 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
         if check_sorted(ts, ledgers, entries) >= 0:
             raise ValueError("indexes are not sorted by (timestamp, ledger, entry) without duplicates")
     codec = ZLIB if version == 1 else ZSTD
-    metas, payloads = [], []
-    for lo, hi in cut_segments(ts, time_step_ms, max_indexes_per_segment):
-        t, l, e = ts[lo:hi], ledgers[lo:hi], entries[lo:hi]
-        bitmaps = segment_bitmaps(l, e) if version == 1 else {}
-        # A position has one delivery time, so it appears once: entry 0's bitmap
-        # cardinalities must add up to the count, and a reader rejects a file
-        # where they do not. Refuse here rather than write such a file.
-        if version == 1 and sum(len(bm) for bm in bitmaps.values()) != hi - lo:
-            raise ValueError(f"a position (ledger, entry) appears more than once among indexes {lo}..{hi - 1}")
-        metas.append(SegmentMetadata(int(t[0]), int(t[-1]), hi - lo, bitmaps))
-        payloads.append(encode_segment(t, l, e, compress=compress, codec=codec))
+    bounds = cut_segments(ts, time_step_ms, max_indexes_per_segment)
+    starts = np.fromiter((lo for lo, _ in bounds), dtype=np.int64, count=len(bounds))
+    # All segments in one pass (the rows were checked above): a bucket's segments are often
+    # small (a day of random delays cut every 5 minutes: ~170 rows), where per-segment calls
+    # would cost more than the encoding itself.
+    payloads = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec, check=False)
+    metas = []
+    if len(ts):
+        lasts = np.append(starts[1:], len(ts)) - 1
+        for (lo, hi), t_min, t_max in zip(bounds, ts[starts].tolist(), ts[lasts].tolist()):
+            bitmaps = {}
+            if version == 1:
+                bitmaps = segment_bitmaps(ledgers[lo:hi], entries[lo:hi])
+                # A position has one delivery time, so it appears once: entry 0's bitmap
+                # cardinalities must add up to the count, and a reader rejects a file
+                # where they do not. Refuse here rather than write such a file.
+                if sum(len(bm) for bm in bitmaps.values()) != hi - lo:
+                    raise ValueError(f"a position (ledger, entry) appears more than once among indexes {lo}..{hi - 1}")
+            metas.append(SegmentMetadata(t_min, t_max, hi - lo, bitmaps))
     meta = BucketMetadata(start_ledger, end_ledger, len(ts), metas, version)
-    meta.bitmaps = _union_bitmaps(metas) if version == 1 else ledger_bitmaps(ledgers, entries)
-    if version != 1 and sum(len(bm) for bm in meta.bitmaps.values()) != len(ts):
-        raise ValueError("a position (ledger, entry) appears more than once in the bucket")
+    if version == 1:
+        meta.bitmaps = _union_bitmaps(metas)
+    else:
+        bitmaps = serialized_bitmaps(ledgers, entries)
+        if bitmaps.cardinality != len(ts):
+            raise ValueError("a position (ledger, entry) appears more than once in the bucket")
+        meta.bitmaps = bitmaps
     return meta, payloads
 
 

@@ -72,7 +72,7 @@ def seal_once(shape: str, n: int, seed: int) -> float:
             total += len(ents)
         assert not t.buckets(), "sealed before the timed call"
         start = time.perf_counter()
-        t.add_messages(([last + 1], [0], [EPOCH + 10**9]))
+        t.add_messages([(last + 1, 0, EPOCH + 10**9)])  # one row: the roll that seals
         elapsed = time.perf_counter() - start
         assert len(t.buckets()) == 1, "the timed call did not seal"
         return total / elapsed / 1e6
