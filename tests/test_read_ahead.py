@@ -8,7 +8,6 @@ flag with a generous bound; no assertion depends on timing.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -222,119 +221,49 @@ def test_a_read_in_flight_when_its_bucket_goes_is_never_taken(tmp_path, event):
             held.release.set()
 
 
-@pytest.mark.parametrize("background", [False, True])
-def test_a_failed_read_ahead_falls_back_to_the_synchronous_read(tmp_path, background):
-    """Damage seen only by the read-ahead (repaired before the segment is needed): the
-    segment is read again synchronously and delivery is exact."""
-    clock = FakeClock(0)
-    store, t = _sealed_store(tmp_path / "s", clock, background=background)
-    with store:
-        clock.now = 1010
-        assert len(t.get_scheduled_messages(5)) == 5
-        bucket = t.buckets()[0]
-        at, old = _corrupt_segment(bucket.path, 2)
-        assert len(t.get_scheduled_messages(6)) == 6  # low: segment 2 is read ahead, and is damaged
-        _wait_done(bucket.ahead)
-        assert isinstance(bucket.ahead.error, CorruptLedgerError)
-        _restore(bucket.path, at, old)
-        assert _drain(t, clock) == [(1, e) for e in range(11, 100)] + [(2, 0)]
-        ra = t.stats()["read_ahead"]
-        assert ra["failed"] == 1 and ra["hits"] >= 0 and t.stats()["load"]["failed"] == 0
-
-
-@pytest.mark.parametrize("read_ahead", [False, True])
-def test_damage_found_during_read_ahead_is_reported_as_without_it(tmp_path, read_ahead):
-    """Lasting damage: get_scheduled_messages raises the same typed error, naming the file,
-    with and without read-ahead, and nothing after the damaged segment is delivered early."""
-    clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s", read_ahead=read_ahead) as store:
-        t = store.tracker("t", CFG, clock)
-        t.add_messages([(1, e, 1000 + e) for e in range(100)])
-        t.add_message(2, 0, 10_000)
-        t.wait_for_maintenance()  # the seal runs on the store's worker
-        clock.now = 1010
-        assert len(t.get_scheduled_messages(5)) == 5
-        bucket = t.buckets()[0]
-        _corrupt_segment(bucket.path, 2)
-        assert len(t.get_scheduled_messages(6)) == 6  # low: segment 2 is read ahead (if on)
-        if read_ahead:
-            _wait_done(bucket.ahead)
-            assert isinstance(bucket.ahead.error, CorruptLedgerError)
-        clock.now = 1050
-        assert t.get_scheduled_messages(5) == [(1, e) for e in range(11, 16)]  # the rest of segment 1
-        with pytest.raises(CorruptLedgerError) as info:
-            t.get_scheduled_messages(100)
-        assert bucket.path in str(info.value)
-        assert t.stats()["load"]["failed"] >= 1
-        assert t.contains_message(1, 20)  # nothing of the damaged segment was taken
-
-
-@pytest.mark.parametrize("event", ["merge", "mark_delete", "clear", "close", "delete_tracker"])
-def test_a_read_in_flight_when_its_bucket_goes_is_never_taken(tmp_path, event):
-    """The reader is held with a read of a bucket queued; the bucket is merged away, trimmed,
-    cleared or closed meanwhile; then the read finishes. Nothing is delivered twice or lost."""
-    clock = FakeClock(0)
-    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=100, max_indexes_per_segment=20,
-                        max_num_buckets=2)
-    with bucketstore.open(tmp_path / "s", read_ahead=True) as store:
-        t = store.tracker("t", cfg, clock)
-        mem = InMemoryTracker(cfg, clock)
-        for tr in (t, mem):
-            tr.add_messages([(1, e, 1000 + e) for e in range(100)])
-            tr.add_messages([(2, e, 1000 + e) for e in range(100)])
-            tr.add_message(3, 0, 10_000)
-        t.wait_for_maintenance()  # the seals run on the store's worker
-        assert len(t.buckets()) == 2
-        held = _hold_reader(store)
-        try:
-            _racing_event(store, t, mem, cfg, clock, held, event)
-        finally:
-            held.release.set()
-
-
 def _racing_event(store, t, mem, cfg, clock, held, event):
-        clock.now = 1010
-        assert t.get_scheduled_messages(22) == mem.get_scheduled_messages(22)  # low now: reads queued
-        pending = [b.ahead for b in t.buckets() if b.ahead is not None]
-        assert pending and not any(r.done for r in pending)
-        if event == "merge":
-            for tr in (t, mem):
-                tr.add_messages([(3, e, 2000 + e) for e in range(1, 101)])
-                tr.add_message(4, 0, 10_000)  # a third bucket: the first two are merged
-            t.wait_for_maintenance()
-            assert any(r.bucket.dead for r in pending)  # merged away with a read in flight
-        elif event == "mark_delete":
-            for tr in (t, mem):
-                tr.mark_delete(2, 0)  # bucket [1, 1] goes
-        elif event == "clear":
-            for tr in (t, mem):
-                tr.clear()
-        elif event in ("close", "delete_tracker"):
-            if event == "close":
-                t.close()
-            else:
-                store.delete_tracker("t")
-            held.release.set()
-            for r in pending:
-                _wait_done(r)
-            t = store.tracker("t", cfg, clock)  # reopened: recovered from disk
-            if event == "delete_tracker":
-                mem = InMemoryTracker(cfg, clock)
-            else:
-                got = _drain(t, clock)
-                assert len(got) == len(set(got))
-                # Sealed mode keeps what was sealed (the mutable bucket's ledger 3 was not).
-                assert {p for p in _drain(mem, clock) if p[0] < 3} <= set(got)
-                return
+    clock.now = 1010
+    assert t.get_scheduled_messages(22) == mem.get_scheduled_messages(22)  # low now: reads queued
+    pending = [b.ahead for b in t.buckets() if b.ahead is not None]
+    assert pending and not any(r.done for r in pending)
+    if event == "merge":
+        for tr in (t, mem):
+            tr.add_messages([(3, e, 2000 + e) for e in range(1, 101)])
+            tr.add_message(4, 0, 10_000)  # a third bucket: the first two are merged
+        t.wait_for_maintenance()
+        assert any(r.bucket.dead for r in pending)  # merged away with a read in flight
+    elif event == "mark_delete":
+        for tr in (t, mem):
+            tr.mark_delete(2, 0)  # bucket [1, 1] goes
+    elif event == "clear":
+        for tr in (t, mem):
+            tr.clear()
+    elif event in ("close", "delete_tracker"):
+        if event == "close":
+            t.close()
+        else:
+            store.delete_tracker("t")
         held.release.set()
         for r in pending:
             _wait_done(r)
-        assert t.stats()["read_ahead"]["hits"] == 0
-        clock.now = 1500
-        assert t.get_scheduled_messages(1000) == mem.get_scheduled_messages(1000)
-        assert _drain(t, clock) == _drain(mem, clock)
-        assert t.number_of_delayed_messages == 0
-        t._check()
+        t = store.tracker("t", cfg, clock)  # reopened: recovered from disk
+        if event == "delete_tracker":
+            mem = InMemoryTracker(cfg, clock)
+        else:
+            got = _drain(t, clock)
+            assert len(got) == len(set(got))
+            # Sealed mode keeps what was sealed (the mutable bucket's ledger 3 was not).
+            assert {p for p in _drain(mem, clock) if p[0] < 3} <= set(got)
+            return
+    held.release.set()
+    for r in pending:
+        _wait_done(r)
+    assert t.stats()["read_ahead"]["hits"] == 0
+    clock.now = 1500
+    assert t.get_scheduled_messages(1000) == mem.get_scheduled_messages(1000)
+    assert _drain(t, clock) == _drain(mem, clock)
+    assert t.number_of_delayed_messages == 0
+    t._check()
 
 
 @pytest.mark.parametrize("durability,background", [("sealed", False), ("sealed", True), ("journal", True)])

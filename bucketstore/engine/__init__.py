@@ -5,7 +5,10 @@ a ledger roll seals it through ``format.snapshot`` into a ledger file registered
 ``catalog``; ``sealed_bucket`` reads one segment at a time into ``shared_queue``, from which
 ``get_scheduled_messages`` delivers (``read_ahead`` reads a bucket's next segment on the store's
 reader thread once its loaded one runs low). ``index_set`` is the tracker-wide set of what is tracked,
-``merge`` picks and rewrites adjacent buckets, ``journal`` is the write-ahead log of
+``merge`` picks adjacent buckets to merge; the seals and merges run as ``seal_pipeline`` and
+``merge_pipeline`` jobs (their common life in ``bucket_job``, the rows still live in ``liveness``)
+on the store's ``maintenance`` worker, the tracker's lock held only to freeze and to install.
+``handoff`` holds delivered batches until the embedder confirms them; ``journal`` is the write-ahead log of
 ``durability="journal"``, and ``store`` owns the directory, its lock and its trackers. A tracker
 gets only ``store_services`` from its store (catalog, ledger directory, id allocator), so
 ``store`` -> ``tracker`` -> ``store_services`` has no cycle. ``identity`` checks that a ledger

@@ -23,65 +23,41 @@ the queue directly, never into a bucket.
 from __future__ import annotations
 
 import os
-import time
-from typing import Any
 
 import numpy as np
 
 from ..errors import BucketStoreError
 from ..format.row_sort import sort_rows
-from ..format.snapshot import BucketMetadata, build_bucket, drop_repeats, write_bucket
+from ..format.snapshot import drop_repeats
+from .bucket_job import BucketJob, Tracker
 from .liveness import index_snapshot
 from .sealed_bucket import SealedBucket
 from .shared_queue import Slot
-
-#: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports us).
-Tracker = Any
 
 __all__ = ["MergeJob"]
 
 _U64 = np.dtype("<u8")
 
 
-class MergeJob:
+class MergeJob(BucketJob):
     """One merge of adjacent sealed buckets into one covering their whole range."""
 
     kind = "merge"
 
     def __init__(self, tracker: Tracker, window: list[SealedBucket]) -> None:
-        self.tracker = tracker
+        super().__init__(tracker, window[0].start_ledger, window[-1].end_ledger)
         self.window = window
-        self.start, self.end = window[0].start_ledger, window[-1].end_ledger
         for b in window:
             b.merging = True
         self._live = index_snapshot(tracker._index, self.start, self.end)
         # Rows delivered in a batch whose confirmation is not durable stay in the merged
         # file: the sources are their only durable copy, and a crash must bring them back.
         self._held = tracker._handoff.held_rows(self.start, self.end)
-        self.cancelled = False
-        self.running = self.finished = False
-        self.number = 0  # the tracker's submission number
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-        self.path: str | None = None
-        self.ledger_id = -1
-        self.meta: BucketMetadata | None = None
 
     def __repr__(self) -> str:
         return f"MergeJob({self.tracker.name!r}, [{self.start}, {self.end}], {len(self.window)} buckets)"
 
     # -- off the lock ---------------------------------------------------------------------------
-    def work(self) -> None:
-        started = time.perf_counter()
-        self.running = True
-        self.tracker._maint.running += 1
-        try:
-            self._work()
-        except Exception as exc:  # reported by install(), never lost
-            self.error = exc
-        finally:
-            self.seconds += time.perf_counter() - started
-
     def _work(self) -> None:
         parts = []
         for bucket in self.window:
@@ -96,36 +72,13 @@ class MergeJob:
                 if keep.any():
                     parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
         self._live = self._held = None  # type: ignore[assignment]
-        tracker = self.tracker
-        store, cfg = tracker._store, tracker.config
-        self.ledger_id = store.allocate_ledger_id()
+        self.ledger_id = self.tracker._store.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
         ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*parts))
-        ts, ledgers, entries = drop_repeats(*sort_rows(ts, ledgers, entries))
-        self.meta, payloads = build_bucket(self.start, self.end, ts, ledgers, entries,
-                                           time_step_ms=cfg.max_time_step_per_segment_ms,
-                                           max_indexes_per_segment=cfg.max_indexes_per_segment)
-        if self.cancelled:
-            return
-        self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
-                                 tracker._file_identity, fs=store.fs)
+        self._write(*drop_repeats(*sort_rows(ts, ledgers, entries)))
 
     # -- under the lock -------------------------------------------------------------------------
-    def install(self) -> None:
-        tracker = self.tracker
-        with tracker._lock:
-            started = time.perf_counter()
-            try:
-                self._install(tracker)
-            except Exception as exc:  # a bug: still end the job, so nobody waits for it forever
-                if not self.finished:
-                    self.error = exc
-                    tracker._finish_job(self, "failed")
-                raise
-            finally:
-                self.seconds += time.perf_counter() - started
-
     def _install(self, tracker: Tracker) -> None:
         store = tracker._store
         tracker._merging.remove(self)

@@ -21,68 +21,40 @@ memory (Pulsar's downgrade).
 from __future__ import annotations
 
 import os
-import time
-from typing import Any
 
 import numpy as np
 
 from ..errors import BucketStoreError
 from ..format.row_sort import sort_rows
-from ..format.snapshot import BucketMetadata, build_bucket, drop_repeats, write_bucket
+from ..format.snapshot import drop_repeats
+from .bucket_job import BucketJob, Tracker
 from .liveness import FrozenMutableLiveness
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run
-
-#: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports us).
-Tracker = Any
 
 __all__ = ["SealJob"]
 
 _U64 = np.dtype("<u8")
 
 
-class SealJob:
+class SealJob(BucketJob):
     """One seal of a frozen mutable bucket over ledgers ``[start, end]``."""
 
     kind = "create"
 
     def __init__(self, tracker: Tracker, start: int, end: int, runs: list[Run], cutoff: int) -> None:
-        self.tracker = tracker
-        self.start, self.end = start, end
+        super().__init__(tracker, start, end)
         #: The frozen runs: in the shared queue until install replaces them.
         self.runs = runs
         # Views of their unread rows now; the arrays are never written in place.
         self._views = [r.rest() for r in runs]
         self._cutoff = cutoff
         self._liveness = FrozenMutableLiveness(tracker._index, start, end, tracker._mark_delete)
-        self.cancelled = False
-        self.running = self.finished = False
-        self.number = 0  # the tracker's submission number
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-        self.path: str | None = None
-        self.ledger_id = -1
-        self.meta: BucketMetadata | None = None
         self._sealed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._due: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __repr__(self) -> str:
         return f"SealJob({self.tracker.name!r}, [{self.start}, {self.end}])"
-
-    def covers(self, ledger_id: int) -> bool:
-        return self.start <= ledger_id <= self.end
-
-    # -- off the lock ---------------------------------------------------------------------------
-    def work(self) -> None:
-        started = time.perf_counter()
-        self.running = True
-        self.tracker._maint.running += 1
-        try:
-            self._work()
-        except Exception as exc:  # reported by install(), never lost
-            self.error = exc
-        finally:
-            self.seconds += time.perf_counter() - started
 
     def _work(self) -> None:
         if self.cancelled:
@@ -103,34 +75,13 @@ class SealJob:
         ts, ledgers, entries = ts[due:], ledgers[due:], entries[due:]
         if not len(ts):
             return
-        tracker = self.tracker
-        store, cfg = tracker._store, tracker.config
-        self.ledger_id = store.allocate_ledger_id()
-        self.meta, payloads = build_bucket(self.start, self.end, ts, ledgers, entries,
-                                           time_step_ms=cfg.max_time_step_per_segment_ms,
-                                           max_indexes_per_segment=cfg.max_indexes_per_segment)
-        if self.cancelled:
-            return
-        # write_bucket: temp file, fsync, rename, fsync(dir). Durable before the catalog names it.
-        self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
-                                 tracker._file_identity, fs=store.fs)
+        self.ledger_id = self.tracker._store.allocate_ledger_id()
+        self._write(ts, ledgers, entries)
+        if self.path is None:
+            return  # cancelled meanwhile
         self._sealed = (ts, ledgers, entries)
 
     # -- under the lock -------------------------------------------------------------------------
-    def install(self) -> None:
-        tracker = self.tracker
-        with tracker._lock:
-            started = time.perf_counter()
-            try:
-                self._install(tracker)
-            except Exception as exc:  # a bug: still end the job, so nobody waits for it forever
-                if not self.finished:
-                    self.error = exc
-                    tracker._finish_job(self, "failed")
-                raise
-            finally:
-                self.seconds += time.perf_counter() - started
-
     def _install(self, tracker: Tracker) -> None:
         store = tracker._store
         tracker._sealing.remove(self)
