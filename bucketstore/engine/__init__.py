@@ -7,7 +7,8 @@ a ledger roll seals it through ``format.snapshot`` into a ledger file registered
 reader thread once its loaded one runs low). ``index_set`` is the tracker-wide set of what is tracked,
 ``merge`` picks adjacent buckets to merge; the seals and merges run as ``seal_pipeline`` and
 ``merge_pipeline`` jobs (their common life in ``bucket_job``, the rows still live in ``liveness``)
-on the store's ``maintenance`` worker, the tracker's lock held only to freeze and to install.
+on the store's ``maintenance`` worker, the tracker's lock held only to freeze and to install
+(``worker_thread`` is the queue-and-thread both it and ``read_ahead``'s reader are built on).
 ``handoff`` holds delivered batches until the embedder confirms them; ``journal`` is the write-ahead log of
 ``durability="journal"``, and ``store`` owns the directory, its lock and its trackers. A tracker
 gets only ``store_services`` from its store (catalog, ledger directory, id allocator), so

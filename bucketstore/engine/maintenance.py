@@ -17,11 +17,11 @@ and the encode was no faster, on two cores.
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Protocol
+
+from .worker_thread import WorkerThread
 
 __all__ = ["Job", "MaintenanceCounters", "MaintenanceWorker"]
 
@@ -53,45 +53,29 @@ class MaintenanceCounters:
                 "cancelled": self.cancelled, "last_error": self.last_error, "seconds": round(self.seconds, 6)}
 
 
-class MaintenanceWorker:
-    """The store's maintenance thread (started on the first job)."""
+class MaintenanceWorker(WorkerThread[Job]):
+    """The store's maintenance thread (started on the first job); :meth:`stop` finishes
+    the queued jobs first."""
 
     def __init__(self, name: str) -> None:
+        super().__init__(f"bucketstore-maintenance {name}")
         self._name = name
-        self._jobs: collections.deque[Job] = collections.deque()
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
 
     def submit(self, job: Job) -> None:
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("maintenance worker is stopped")
-            self._jobs.append(job)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=f"bucketstore-maintenance {self._name}",
-                                                daemon=True)
-                self._thread.start()
-            self._cond.notify()
+        if not self._enqueue(job):
+            raise RuntimeError("maintenance worker is stopped")
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._jobs and not self._stopping:
-                    self._cond.wait()
-                if not self._jobs:
-                    return
-                job = self._jobs.popleft()
-            # work() keeps its own failure for install() to report, and install() must run
-            # whatever happens: a job must never leave its tracker waiting for it.
-            try:
-                job.work()
-            except BaseException:  # a bug, not an I/O failure: keep the thread alive, say so loudly
-                log.exception("bucketstore maintenance: %r failed", job)
-            try:
-                job.install()
-            except BaseException:
-                log.exception("bucketstore maintenance: installing %r failed", job)
+    def _handle(self, job: Job) -> None:
+        # work() keeps its own failure for install() to report, and install() must run
+        # whatever happens: a job must never leave its tracker waiting for it.
+        try:
+            job.work()
+        except BaseException:  # a bug, not an I/O failure: keep the thread alive, say so loudly
+            log.exception("bucketstore maintenance: %r failed", job)
+        try:
+            job.install()
+        except BaseException:
+            log.exception("bucketstore maintenance: installing %r failed", job)
 
     def run_while_waiting(self) -> bool:
         """Called by a tracker about to wait (holding its lock) for one of its jobs.
@@ -102,14 +86,3 @@ class MaintenanceWorker:
         worker needs no help and returns False (the tracker then waits on its condition).
         """
         return False
-
-    def stop(self, timeout: float | None = None) -> bool:
-        """Finish queued jobs and end the thread; False if it is still running after ``timeout``."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is None or thread is threading.current_thread():
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()

@@ -30,11 +30,12 @@ Memory: at most one read-ahead segment per sealed bucket (at most
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 from dataclasses import dataclass
 from typing import Any
+
+from .worker_thread import WorkerThread
 
 __all__ = ["LOW_FRACTION", "ReadAhead", "ReadAheadCounters", "SegmentRead", "SegmentReader"]
 
@@ -84,48 +85,21 @@ class SegmentRead:
         return f"SegmentRead({self.bucket!r}, segment {self.number}, done={self.done})"
 
 
-class SegmentReader:
-    """The store's read-ahead thread (started on the first request; one per store)."""
+class SegmentReader(WorkerThread[SegmentRead]):
+    """The store's read-ahead thread (started on the first request; one per store);
+    :meth:`stop` drops unread requests (nobody takes them: the queue reads synchronously)."""
+
+    finish_queued_on_stop = False
 
     def __init__(self, name: str) -> None:
+        super().__init__(f"bucketstore-readahead {name}")
         self._name = name
-        self._requests: collections.deque[SegmentRead] = collections.deque()
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
 
     def submit(self, request: SegmentRead) -> None:
-        with self._cond:
-            if self._stopping:
-                return  # the store is closing: the queue reads synchronously, if ever
-            self._requests.append(request)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=f"bucketstore-readahead {self._name}",
-                                                daemon=True)
-                self._thread.start()
-            self._cond.notify()
+        self._enqueue(request)  # refused once the store is closing: the queue reads synchronously, if ever
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._requests and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return  # unread requests are simply never taken
-                request = self._requests.popleft()
-            request.perform()
-
-    def stop(self, timeout: float | None = None) -> bool:
-        """End the thread (pending requests are dropped); False if still running after ``timeout``."""
-        with self._cond:
-            self._stopping = True
-            self._requests.clear()
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is None or thread is threading.current_thread():
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()
+    def _handle(self, request: SegmentRead) -> None:
+        request.perform()
 
 
 @dataclass(slots=True)
