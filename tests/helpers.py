@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import os
 
+from bucketstore import TrackerConfig
 from bucketstore.testing.clock import FakeClock
 
-__all__ = ["FakeClock", "example_count"]
+__all__ = ["SMALL", "FakeClock", "example_count", "fill_and_seal"]
+
+#: Small buckets and segments: a few adds seal a bucket of several segments.
+SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=4)
 
 
 def example_count(default: int) -> int:
     """Hypothesis example budget; BUCKETSTORE_EXAMPLES scales it for long runs."""
     return int(os.environ.get("BUCKETSTORE_EXAMPLES", default))
+
+
+def fill_and_seal(tracker, ledgers: int = 3, per_ledger: int = 12, base: int = 1000) -> None:
+    """Add ``per_ledger`` indexes to each of ``ledgers`` ledgers, roll to seal them, and wait
+    until the seals (on the store's worker) are installed."""
+    for ledger in range(ledgers):
+        for entry in range(per_ledger):
+            tracker.add_message(ledger, entry, base + 10 * entry + ledger)
+    tracker.add_message(ledgers, 0, base + 5000)  # roll: seal the last full ledger range
+    tracker.wait_for_maintenance()

@@ -18,19 +18,9 @@ import pytest
 from helpers import FakeClock
 
 import bucketstore
-from bucketstore import CatalogError, CorruptLedgerError, JournalError, LedgerIdentityError, TrackerConfig
+from bucketstore import CatalogError, CorruptLedgerError, JournalError, LedgerIdentityError
 from bucketstore.cli.commands import main
-
-SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=4)
-
-
-def _fill(tracker, ledgers=3, per_ledger=12, base=1000):
-    for ledger in range(ledgers):
-        for entry in range(per_ledger):
-            tracker.add_message(ledger, entry, base + 10 * entry + ledger)
-    tracker.add_message(ledgers, 0, base + 5000)  # roll: seal the last full ledger range
-    tracker.wait_for_maintenance()  # the seals run on the store's worker: installed now
-
+from helpers import SMALL, fill_and_seal
 
 def _files(path):
     """Every file under the store except the catalog and the lock, with its bytes."""
@@ -48,8 +38,8 @@ def _files(path):
 def _two_tracker_store(path, durability="sealed"):
     clock = FakeClock(0)
     with bucketstore.open(path, durability) as store:
-        _fill(store.tracker("a", SMALL, clock))
-        _fill(store.tracker("b", SMALL, clock), base=2000)
+        fill_and_seal(store.tracker("a", SMALL, clock))
+        fill_and_seal(store.tracker("b", SMALL, clock), base=2000)
         return getattr(store, "store_id", None)
 
 
@@ -178,7 +168,7 @@ def test_a_truncated_catalog_is_a_typed_error_not_a_signal(tmp_path, cut):
     with bucketstore.open(path) as store:
         t = store.tracker("a", SMALL, clock)
         for i in range(40):  # enough commits to grow data.mdb well past its two meta pages
-            _fill(t, base=1000 + i * 10_000, ledgers=1)
+            fill_and_seal(t, base=1000 + i * 10_000, ledgers=1)
             t.mark_delete(0, i)
     data = path / "catalog" / "data.mdb"
     raw = data.read_bytes()
@@ -305,7 +295,7 @@ def test_repair_does_not_drop_a_file_it_cannot_open(tmp_path):
         os.chmod(base, 0o755)
         path = os.path.join(base, "s")
         with bucketstore.open(path) as store:
-            _fill(store.tracker("a", SMALL, FakeClock(0)))
+            fill_and_seal(store.tracker("a", SMALL, FakeClock(0)))
             keys = store.catalog.buckets("a")
             victim = _bucket_files(store, "a")[0]
         if os.getuid() == 0:

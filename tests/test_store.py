@@ -13,17 +13,7 @@ import bucketstore
 from bucketstore import CatalogError, CorruptLedgerError, StoreLockedError, TrackerConfig
 from bucketstore.cli.commands import main
 from bucketstore.cli.simulate import SimulationConfig, run_simulation
-
-SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=4)
-
-
-def _fill(tracker, ledgers=3, per_ledger=12, base=1000):
-    for ledger in range(ledgers):
-        for entry in range(per_ledger):
-            tracker.add_message(ledger, entry, base + 10 * entry + ledger)
-    tracker.add_message(ledgers, 0, base + 5000)  # roll: seal the last full ledger range
-    tracker.wait_for_maintenance()  # the seals run on the store's worker: installed now
-
+from helpers import SMALL, fill_and_seal
 
 def _ledger_files(path):
     return sorted(f for f in os.listdir(path / "ledgers"))
@@ -57,7 +47,7 @@ def test_sealed_buckets_survive_reopen(tmp_path):
     clock = FakeClock(0)
     with bucketstore.open(tmp_path / "s") as store:
         t = store.tracker("sub", SMALL, clock)
-        _fill(t)
+        fill_and_seal(t)
         sealed = t.stats()["immutable_buckets"]
         assert sealed >= 1
         held = t.number_of_delayed_messages
@@ -73,7 +63,7 @@ def test_damaged_bucket_file_is_a_typed_error_and_repair_drops_it(tmp_path):
     clock = FakeClock(0)
     with bucketstore.open(tmp_path / "s") as store:
         t = store.tracker("sub", SMALL, clock)
-        _fill(t)
+        fill_and_seal(t)
         sealed = t.stats()["immutable_buckets"]
     victim = tmp_path / "s" / "ledgers" / _ledger_files(tmp_path / "s")[0]
     data = bytearray(victim.read_bytes())
@@ -93,7 +83,7 @@ def test_damaged_bucket_file_is_a_typed_error_and_repair_drops_it(tmp_path):
 def test_missing_bucket_file_is_a_catalog_error(tmp_path):
     clock = FakeClock(0)
     with bucketstore.open(tmp_path / "s") as store:
-        _fill(store.tracker("sub", SMALL, clock))
+        fill_and_seal(store.tracker("sub", SMALL, clock))
     path = tmp_path / "s"
     assert main(["verify", str(path)]) == 0
     os.unlink(path / "ledgers" / _ledger_files(path)[0])
@@ -116,7 +106,7 @@ def _orphan_ledger(path, ledger_id, store_id):
 def test_orphans_and_temporaries_are_removed_on_open(tmp_path):
     path = tmp_path / "s"
     with bucketstore.open(path) as store:
-        _fill(store.tracker("sub", SMALL, FakeClock(0)))
+        fill_and_seal(store.tracker("sub", SMALL, FakeClock(0)))
         store_id = store.store_id
     kept = _ledger_files(path)
     _orphan_ledger(path, 997, store_id)
@@ -138,8 +128,8 @@ def test_clear_and_delete_tracker_remove_files_and_keys(tmp_path):
     with bucketstore.open(path) as store:
         a = store.tracker("a", SMALL, clock)
         b = store.tracker("b", SMALL, clock)
-        _fill(a)
-        _fill(b, base=2000)
+        fill_and_seal(a)
+        fill_and_seal(b, base=2000)
         assert len(_ledger_files(path)) >= 2
         a.clear()
         assert a.number_of_delayed_messages == 0 and store.catalog.buckets("a") == {}
@@ -175,7 +165,7 @@ def test_config_validation_names_the_field():
 def test_cli_store_commands(tmp_path, capsys):
     path = tmp_path / "s"
     with bucketstore.open(path) as store:
-        _fill(store.tracker("sub", SMALL, FakeClock(0)))
+        fill_and_seal(store.tracker("sub", SMALL, FakeClock(0)))
     assert main(["catalog", str(path)]) == 0
     out = capsys.readouterr().out
     assert "tracker 'sub'" in out and "[2, 2]" in out and "not open" in out
