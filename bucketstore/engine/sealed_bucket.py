@@ -21,7 +21,7 @@ from ..errors import CorruptLedgerError
 from ..format.ledger_file import LedgerReader
 from ..format.segment_codec import SegmentCodecError, decode_segment
 from .shared_queue import Run
-from ..format.snapshot import BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps
+from ..format.snapshot import BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps, union_bitmaps
 
 __all__ = ["SealedBucket", "BucketMap", "split_positions"]
 
@@ -150,8 +150,8 @@ def split_positions(bucket: SealedBucket, meta: BucketMetadata, skip: int, need_
     side decoded is the smaller one, unless the skipped positions are wanted.
     """
     if meta.version == 1:
-        return (_union(s.bitmaps for s in meta.segments[skip:]),
-                _union(s.bitmaps for s in meta.segments[:skip]) if need_skipped else None)
+        return (union_bitmaps(s.bitmaps for s in meta.segments[skip:]),
+                union_bitmaps(s.bitmaps for s in meta.segments[:skip]) if need_skipped else None)
     if skip == 0:
         return meta.bitmaps, ({} if need_skipped else None)
     total = int(bucket.counts.sum())
@@ -168,20 +168,6 @@ def _decoded(bucket: SealedBucket, numbers: range) -> dict[int, EntryBitmap]:
     if not runs:
         return {}
     return ledger_bitmaps(np.concatenate([r.ledgers for r in runs]), np.concatenate([r.entries for r in runs]))
-
-
-def _union(parts) -> dict[int, EntryBitmap]:
-    out: dict[int, EntryBitmap] = {}
-    for bitmaps in parts:
-        for ledger, bm in bitmaps.items():
-            have = out.get(ledger)
-            if have is None:
-                out[ledger] = bm.copy()
-            elif type(have) is type(bm):
-                have |= bm
-            else:
-                out[ledger] = BitMap64(have) | BitMap64(bm)
-    return out
 
 
 def _difference(whole: dict[int, EntryBitmap], part: dict[int, EntryBitmap]) -> dict[int, EntryBitmap]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import struct
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -53,6 +53,7 @@ __all__ = [
     "EntryBitmap",
     "cut_segments",
     "segment_bitmaps",
+    "union_bitmaps",
     "encode_metadata",
     "decode_metadata",
     "MetadataCodecError",
@@ -528,7 +529,7 @@ def _validate_metadata(doc: object) -> BucketMetadata:
         raise MetadataCodecError(at, "segment list is not an array")
     if version == 1:
         out = _validate_segments_v1(segments, start, end, at)
-        bitmaps = _union_bitmaps(out)
+        bitmaps = union_bitmaps(seg.bitmaps for seg in out)
     else:
         out = _validate_segments_v2(segments, at)
         bitmaps = _validate_bitmaps(doc[5], start, end, at, "bucket")
@@ -605,10 +606,12 @@ def _sorted_flat(flat: list[object]) -> list[object]:
     return [v for t in triples for v in t]
 
 
-def _union_bitmaps(segments: list[SegmentMetadata]) -> dict[int, EntryBitmap]:
+def union_bitmaps(parts: Iterable[Mapping[int, EntryBitmap]]) -> dict[int, EntryBitmap]:
+    """The per-ledger union of several ``ledger -> bitmap`` maps (new bitmaps; 64-bit where
+    any part is)."""
     union: dict[int, EntryBitmap] = {}
-    for seg in segments:
-        for ledger, bm in seg.bitmaps.items():
+    for bitmaps in parts:
+        for ledger, bm in bitmaps.items():
             have = union.get(ledger)
             if have is None:
                 union[ledger] = bm.copy()
@@ -667,7 +670,7 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
             metas.append(SegmentMetadata(t_min, t_max, hi - lo, bitmaps))
     meta = BucketMetadata(start_ledger, end_ledger, len(ts), metas, version)
     if version == 1:
-        meta.bitmaps = _union_bitmaps(metas)
+        meta.bitmaps = union_bitmaps(m.bitmaps for m in metas)
     else:
         bitmaps = serialized_bitmaps(ledgers, entries)
         if bitmaps.cardinality != len(ts):
