@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BucketStoreError
 from ..format.snapshot import BucketMetadata, build_bucket, write_bucket
 
 #: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports the jobs).
@@ -89,3 +90,18 @@ class BucketJob:
 
     def _install(self, tracker: Tracker) -> None:
         raise NotImplementedError
+
+    def _commit(self, put: dict[str, int], remove: list[str] | None = None) -> None:
+        """The job's one catalog transaction (the file is durable already); a failure is
+        kept in ``error`` for the install to act on."""
+        try:
+            self.tracker._store.catalog.commit(self.tracker.name, put=put, remove=remove or (),
+                                               next_ledger_id=self.ledger_id + 1)
+        except (OSError, BucketStoreError) as exc:
+            self.error = exc
+
+    def _abandon(self, outcome: str) -> None:
+        """End the job without installing anything: its file, if written, is removed."""
+        if self.path is not None:
+            self.tracker._store.remove_ledger_file(self.path)
+        self.tracker._finish_job(self, outcome)

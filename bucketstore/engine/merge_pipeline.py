@@ -26,7 +26,6 @@ import os
 
 import numpy as np
 
-from ..errors import BucketStoreError
 from ..format.row_sort import sort_rows
 from ..format.snapshot import drop_repeats
 from .bucket_job import BucketJob, Tracker
@@ -80,30 +79,21 @@ class MergeJob(BucketJob):
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: Tracker) -> None:
-        store = tracker._store
         tracker._merging.remove(self)
         for b in self.window:
             b.merging = False
         if self.cancelled or tracker._closed or any(b.dead for b in self.window):
             # A source was deleted meanwhile (acknowledged, exhausted, cleared): the merged
             # file would bring its rows back. Drop it; the next roll plans again.
-            if self.path is not None:
-                store.remove_ledger_file(self.path)
-            tracker._finish_job(self, "cancelled")
+            self._abandon("cancelled")
             return
         if self.error is None:
             put = {self.meta.key: self.ledger_id} if self.meta is not None and self.path is not None else {}
-            try:
-                # One transaction: the merged key in, the sources' keys out. A crash before it
-                # leaves an orphan file; after it, the sources' files are orphans.
-                store.catalog.commit(tracker.name, put=put, remove=[b.key for b in self.window],
-                                     next_ledger_id=self.ledger_id + 1)
-            except (OSError, BucketStoreError) as exc:
-                self.error = exc
+            # One transaction: the merged key in, the sources' keys out. A crash before it
+            # leaves an orphan file; after it, the sources' files are orphans.
+            self._commit(put, [b.key for b in self.window])
         if self.error is not None:
-            if self.path is not None:
-                store.remove_ledger_file(self.path)
-            tracker._finish_job(self, "failed")  # the sources stay, untouched
+            self._abandon("failed")  # the sources stay, untouched
             return
         for b in self.window:
             b.dead = True  # their runs and slots in the queue die with them

@@ -24,7 +24,6 @@ import os
 
 import numpy as np
 
-from ..errors import BucketStoreError
 from ..format.row_sort import sort_rows
 from ..format.snapshot import drop_repeats
 from .bucket_job import BucketJob, Tracker
@@ -83,25 +82,14 @@ class SealJob(BucketJob):
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: Tracker) -> None:
-        store = tracker._store
         tracker._sealing.remove(self)
         if self.cancelled or tracker._closed:  # clear(), close() or delete_tracker() meanwhile
-            if self.path is not None:
-                store.remove_ledger_file(self.path)
-            tracker._finish_job(self, "cancelled")
+            self._abandon("cancelled")
             return
         if self.error is None and self.meta is not None:
-            try:
-                # The commit makes the bucket part of the tracker; the file is durable already.
-                store.catalog.commit(tracker.name, put={self.meta.key: self.ledger_id},
-                                     next_ledger_id=self.ledger_id + 1)
-            except (OSError, BucketStoreError) as exc:
-                self.error = exc
+            self._commit({self.meta.key: self.ledger_id})  # makes the bucket part of the tracker
         if self.error is not None:
-            if self.path is not None:
-                store.remove_ledger_file(self.path)
-            # The frozen runs stay in the queue: the indexes are kept in memory.
-            tracker._finish_job(self, "failed")
+            self._abandon("failed")  # the frozen runs stay in the queue: the indexes are kept in memory
             return
         # Every frozen row was popped (delivered, or skipped as dead) while the file was written:
         # the new bucket holds nothing live.
