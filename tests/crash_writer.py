@@ -143,8 +143,16 @@ JOURNAL_CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=8, ma
 
 
 def run_journal_writer(store_path: str | os.PathLike[str], log_path: str | os.PathLike[str], seed: int,
-                       iterations: int | None = None, ready: int | None = None, background: bool = False) -> None:
+                       iterations: int | None = None, ready: int | None = None, background: bool = False,
+                       confirm_sync_ms: int = 0) -> None:
     """A journal-mode embedder (``delivery="at-least-once"``) that works until killed.
+
+    With ``confirm_sync_ms=0`` a confirmation is durable when its call returns. Otherwise
+    (grouped confirmations) it is durable only at the next commit: surely once the next
+    ``add_messages`` or ``flush`` returned, maybe earlier (the window elapsed, a seal's
+    checkpoint, a bucket read to its end). So the writer keeps every batch confirmed since
+    then in ``{"confirming": [n, ...]}`` (all of them "maybe") and writes
+    ``{"confirmed": [n, ...]}`` once such a call returned.
 
     With ``background`` its seals and merges run on the store's maintenance thread, so a
     kill also lands inside them: mid-write, between write and install, between a seal's
@@ -157,9 +165,9 @@ def run_journal_writer(store_path: str | os.PathLike[str], log_path: str | os.Pa
         (acknowledged: durable, with ``sync_interval_ms=0``);
     ``{"got": [[l, e], ...], "batch": n}`` after ``get_scheduled_messages`` returned:
         the batch is handed on (the moment the issue's embedder lost it);
-    ``{"confirming": n}`` before the call that confirms batch ``n`` (the next
+    ``{"confirming": [n]}`` before the call that confirms batch ``n`` (the next
         ``get_scheduled_messages``, ``flush`` or ``confirm_delivered``) and
-        ``{"confirmed": n}`` after it returned: from then on, never delivered again;
+        ``{"confirmed": [n]}`` after it returned: from then on, never delivered again;
     ``{"clock": t}`` before the clock moves; ``{"ack": [l, e]}`` before ``mark_delete``.
 
     Positions are never added twice, so any position delivered after its batch's
@@ -171,7 +179,10 @@ def run_journal_writer(store_path: str | os.PathLike[str], log_path: str | os.Pa
     batch = max([r["batch"] for r in records if "batch" in r], default=-1)
     side = SideLog(log_path)
     clock = FakeClock(now)
-    store = bucketstore.open(store_path, durability="journal", background=background)
+    store = bucketstore.open(store_path, durability="journal", background=background,
+                             confirm_sync_ms=confirm_sync_ms)
+    grouped = confirm_sync_ms > 0
+    unsettled: list[int] = []  # grouped: batches confirmed, not yet surely durable
     tracker = store.tracker(NAME, JOURNAL_CONFIG, clock)
     if ready is not None:
         os.write(ready, b"r")
@@ -183,24 +194,38 @@ def run_journal_writer(store_path: str | os.PathLike[str], log_path: str | os.Pa
         side.write({"add": rows})
         tracker.add_messages(rows)
         side.write({"added": 1})
+        if unsettled:  # the add's commit carried the pending confirmations
+            side.write({"confirmed": unsettled})
+            unsettled = []
         ledger += 1
-        if rng.random() < 0.6:
+        polls = 0
+        run = rng.choice([1, 8]) if grouped else 1  # grouped: sometimes a drain of several polls
+        for _ in range(run):
+            if rng.random() >= (0.6 if run == 1 else 0.9):
+                break
+            polls += 1
             target = clock.now + rng.randrange(10, 120)
             side.write({"clock": target})  # durable before the clock moves
             clock.now = target
             if pending is not None:
-                side.write({"confirming": pending})
+                unsettled.append(pending)
+                side.write({"confirming": unsettled})
             got = tracker.get_scheduled_messages(rng.randrange(1, 40))  # confirms the previous batch
-            if pending is not None:
-                side.write({"confirmed": pending})
-                pending = None
+            if pending is not None and not grouped:
+                side.write({"confirmed": unsettled})
+                unsettled = []
+            pending = None
             batch += 1
             side.write({"got": got, "batch": batch})
             pending = batch if got else None
-        elif pending is not None and rng.random() < 0.3:
-            side.write({"confirming": pending})
-            (tracker.flush if rng.random() < 0.5 else tracker.confirm_delivered)()
-            side.write({"confirmed": pending})
+        if not polls and pending is not None and rng.random() < 0.3:
+            unsettled.append(pending)
+            side.write({"confirming": unsettled})
+            flush = rng.random() < 0.5
+            (tracker.flush if flush else tracker.confirm_delivered)()
+            if flush or not grouped:
+                side.write({"confirmed": unsettled})
+                unsettled = []
             pending = None
         if rng.random() < 0.03:
             ack = [max(0, ledger - rng.randrange(6, 14)), rng.randrange(0, 8)]

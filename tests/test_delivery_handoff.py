@@ -35,7 +35,7 @@ class Process:
     def __init__(self, path, clock, cfg=CFG, **open_args):
         self.path, self.clock, self.cfg, self.open_args = path, clock, cfg, open_args
         self.fs = FaultyFileSystem()
-        self.store = Store(path, durability="journal", fs=self.fs, **open_args)
+        self.store = Store(path, durability="journal", fs=self.fs, **{"confirm_sync_ms": 0, **open_args})
         self.fs.attach(self.store.catalog)
         self.tracker = self.store.tracker("sub", cfg, clock)
 
@@ -94,7 +94,7 @@ def test_kill_points_between_the_return_and_the_confirming_call(tmp_path, damage
     of the call that confirms it: until the confirmation's journal group is durable the
     batch comes back, after it never does; the second batch (unconfirmed) always does."""
     dry = FaultyFileSystem()
-    store = Store(tmp_path / "dry", durability="journal", fs=dry)
+    store = Store(tmp_path / "dry", durability="journal", fs=dry, confirm_sync_ms=0)
     dry.attach(store.catalog)
     marks: dict = {}
     dry_clock = FakeClock(1000)
@@ -110,7 +110,7 @@ def test_kill_points_between_the_return_and_the_confirming_call(tmp_path, damage
         path = tmp_path / f"crash{n}"
         clock = FakeClock(1000)
         fs = FaultyFileSystem(crash_at=n)
-        store = Store(path, durability="journal", fs=fs)
+        store = Store(path, durability="journal", fs=fs, confirm_sync_ms=0)
         fs.attach(store.catalog)
         got: dict = {}
         with pytest.raises(SimulatedCrash):

@@ -37,7 +37,7 @@ def test_failed_journal_commit_raises_poisons_and_loses_nothing_acknowledged(tmp
                                                                             during: str) -> None:
     clock = FakeClock(1_000)
     fs = FaultyFileSystem()
-    store = Store(tmp_path, durability="journal", fs=fs)
+    store = Store(tmp_path, durability="journal", fs=fs, confirm_sync_ms=0)  # every confirmation commits
     fs.attach(store.catalog)
     tracker = store.tracker("sub", CONFIG, clock)
     acked = {(1, e): 1_100 + 10 * e for e in range(3)}

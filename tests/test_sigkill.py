@@ -153,8 +153,9 @@ def check_journal_store(store_path: Path, log_path: Path, *, drain: bool = False
     confirmed: set[tuple[int, int]] = set()
     batches: dict[int, set[tuple[int, int]]] = {}
     last: set[tuple[int, int]] = set()
-    confirming: int | None = None
+    confirming: list[int] = []  # batches whose confirmation may or may not be durable
     acks: list[tuple[int, int]] = []
+    window_back = 0
     for r in records:
         if "add" in r:
             last = {(row[0], row[1]) for row in r["add"]}
@@ -167,16 +168,18 @@ def check_journal_store(store_path: Path, log_path: Path, *, drain: bool = False
             assert not again, f"confirmed deliveries delivered again, e.g. {sorted(again)[:5]}"
             batches[r["batch"]] = got
         elif "confirming" in r:
-            confirming = r["confirming"]
+            confirming = list(r["confirming"])
         elif "confirmed" in r:
-            confirmed |= batches[r["confirmed"]]
-            confirming = None
-        elif "unconfirmed" in r:  # a confirmation the kill interrupted, resolved by a check
-            confirming = None
+            for n in r["confirmed"]:
+                confirmed |= batches[n]
+            confirming = []
+        elif "unconfirmed" in r:  # confirmations the kill interrupted, resolved by a check
+            confirming = []
         elif "ack" in r:
             acks.append((r["ack"][0], r["ack"][1]))
-    # The call in flight at the kill may have confirmed its batch, and the last ack may have landed.
-    maybe = batches.get(confirming, set()) if confirming is not None else set()
+    # The call in flight at the kill may have confirmed its batch (grouped confirmations: any
+    # of the batches confirmed since the last sure commit), and the last ack may have landed.
+    maybe = set().union(*(batches[n] for n in confirming))
     ack = max(acks, default=None)
     must = {p for p in acknowledged - confirmed - maybe if ack is None or p > ack}
     now = max([1_000] + [r["clock"] for r in records if "clock" in r])
@@ -192,15 +195,24 @@ def check_journal_store(store_path: Path, log_path: Path, *, drain: bool = False
         lost = must - tracked
         assert not lost, f"lost {len(lost)} acknowledged, unconfirmed indexes, e.g. {sorted(lost)[:5]}"
         if maybe:
-            # Settle the interrupted confirmation in the log (all of the batch or none of it),
-            # so that later checks hold its positions to the outcome.
-            settled = {p for p in maybe if ack is None or p > ack}
-            if settled and settled <= tracked:
-                SideLog(log_path).write({"unconfirmed": confirming})
-            elif settled and not settled & tracked:
-                SideLog(log_path).write({"confirmed": confirming})
-            else:
-                assert not settled, f"part of batch {confirming} came back: {sorted(settled & tracked)[:5]}"
+            # Settle the interrupted confirmations in the log (each batch all or nothing, and
+            # the durable frontier covers a prefix of them), so that later checks hold their
+            # positions to the outcome.
+            gone, back = [], []
+            for n in confirming:
+                settled = {p for p in batches[n] if ack is None or p > ack}
+                if settled and settled <= tracked:
+                    back.append(n)
+                elif settled and not settled & tracked:
+                    gone.append(n)
+                else:
+                    assert not settled, f"part of batch {n} came back: {sorted(settled & tracked)[:5]}"
+            assert not back or not gone or max(gone) < min(back), \
+                f"batches {gone} durably confirmed but earlier ones {back} not: the frontier is not a prefix"
+            SideLog(log_path).write({"confirmed": gone})
+            SideLog(log_path).write({"unconfirmed": back})
+            # All but the last were confirmed by a call that returned: back only through the window.
+            window_back = len(set(back) & set(confirming[:-1]))
         if drain:
             clock.now += 10**6
             rest = set(tracker.get_scheduled_messages(10**7))
@@ -209,38 +221,49 @@ def check_journal_store(store_path: Path, log_path: Path, *, drain: bool = False
     newest = max(batches, default=None)
     back_batch = newest if newest is not None and batches[newest] - confirmed and \
         batches[newest] - confirmed <= tracked else None
-    return {"must": len(must), "confirmed": len(confirmed), "back_batch": back_batch}
+    return {"must": len(must), "confirmed": len(confirmed), "back_batch": back_batch, "window_back": window_back}
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["synchronous", "background"])
-def test_sigkill_journal_writer_at_least_once(tmp_path: Path, background: bool) -> None:
+@pytest.mark.parametrize("background, confirm_sync_ms", [(False, 0), (True, 0), (True, 100)],
+                         ids=["synchronous", "background", "grouped-confirmations"])
+def test_sigkill_journal_writer_at_least_once(tmp_path: Path, background: bool, confirm_sync_ms: int) -> None:
     """A journal-mode embedder SIGKILLed at random moments (and its next opener, often during
     recovery): what it added and did not confirm always comes back, what it confirmed never
     does. The issue's failure (a batch returned, the kill before it was handed on) is among
     the kill points: those positions must be tracked after the restart. With ``background``
-    the kills also land inside seals and merges running on the maintenance thread."""
+    the kills also land inside seals and merges running on the maintenance thread. With
+    ``confirm_sync_ms`` (the store's default window, on the real clock) confirmations wait
+    for the next commit: the batches confirmed since then may come back (each whole, a
+    prefix of them durable), nothing else; the writer then also drains in runs of polls."""
     store_path, log_path = tmp_path / "store", tmp_path / "side.log"
     rng = random.Random(2024)
     started = time.perf_counter()
     killed_writers = killed_recoveries = 0
     came_back: set[int] = set()  # batches handed on, killed before their confirmation, found again
+    window_back = 0  # batches whose confirming call returned, back because its commit had not come
     for i in range(JOURNAL_KILLS):
-        pid, ready = _fork(functools.partial(run_journal_writer, background=background), store_path, log_path, i,
-                           None)
+        pid, ready = _fork(functools.partial(run_journal_writer, background=background,
+                                             confirm_sync_ms=confirm_sync_ms), store_path, log_path, i, None)
         killed_writers += _kill_after(pid, ready, rng.uniform(0.0, 0.15))
         now = max([1_000] + [r["clock"] for r in read_side_log(log_path) if "clock" in r])
         pid, ready = _fork(_recover_journal, store_path, now)
         killed_recoveries += _kill_after(pid, ready, rng.uniform(0.0, 0.01))
-        came_back.add(check_journal_store(store_path, log_path)["back_batch"])
+        checked = check_journal_store(store_path, log_path)
+        came_back.add(checked["back_batch"])
+        window_back += checked["window_back"]
     came_back.discard(None)
     summary = check_journal_store(store_path, log_path, drain=True)
     records = read_side_log(log_path)
     elapsed = time.perf_counter() - started
-    print(f"\nSIGKILL journal ({'background' if background else 'synchronous'}): {killed_writers} writers killed mid-work, {killed_recoveries} openers killed, "
+    print(f"\nSIGKILL journal ({'background' if background else 'synchronous'}, confirm_sync_ms={confirm_sync_ms}): "
+          f"{killed_writers} writers killed mid-work, {killed_recoveries} openers killed, "
           f"{sum(1 for r in records if 'got' in r)} batches handed on, {summary['confirmed']} deliveries confirmed, "
-          f"{len(came_back)} kills between a hand-on and its confirmation (the batch came back), in {elapsed:.1f}s")
+          f"{len(came_back)} kills between a hand-on and its confirmation (the batch came back), "
+          f"{window_back} returned confirmations undone by a kill inside their window, in {elapsed:.1f}s")
     assert killed_writers >= JOURNAL_KILLS * 0.9, "most writers must still be running when killed"
     assert came_back, "no kill landed between a delivery and its confirmation"
+    assert window_back or not confirm_sync_ms, "no kill landed inside a confirmation window"
+    assert not window_back or confirm_sync_ms, "a returned confirmation came back with confirm_sync_ms=0"
 
 
 def _hold(store_path: Path, ready: int) -> None:

@@ -166,6 +166,11 @@ class Journal:
         self._fs = fs
         fs.makedirs(directory)
         self._pending: list[bytes] = []
+        #: Whether the pending group holds a record a crash must not lose (an add, an untrack,
+        #: an at-most-once frontier): only a group of lazy frontiers may wait for its window.
+        self._urgent = False
+        #: Whether the last pending record is a lazy frontier (the next one may replace it).
+        self._lazy_last = False
         self._fd = -1
         self._number = -1
         self._poisoned: str | None = None
@@ -229,22 +234,51 @@ class Journal:
 
     # -- appending ------------------------------------------------------------------------------
     def add_rows(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> None:
+        self._urgent = True
+        self._lazy_last = False
         self._pending.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
                                             np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))
 
     def add_one(self, ledger_id: int, entry_id: int, ts: int) -> None:
+        self._urgent = True
+        self._lazy_last = False
         self._pending.append(msgpack.packb(["a", _U64.pack(ledger_id), _U64.pack(entry_id), _U64.pack(ts)]))
 
     def untrack(self, ledger_id: int, entry_id: int) -> None:
+        self._urgent = True
+        self._lazy_last = False
         self._pending.append(msgpack.packb(["x", ledger_id, entry_id]))
 
-    def frontier(self, key: tuple[int, int, int]) -> None:
-        self._pending.append(msgpack.packb(["f", *key]))
+    def frontier(self, key: tuple[int, int, int], *, lazy: bool = False) -> None:
+        """Append a frontier record.
+
+        :param lazy: the record only confirms deliveries (at-least-once): losing it makes a
+            crash deliver them again, never lose anything, so it may wait for the confirmation
+            window (see :attr:`urgent`). An at-most-once frontier is not lazy: losing it would
+            deliver a batch twice.
+        """
+        if not lazy:
+            self._urgent = True
+        # Consecutive lazy frontiers in one pending group: only the largest matters (replay
+        # keeps the maximum), so a drain that commits once per window writes one record.
+        record = msgpack.packb(["f", *key])
+        if lazy and self._lazy_last and self._pending:
+            self._pending[-1] = record
+        else:
+            self._pending.append(record)
+        self._lazy_last = lazy
         self._pending_frontier = key
 
     @property
     def has_pending(self) -> bool:
         return bool(self._pending)
+
+    @property
+    def urgent(self) -> bool:
+        """Whether the pending group must be committed within the add window
+        (``sync_interval_ms``); False when it holds only lazy frontiers, which may wait
+        for the confirmation window (``confirm_sync_ms``)."""
+        return self._urgent
 
     def commit(self) -> None:
         """Write the pending records as one group and fsync it. A failure poisons the journal."""
@@ -268,6 +302,7 @@ class Journal:
                 self._poisoned = f"{type(exc).__name__}: {exc}"
                 raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
         self._pending.clear()
+        self._urgent = self._lazy_last = False
         if self._pending_frontier is not None:
             self.durable_frontier, self._pending_frontier = self._pending_frontier, None
 
@@ -355,6 +390,7 @@ class Journal:
         if frontier is not None:
             records.append(msgpack.packb(["f", *frontier]))
         self._pending.clear()
+        self._urgent = self._lazy_last = False
         self._pending_frontier = None
         self._open_new(records)
         self.durable_frontier = frontier

@@ -52,6 +52,8 @@ _LEDGER_NAME = re.compile(r"^(\d{20})\.ledger$")
 log = logging.getLogger("bucketstore")
 #: At most this many journal files are kept open at once (the rest reopen on their next commit).
 JOURNAL_OPEN_FILES = 64
+#: Default ``confirm_sync_ms``: the redelivery window a drain trades for one fsync per window.
+CONFIRM_SYNC_MS = 100
 
 
 class Store:
@@ -64,6 +66,12 @@ class Store:
     :ivar sync_interval_ms: journal mode's group commit: 0 makes every call
         durable before it returns; N > 0 commits at most every N ms (and at
         :meth:`BucketTracker.flush`), trading that window for throughput.
+    :ivar confirm_sync_ms: journal mode, ``delivery="at-least-once"``: how long a delivery
+        confirmation (by the next ``get_scheduled_messages`` or ``confirm_delivered()``) may
+        wait for its fsync when nothing else is pending. A lost confirmation only brings
+        its batches back after a crash, never loses one, so a drain pays one fsync per
+        window instead of one per call; adds and ``flush()`` never wait for it. 0: every
+        confirmation is durable before its call returns (with ``sync_interval_ms=0``).
     :ivar delivery: journal mode's delivery handoff: ``"at-least-once"`` (a returned
         batch is durably delivered once confirmed; a crash before may deliver it
         again) or ``"at-most-once"`` (durably delivered when returned; a crash before
@@ -87,7 +95,7 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
                  sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS,
-                 background: bool = True, max_pending_maintenance: int = 2,
+                 confirm_sync_ms: int = CONFIRM_SYNC_MS, background: bool = True, max_pending_maintenance: int = 2,
                  read_ahead: bool | None = None, maintenance: MaintenanceWorker | None = None) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
@@ -100,6 +108,9 @@ class Store:
         self.delivery = delivery
         if isinstance(sync_interval_ms, bool) or not isinstance(sync_interval_ms, int) or sync_interval_ms < 0:
             raise ValueError("sync_interval_ms must be an int >= 0")
+        if isinstance(confirm_sync_ms, bool) or not isinstance(confirm_sync_ms, int) or confirm_sync_ms < 0:
+            raise ValueError("confirm_sync_ms must be an int >= 0")
+        self.confirm_sync_ms = confirm_sync_ms
         if isinstance(max_pending_maintenance, bool) or not isinstance(max_pending_maintenance, int) \
                 or max_pending_maintenance < 1:
             raise ValueError("max_pending_maintenance must be an int >= 1")
@@ -148,7 +159,8 @@ class Store:
                 delivery=delivery, fs=fs, catalog=catalog, ledgers_dir=self.ledgers_dir, next_ledger_id=next_ledger_id,
                 store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget,
                 maintenance=self.maintenance, background=self.background,
-                max_pending_maintenance=max_pending_maintenance, segment_reader=self.segment_reader)
+                max_pending_maintenance=max_pending_maintenance, segment_reader=self.segment_reader,
+                confirm_sync_ms=confirm_sync_ms)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
             if catalog is not None:
@@ -348,7 +360,8 @@ def _holds_files(store_path: str) -> bool:
 
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
                sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = True,
-               max_pending_maintenance: int = 2, read_ahead: bool | None = None) -> Store:
+               max_pending_maintenance: int = 2, read_ahead: bool | None = None,
+               confirm_sync_ms: int = CONFIRM_SYNC_MS) -> Store:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
@@ -356,6 +369,11 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
         every add, untrack and delivery is written to a write-ahead journal, durable
         when the call returns (or within ``sync_interval_ms``, and at ``flush()``).
     :param sync_interval_ms: journal group-commit interval (0: every call is durable).
+    :param confirm_sync_ms: (journal mode, at-least-once) the group-commit interval of
+        delivery confirmations alone (default 100): a crash may bring back the batches
+        confirmed by calls in the last ``max(confirm_sync_ms, sync_interval_ms)`` ms since
+        the last commit, besides the unconfirmed one; never loses one. 0 with
+        ``sync_interval_ms=0``: a confirmed batch never comes back.
     :param delivery: (journal mode) ``"at-least-once"``, the default: a batch returned by
         ``get_scheduled_messages`` is durably delivered only once confirmed (the next
         ``get_scheduled_messages``, ``flush()`` or ``confirm_delivered()``), so a crash
@@ -375,4 +393,4 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
     :raises StoreLockedError: another process or handle has the store open.
     """
     return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, delivery=delivery,
-                 background=background, max_pending_maintenance=max_pending_maintenance, read_ahead=read_ahead)
+                 confirm_sync_ms=confirm_sync_ms, background=background, max_pending_maintenance=max_pending_maintenance, read_ahead=read_ahead)

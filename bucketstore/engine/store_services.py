@@ -29,6 +29,8 @@ class StoreServices:
     :ivar durability: ``"sealed"`` or ``"journal"``.
     :ivar repair: drop damaged or missing buckets on recovery instead of raising.
     :ivar sync_interval_ms: journal mode's group-commit interval.
+    :ivar confirm_sync_ms: journal mode's group-commit interval for a group holding only
+        delivery confirmations (at least ``sync_interval_ms``).
     :ivar delivery: journal mode's delivery handoff, ``"at-least-once"`` or ``"at-most-once"``.
     :ivar fs: the file layer every durable call goes through.
     :ivar catalog: the store's LMDB catalog.
@@ -46,8 +48,10 @@ class StoreServices:
                  catalog: Catalog, ledgers_dir: str, next_ledger_id: int, store_id: str, journal_fds: FdPool,
                  tracker_closed: Callable[[Any], None], delivery: str = "at-least-once",
                  maintenance: MaintenanceWorker | None = None, background: bool = False,
-                 max_pending_maintenance: int = 2, segment_reader: SegmentReader | None = None) -> None:
+                 max_pending_maintenance: int = 2, segment_reader: SegmentReader | None = None,
+                 confirm_sync_ms: int = 0) -> None:
         self.path = path
+        self.confirm_sync_ms = confirm_sync_ms
         self.durability = durability
         self.repair = repair
         self.sync_interval_ms = sync_interval_ms

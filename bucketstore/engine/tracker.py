@@ -564,7 +564,8 @@ class BucketTracker:
     def _confirm(self) -> None:
         key = self._handoff.confirm()
         if key is not None and self._journal is not None:
-            self._journal.frontier(key)
+            # Lazy: a lost confirmation only redelivers, so it may wait for confirm_sync_ms.
+            self._journal.frontier(key, lazy=True)
 
     def has_message_available(self) -> bool:
         """True when at least one tracked index is due."""
@@ -676,8 +677,11 @@ class BucketTracker:
                 self._commit()
 
     def _sync(self) -> None:
-        """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed."""
+        """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed
+        (``confirm_sync_ms`` when only confirmations are pending: see ``handoff``)."""
         interval = self._store.sync_interval_ms
+        if not self._journal.urgent:
+            interval = max(interval, self._store.confirm_sync_ms)
         if interval == 0 or (time.monotonic() - self._last_sync) * 1000 >= interval:
             self._commit()
 

@@ -255,8 +255,12 @@ class Run:
     """
 
     def __init__(self, workload: Workload, path: Path, fs: FaultyFileSystem, *, durability: str = "sealed",
-                 wrap: Callable[[Any], Any] | None = None, sync_interval_ms: int = 0) -> None:
+                 wrap: Callable[[Any], Any] | None = None, sync_interval_ms: int = 0,
+                 confirm_sync_ms: int = 0) -> None:
         self.workload = workload
+        # 0, not the store's default: a wall-clock confirmation window would make the
+        # numbered calls differ from run to run; 10**9 enumerates the grouped frontier.
+        self.confirm_sync_ms = confirm_sync_ms
         self.background = workload.background
         self.max_pending_maintenance = workload.max_pending_maintenance
         self.worker: SteppedWorker | None = None
@@ -272,6 +276,7 @@ class Run:
     def _open(self) -> object:
         self.worker = SteppedWorker(calls=lambda: self.fs.calls) if self.background else None
         self.store = Store(self.path, durability=self.durability, fs=self.fs, sync_interval_ms=self.sync_interval_ms,
+                           confirm_sync_ms=self.confirm_sync_ms,
                            background=self.background, maintenance=self.worker,
                            max_pending_maintenance=self.max_pending_maintenance,
                            read_ahead=False)  # the reader thread is not stepped: keep the run deterministic
@@ -305,10 +310,12 @@ class Run:
         return CatalogState.read(self.store.catalog, TRACKER)
 
 
-def reference(workload: Workload, path: Path, *, durability: str = "sealed", sync_interval_ms: int = 0) -> Reference:
+def reference(workload: Workload, path: Path, *, durability: str = "sealed", sync_interval_ms: int = 0,
+              confirm_sync_ms: int = 0) -> Reference:
     """Run the workload uncrashed; record its numbered calls and the catalog after each commit."""
     fs = FaultyFileSystem()
-    run = Run(workload, path, fs, durability=durability, sync_interval_ms=sync_interval_ms)
+    run = Run(workload, path, fs, durability=durability, sync_interval_ms=sync_interval_ms,
+              confirm_sync_ms=confirm_sync_ms)
     states = [CatalogState((), None)]
     seen_commits = 0
     # Record the catalog after each commit: at the start of the next call, or at the end.
@@ -434,12 +441,14 @@ class CrashState:
 
 
 def _run_workload(workload: Callable[[Store, list[Any]], object], path: Path, fs: FaultyFileSystem,
-                  durability: str, sync_interval_ms: int, background: bool) -> tuple[Store | None, list[Any]]:
+                  durability: str, sync_interval_ms: int, background: bool,
+                  confirm_sync_ms: int = 0) -> tuple[Store | None, list[Any]]:
     """Run ``workload`` on a fresh store through ``fs`` until it returns or the simulated process dies."""
     acknowledged: list[Any] = []
     store = None
     try:
         store = Store(path, durability=durability, sync_interval_ms=sync_interval_ms, fs=fs, background=background,
+                      confirm_sync_ms=confirm_sync_ms,
                       maintenance=SteppedWorker() if background else None, read_ahead=False)
         fs.attach(store.catalog)
         workload(store, acknowledged)
@@ -453,7 +462,7 @@ def _run_workload(workload: Callable[[Store, list[Any]], object], path: Path, fs
 def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str | Path, *,
                      durability: str = "sealed", sync_interval_ms: int = 0,
                      damages: Sequence[Damage] = DAMAGES, seed: int = 0,
-                     background: bool = False) -> Iterator[CrashState]:
+                     background: bool = False, confirm_sync_ms: int = 0) -> Iterator[CrashState]:
     """Crash ``workload`` before each of its numbered I/O calls; yield each crash image, reopened.
 
     The workload is a function ``workload(store, acknowledged)`` that opens trackers on
@@ -489,6 +498,10 @@ def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str |
     :param root: a directory for the runs' stores (each removed after use).
     :param durability: the store's durability mode, ``"sealed"`` or ``"journal"``.
     :param sync_interval_ms: the store's journal group-commit interval.
+    :param confirm_sync_ms: the store's confirmation window. 0 here (not the store's
+        default): a wall-clock window would make the numbered calls differ between runs;
+        a window longer than the run (e.g. ``10**9``) enumerates confirmations that wait
+        for the next commit.
     :param damages: the damage modes to apply (default: every mode in :data:`DAMAGES`).
     :param seed: seeds the torn-tail cut points.
     :param background: run seals and merges as background jobs on a
@@ -501,13 +514,14 @@ def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str |
     root = Path(root)
     reference_path = root / "reference"
     fs = FaultyFileSystem()
-    _run_workload(workload, reference_path, fs, durability, sync_interval_ms, background)
+    _run_workload(workload, reference_path, fs, durability, sync_interval_ms, background, confirm_sync_ms)
     calls = list(fs.log)
     shutil.rmtree(reference_path, ignore_errors=True)
     for k in range(len(calls) + 1):
         live = root / f"crash-{k}"
         fs = FaultyFileSystem(crash_at=k)
-        _, acknowledged = _run_workload(workload, live, fs, durability, sync_interval_ms, background)
+        _, acknowledged = _run_workload(workload, live, fs, durability, sync_interval_ms, background,
+                                        confirm_sync_ms)
         # The run must repeat the first one's calls up to and including the one it died at.
         assert shape(fs.log, live) == shape(calls[:k + 1], reference_path), \
             f"the workload is not deterministic: its calls up to call {k} differ from the first run's"
@@ -523,7 +537,8 @@ def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str |
             if live.is_dir():
                 shutil.copytree(live, case)
                 fs.materialize(damage, random.Random(rng_seed), relocate=(str(live), str(case)))
-            store = Store(case, durability=durability, sync_interval_ms=sync_interval_ms)
+            store = Store(case, durability=durability, sync_interval_ms=sync_interval_ms,
+                          confirm_sync_ms=confirm_sync_ms)
             try:
                 yield CrashState(k, calls[k] if k < len(calls) else None, len(calls), damage, store,
                                  list(acknowledged), case)

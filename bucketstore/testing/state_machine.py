@@ -92,6 +92,9 @@ class CrashMachine(RuleBasedStateMachine):
     BACKGROUND = False
     #: The store's backlog limit in background runs (adds wait, running jobs, when it is full).
     MAX_PENDING = 4
+    #: The store's ``confirm_sync_ms``: 0, so that a returned confirmation is durable and the
+    #: oracle exact (a wall-clock window would make the crash images depend on timing).
+    CONFIRM_SYNC_MS = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -116,6 +119,7 @@ class CrashMachine(RuleBasedStateMachine):
         #: The stepped worker of a background machine (None otherwise).
         self.worker = SteppedWorker(calls=lambda: fs.calls) if self.BACKGROUND else None
         self.store = Store(self.path, durability=self.DURABILITY, fs=fs, delivery=self.DELIVERY,
+                           confirm_sync_ms=self.CONFIRM_SYNC_MS,
                            background=self.BACKGROUND, maintenance=self.worker,
                            max_pending_maintenance=self.MAX_PENDING, read_ahead=False)
         fs.attach(self.store.catalog)
