@@ -208,6 +208,111 @@ def test_sync_interval_widens_only_the_redelivery_window(tmp_path, clock):
     q.store.close()
 
 
+# -- grouped confirmations (confirm_sync_ms): one fsync per window, a wider redelivery window ---------
+def _journal_syncs(fs, since):
+    return [op for op, target in fs.log[since:] if op in ("write", "fsync") and "journal" in target]
+
+
+def test_a_drain_writes_nothing_until_its_confirmation_window_ends(tmp_path, clock):
+    """With ``confirm_sync_ms`` longer than the drain, polls only confirm in memory: no journal
+    write or fsync per call; a crash brings back every batch since the last commit (never
+    loses one); the next add's commit (adds never wait) carries the confirmations, and from
+    then on they never come back."""
+    p = Process(tmp_path, clock, confirm_sync_ms=10**9)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(6)] + [(1, e, 9000) for e in range(6, 9)])
+    before = p.fs.calls
+    batches = []
+    for now in (1100, 1101, 1102, 1103):
+        clock.now = now
+        batches.append(p.tracker.get_scheduled_messages(1))
+    assert batches == [[(1, 0)], [(1, 1)], [(1, 2)], [(1, 3)]]
+    assert _journal_syncs(p.fs, before) == [], "a poll committed although its window had not ended"
+    assert p.tracker._journal.has_pending and not p.tracker._journal.urgent
+    assert len(p.tracker._journal._pending) == 1, "consecutive confirmations must collapse to one record"
+    p.die()
+    q = p.reopen()
+    assert _tracked(q.tracker, [b[0] for b in batches]) == {b[0] for b in batches}, "a batch was lost"
+    clock.now = 1103
+    assert q.tracker.get_scheduled_messages(10) == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    clock.now = 1104
+    assert q.tracker.get_scheduled_messages(1) == [(1, 4)]  # confirms the first batch, lazily
+    q.tracker.add_message(3, 0, 9000)  # durable when it returns: its group carries the frontier
+    assert q.tracker._journal.durable_frontier == (1103, 1, 3)
+    q.die()
+    r = q.reopen()
+    clock.now = 1200
+    assert sorted(r.tracker.get_scheduled_messages(10)) == [(1, 4), (1, 5)]  # (1, 4): not confirmed
+    r.store.close()
+
+
+def test_a_confirmation_window_commits_once_it_has_passed(tmp_path, clock, monkeypatch):
+    """The window is measured from the last commit: the first poll after it commits (one write,
+    one fsync), the polls inside it do not."""
+    p = Process(tmp_path, clock, confirm_sync_ms=50)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(5)])
+    now = [0.0]
+    monkeypatch.setattr("bucketstore.engine.tracker.time.monotonic", lambda: now[0])
+    p.tracker.flush()  # the last commit at t=0
+    ops = []
+    for t, at in ((0.010, 1100), (0.030, 1101), (0.060, 1102), (0.070, 1103)):
+        now[0] = t
+        clock.now = at
+        before = p.fs.calls
+        p.tracker.get_scheduled_messages(1)
+        ops.append(_journal_syncs(p.fs, before))
+    assert ops == [[], [], ["write", "fsync"], []]
+    assert p.tracker._journal.durable_frontier == (1101, 1, 1)  # what the 60 ms poll confirmed
+    p.store.close()
+
+
+@pytest.mark.parametrize("how", ["flush", "close", "seal"])
+def test_what_makes_grouped_confirmations_durable(tmp_path, clock, how):
+    """``flush()`` (which also confirms), a clean ``close()`` (which commits what is pending) and
+    a seal's checkpoint (which records the confirmed frontier) settle grouped confirmations."""
+    p = Process(tmp_path, clock, confirm_sync_ms=10**9)
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(4)])
+    clock.now = 1101
+    first = p.tracker.get_scheduled_messages(10)
+    clock.now = 1102
+    second = p.tracker.get_scheduled_messages(10)  # confirms the first, in memory only
+    if how == "flush":
+        p.tracker.flush()  # confirms the second too
+    elif how == "close":
+        p.store.close()
+        p = p.reopen()
+    else:
+        p.tracker.add_messages([(2, e, 5000) for e in range(6)])  # fills the mutable bucket
+        p.tracker.add_message(3, 0, 5000)  # rolls the ledger over: seal, checkpoint
+        p.tracker.wait_for_maintenance()
+        assert p.tracker.stats()["immutable_buckets"] == 1
+    p.die()
+    q = p.reopen()
+    assert not _tracked(q.tracker, first), "a confirmation settled by %s came back" % how
+    assert _tracked(q.tracker, second) == (set() if how == "flush" else set(second))
+    q.store.close()
+
+
+def test_at_most_once_frontiers_never_wait_for_the_confirmation_window(tmp_path, clock):
+    """An at-most-once batch is durably delivered before it is returned, whatever the window:
+    losing that frontier would deliver the batch twice."""
+    p = Process(tmp_path, clock, confirm_sync_ms=10**9, delivery="at-most-once")
+    p.tracker.add_messages([(1, e, 1100 + e) for e in range(3)])
+    clock.now = 1101
+    before = p.fs.calls
+    assert p.tracker.get_scheduled_messages(10) == [(1, 0), (1, 1)]
+    assert _journal_syncs(p.fs, before) == ["write", "fsync"]
+    p.die()
+    q = p.reopen()
+    assert not _tracked(q.tracker, [(1, 0), (1, 1)])
+    q.store.close()
+
+
+def test_confirm_sync_ms_is_validated(tmp_path):
+    for bad in (-1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match="confirm_sync_ms"):
+            bucketstore.open(tmp_path, durability="journal", confirm_sync_ms=bad)
+
+
 # -- every place that drops delivered rows durably keeps the unconfirmed ones ------------------------
 def test_a_seal_checkpoint_carries_unconfirmed_rows_of_the_mutable_bucket(tmp_path, clock):
     p = Process(tmp_path, clock)
@@ -388,18 +493,24 @@ handoff_ops = st.lists(st.one_of(
 
 
 @settings(max_examples=example_count(100), deadline=None)
-@given(handoff_ops, st.sampled_from([-1, 2]))
+@given(handoff_ops, st.sampled_from([-1, 2]), st.sampled_from(["adds-grouped", "confirmations-grouped"]))
 # A seal's checkpoint right after a delivery of flushed adds, then a crash: at-most-once's
 # frontier would become durable there and lose the batch.
-@example([("add", 9, 100), ("flush", 0, 0), ("tick", 150, 0), ("get", 10, 0), ("add", 9, 100), ("crash", 0, 0)], -1)
-def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_list, max_buckets):
-    """With ``sync_interval_ms`` far away (commits only at flush, seals and bucket deletions),
-    a crash keeps every add that a flush made durable and not since confirmed-and-flushed,
-    and never brings back a delivery whose confirmation a flush made durable."""
+@example([("add", 9, 100), ("flush", 0, 0), ("tick", 150, 0), ("get", 10, 0), ("add", 9, 100), ("crash", 0, 0)], -1,
+         "adds-grouped")
+@example([("add", 9, 100), ("tick", 150, 0), ("get", 2, 0), ("get", 2, 0), ("get", 2, 0), ("crash", 0, 0),
+          ("tick", 10, 0), ("get", 10, 0), ("get", 0, 0), ("add", 3, 100), ("crash", 0, 0)], -1, "confirmations-grouped")
+def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_list, max_buckets, policy):
+    """``adds-grouped``: ``sync_interval_ms`` far away (commits only at flush, seals and bucket
+    deletions). ``confirmations-grouped``: every add durable when it returns, confirmations
+    (``confirm_sync_ms`` far away) durable at the next add or flush. Either way a crash keeps
+    every add made durable and not since durably confirmed, and never brings back a delivery
+    whose confirmation a commit made durable."""
     cfg = dataclasses.replace(CFG, max_num_buckets=max_buckets)
     path = tmp_path_factory.mktemp("gc")
     clock = FakeClock(1000)
-    p = Process(path, clock, cfg, sync_interval_ms=10**9)
+    adds_commit = policy == "confirmations-grouped"
+    p = Process(path, clock, cfg, **({"confirm_sync_ms": 10**9} if adds_commit else {"sync_interval_ms": 10**9}))
     ledger = 1
     added: set[tuple[int, int]] = set()  # since the last flush
     durable: set[tuple[int, int]] = set()  # added before a flush, not durably confirmed since
@@ -412,6 +523,10 @@ def test_group_commit_widens_only_the_redelivery_window(tmp_path_factory, ops_li
             ledger += 1  # each batch rolls the log over: the previous ledger seals if big enough
             assert p.tracker.add_messages(rows) == a
             added.update((l, e) for l, e, _ in rows)
+            if adds_commit:  # the add's group, fsynced before it returned, carries the confirmations
+                durable = (durable | added) - confirmed
+                gone |= confirmed
+                added, confirmed = set(), set()
         elif kind == "tick":
             clock.advance(a)
         elif kind in ("get", "confirm", "flush"):
