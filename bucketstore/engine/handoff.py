@@ -22,6 +22,28 @@ deleted when read to its end first journals them (:meth:`DeliveryHandoff.carry_r
 with its ledger range). Batches are released once the durable frontier passes them
 (:meth:`DeliveryHandoff.release`).
 
+**Grouped confirmations** (``confirm_sync_ms``, default 100). A confirmation is
+journaled as a *lazy* ``f`` record: losing it can only make a crash deliver its
+batches again, never lose one, so it does not need an fsync of its own. It becomes
+durable with the next journal commit, which happens
+
+* at the next call that journals an add or an untrack (with ``sync_interval_ms=0``
+  before that call returns, else within ``sync_interval_ms``);
+* at ``flush()`` (which confirms everything delivered first), at a clean ``close()``,
+  at every checkpoint (a seal's install, ``clear()``, the end of a recovery: each
+  records the confirmed frontier), and before a bucket read to its end is deleted;
+* at the first delivery or ``confirm_delivered()`` call made once
+  ``max(confirm_sync_ms, sync_interval_ms)`` ms have passed since the previous commit.
+
+So a drain pays at most one fsync per window instead of one per call, and the
+redelivery window after a crash is exactly: the batches not yet confirmed, plus the
+batches confirmed since the last commit — at most those confirmed in the last
+``max(confirm_sync_ms, sync_interval_ms)`` ms of calls, and, on a tracker that went
+idle after confirming, those confirmed by its last calls (``flush()`` when going idle
+closes that). Consecutive lazy frontiers in one pending group are one record (the
+largest). ``confirm_sync_ms=0`` with ``sync_interval_ms=0``: a confirmed batch never
+comes back. At-most-once frontiers are never lazy: losing one would deliver a batch twice.
+
 A position re-added after its delivery and before its batch is durable is
 *superseded*: its new time replaces its redelivery (the embedder has shown it holds
 the message), and the tracker journals an untrack before the re-add so that a replay

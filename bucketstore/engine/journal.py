@@ -40,7 +40,9 @@ Records (msgpack arrays):
     a position untracked by an expired re-add
 ``["f", timestamp, ledger_id, entry_id]``
     the delivery frontier: every index at or before this key has been delivered
-    and its delivery confirmed (see :mod:`bucketstore.engine.handoff`)
+    and its delivery confirmed (see :mod:`bucketstore.engine.handoff`). A group
+    holding only confirmations (lazy ``f`` records) may wait for the confirmation
+    window (:attr:`Journal.urgent`); replay keeps the largest ``f``
 ``["c"]``
     the start of a checkpoint (first record of a file); ``["e"]`` its end
 
