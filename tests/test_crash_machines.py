@@ -8,7 +8,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 
 from bucketstore.testing.state_machine import (BackgroundCrashMachine, BackgroundJournalCrashMachine, CrashMachine,
-                                               JournalAtMostOnceCrashMachine, JournalCrashMachine)
+                                               JournalAtMostOnceCrashMachine, JournalCrashMachine,
+                                               JournalGroupedConfirmCrashMachine)
 from helpers import example_count
 
 CrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40, deadline=None,
@@ -23,6 +24,13 @@ JournalAtMostOnceCrashMachine.TestCase.settings = settings(
     max_examples=example_count(100), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestJournalAtMostOnceCrashMachine = JournalAtMostOnceCrashMachine.TestCase
+
+# Confirmations group-committed (confirm_sync_ms longer than the run): the oracle is the window
+# of model states since the last journal commit.
+JournalGroupedConfirmCrashMachine.TestCase.settings = settings(
+    max_examples=example_count(100), stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestJournalGroupedConfirmCrashMachine = JournalGroupedConfirmCrashMachine.TestCase
 
 # Seals and merges in the background, on a worker the machine steps: the background_work
 # rule runs the next job's write, its install, everything, or nothing, between adds,

@@ -305,6 +305,43 @@ class JournalBounds:
         return new if not tracker._index.is_live(*position, old) else old
 
 
+@dataclass
+class WindowBounds(JournalBounds):
+    """:class:`JournalBounds` when confirmations are group-committed (``confirm_sync_ms``):
+    the durable state is one of ``window``, the model states since the last journal
+    commit (oldest first, ending with ``before``), or the in-flight ``after``. A recovery
+    must hold what every one of them can bring back, and nothing none of them can: a batch
+    confirmed inside the window may come back.
+    """
+
+    window: list[Model] = field(default_factory=list)
+
+    def _states(self) -> list[Model]:
+        return [*self.window, self.before, self.after] if self.window else [self.before, self.after]
+
+    @property
+    def must(self) -> set[Position]:
+        return set.intersection(*(set(m.recoverable) for m in self._states()))
+
+    @property
+    def times(self) -> dict[Position, int]:
+        out: dict[Position, int] = {}
+        for m in self._states():
+            out.update(m.recoverable)
+        return out
+
+    def time_of(self, position: Position, tracker: Any) -> int:
+        # Inside a window nothing is added (an add commits), so a position has one time in
+        # it; only the in-flight call may retime it (the base rule decides that case).
+        if position in self.before.recoverable or position in self.after.recoverable:
+            return super().time_of(position, tracker)
+        return self.times[position]
+
+    @property
+    def oldest(self) -> Model:
+        return self.window[0] if self.window else self.before
+
+
 def check_journal_recovered(tracker: Any, bounds: JournalBounds, universe: set[Position],
                             context: str) -> set[Position]:
     """Assert the recovered tracker holds every must position and nothing outside may;
@@ -322,7 +359,7 @@ def check_journal_recovered(tracker: Any, bounds: JournalBounds, universe: set[P
     # what was delivered, never ahead of what the process had reached.
     cutoff = tracker.stats()["cutoff"]
     now = bounds.before.clock() + bounds.before.tick_ms
-    fr = bounds.before.durable_frontier
+    fr = (bounds.oldest if isinstance(bounds, WindowBounds) else bounds.before).durable_frontier
     assert cutoff >= now and (fr is None or cutoff >= fr[0]), f"{context}: cutoff {cutoff} behind {now} / {fr}"
     assert cutoff <= max(now, bounds.after.cutoff), f"{context}: cutoff {cutoff} ahead of {bounds.after.cutoff}"
     return got
@@ -336,8 +373,9 @@ def reseed(bounds: JournalBounds, got: set[Position], tracker: Any) -> Model:
     acked = tuple(stats["mark_delete"]) if stats["mark_delete"] else None
     assert acked in (bounds.before.acked, after.acked), f"recovered mark-delete {acked} was never set"
     # The in-flight call's frontier may not have become durable: keep the returned calls' one.
+    durable = (bounds.oldest if isinstance(bounds, WindowBounds) else bounds.before).durable_frontier
     return Model(after.clock, after.tick_ms, {p: bounds.time_of(p, tracker) for p in got}, acked,
-                 stats["cutoff"], bounds.before.durable_frontier, after.at_least_once)
+                 stats["cutoff"], durable, after.at_least_once)
 
 
 def check_deliveries(tracker: Any, model: Model, context: str) -> None:

@@ -61,7 +61,8 @@ from bucketstore.engine.store import Store
 from bucketstore.testing.clock import FakeClock
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.testing.stepped_worker import SteppedWorker
-from bucketstore.testing.oracle import (CatalogState, JournalBounds, Model, check_files, check_journal_files,
+from bucketstore.testing.oracle import (CatalogState, JournalBounds, Model, WindowBounds, check_files,
+                                        check_journal_files,
                                         check_journal_recovered, check_recovered, expect, reseed)
 
 T = TypeVar("T")
@@ -368,8 +369,11 @@ class JournalCrashMachine(CrashMachine):
         self.clock.advance(-min(ms, self.clock.now - 1_000))  # epoch times stay positive
         self.crash_now(damage, seed)
 
+    def _bounds(self) -> JournalBounds:
+        return JournalBounds(self.model, self.in_flight or self.model)
+
     def _restart(self, crashed: bool) -> None:
-        bounds = JournalBounds(self.model, self.in_flight or self.model)
+        bounds = self._bounds()
         context = self._die_and_reopen(crashed)
         got = check_journal_recovered(self.tracker, bounds, self.universe, context)
         if not crashed:
@@ -391,6 +395,47 @@ class BackgroundJournalCrashMachine(JournalCrashMachine):
     """:class:`JournalCrashMachine` with background seals and merges (see :class:`BackgroundCrashMachine`)."""
 
     BACKGROUND = True
+
+
+class JournalGroupedConfirmCrashMachine(JournalCrashMachine):
+    """The journal machine with grouped confirmations (``confirm_sync_ms`` longer than any
+    run: a confirmation is durable only with the next add, flush, checkpoint, bucket
+    deletion or close). The oracle is :class:`~bucketstore.testing.oracle.WindowBounds`
+    over the model states since the last journal commit, read off the file layer's log: a
+    batch confirmed inside the window may come back, nothing acknowledged may be lost."""
+
+    CONFIRM_SYNC_MS = 10**9
+
+    def _open(self, fs: FaultyFileSystem) -> None:
+        super()._open(fs)
+        self._log_at = 0
+        #: Model states since the last journal commit, before the current one (a fresh open
+        #: checkpointed: empty).
+        self.window: list[Model] = []
+
+    def _journal_committed(self) -> bool:
+        log = self.fs.log
+        done = any(op in ("fsync", "rename") and "journal" in str(target) for op, target in log[self._log_at:])
+        self._log_at = len(log)
+        return done
+
+    def _step(self, call: Callable[[], T], apply: Callable[[Model], object]) -> tuple[bool, T | None]:
+        before = self.model
+        ok, result = super()._step(call, apply)
+        if ok:
+            # A commit inside the call made some state from ``before`` on durable.
+            self.window = [before] if self._journal_committed() else [*self.window, before]
+        return ok, result
+
+    def _bounds(self) -> JournalBounds:
+        return WindowBounds(self.model, self.in_flight or self.model, window=list(self.window))
+
+    def _restart(self, crashed: bool) -> None:
+        confirmed_back = bool(self.window) and crashed
+        before = set(self.model.recoverable)
+        super()._restart(crashed)
+        if confirmed_back and set(self.model.recoverable) - before:
+            event("a batch confirmed inside the window came back")
 
 
 class JournalAtMostOnceCrashMachine(JournalCrashMachine):
