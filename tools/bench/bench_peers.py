@@ -352,19 +352,20 @@ def run_child(phase: str, subject: str, path: str, args: argparse.Namespace) -> 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(subject: str, args: argparse.Namespace) -> dict:
-    runs = []
-    for _ in range(args.repeat):
-        path = os.path.join(tempfile.mkdtemp(dir=args.scratch), subject)
-        add = run_child("add", subject, path, args)
-        size = allocated_bytes(path)
-        subprocess.run(["sync"], check=False)
-        rest = run_child("drain", subject, path, args)
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-        drained_after_first = rest["drained"] - rest["first_batch"]
-        runs.append({"add": args.positions / add["add_s"], "restart_ms": rest["restart_s"] * 1000,
-                     "rss_mb": rest["restart_rss"] / 2**20, "drain": drained_after_first / rest["drain_s"],
-                     "bytes": size / args.positions, "drained": rest["drained"]})
+def measure_once(subject: str, args: argparse.Namespace) -> dict:
+    path = os.path.join(tempfile.mkdtemp(dir=args.scratch), subject)
+    add = run_child("add", subject, path, args)
+    size = allocated_bytes(path)
+    subprocess.run(["sync"], check=False)
+    rest = run_child("drain", subject, path, args)
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    drained_after_first = rest["drained"] - rest["first_batch"]
+    return {"add": args.positions / add["add_s"], "restart_ms": rest["restart_s"] * 1000,
+            "rss_mb": rest["restart_rss"] / 2**20, "drain": drained_after_first / rest["drain_s"],
+            "bytes": size / args.positions, "drained": rest["drained"]}
+
+
+def best_of(runs: list[dict]) -> dict:
     best = {k: (min if k in ("restart_ms", "rss_mb", "bytes") else max)(r[k] for r in runs) for k in runs[0]}
     best["drained"] = min(r["drained"] for r in runs)
     return best
@@ -394,19 +395,18 @@ def main() -> None:
         p.error(f"unknown subjects {unknown}; known: {', '.join(SUBJECTS)}")
     own_scratch = args.scratch is None
     args.scratch = args.scratch or tempfile.mkdtemp(prefix="bench-peers-")
+    skipped = {s: m for s in subjects if (m := missing_package(s))}
+    runs: dict[str, list[dict]] = {s: [] for s in subjects if s not in skipped}
     try:
-        results: dict[str, dict] = {}
-        skipped: dict[str, str] = {}
-        for subject in subjects:
-            missing = missing_package(subject)
-            if missing:
-                skipped[subject] = missing
-                continue
-            print(f"  {subject} ...", file=sys.stderr, flush=True)
-            results[subject] = measure(subject, args)
+        # Round-robin over the subjects, so that a change in the machine's load hits them alike.
+        for r in range(args.repeat):
+            for subject in runs:
+                print(f"  round {r + 1}/{args.repeat}: {subject} ...", file=sys.stderr, flush=True)
+                runs[subject].append(measure_once(subject, args))
     finally:
         if own_scratch:
             shutil.rmtree(args.scratch, ignore_errors=True)
+    results = {s: best_of(r) for s, r in runs.items()}
     print_table(results, skipped, args)
     if args.json:
         print(json.dumps(results, indent=1))
