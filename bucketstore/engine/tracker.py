@@ -551,9 +551,11 @@ class BucketTracker:
         confirmed — by this call, by the next :meth:`get_scheduled_messages`, or by
         :meth:`flush` — so a crash before that delivers it again. Call this once the batch
         is handed on when dispatching asynchronously, or before :meth:`close` (which does
-        not confirm). Durable when it returns with ``sync_interval_ms=0``, else at the next
-        group commit. In ``sealed`` mode, and with ``delivery="at-most-once"``, there is
-        nothing to confirm.
+        not confirm). Durable at the next journal commit: the next add, :meth:`flush`, a clean
+        close, or the first call once ``confirm_sync_ms`` has passed (with
+        ``confirm_sync_ms=0`` and ``sync_interval_ms=0``, when it returns); until then a crash
+        may bring the batches back (see :mod:`~bucketstore.engine.handoff`). In ``sealed``
+        mode, and with ``delivery="at-most-once"``, there is nothing to confirm.
         """
         with self._lock:
             self._check_open()
