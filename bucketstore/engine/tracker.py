@@ -544,7 +544,7 @@ class BucketTracker:
         return _positions(delivered)
 
     def confirm_delivered(self) -> None:
-        """Confirm every position returned so far: after a crash they never come back.
+        """Confirm every position returned so far: once durable, a crash never brings them back.
 
         ``durability="journal"`` with ``delivery="at-least-once"`` (the default): a batch
         returned by :meth:`get_scheduled_messages` is durably delivered only once it is
