@@ -430,7 +430,17 @@ class JournalGroupedConfirmCrashMachine(JournalCrashMachine):
     def _bounds(self) -> JournalBounds:
         return WindowBounds(self.model, self.in_flight or self.model, window=list(self.window))
 
+    def _commit_pending(self) -> None:
+        with self.tracker._lock:
+            self.tracker._commit()
+
     def _restart(self, crashed: bool) -> None:
+        if not crashed and self.tracker._journal.has_pending:
+            # A clean close commits the pending confirmations: do that as a step of its own,
+            # so that an armed crash hits it as a crash of a call, not inside the close.
+            ok, _ = self._step(self._commit_pending, lambda model: None)
+            if not ok:
+                return
         confirmed_back = bool(self.window) and crashed
         before = set(self.model.recoverable)
         super()._restart(crashed)
