@@ -34,10 +34,12 @@ class Progress:
 
     :param quiet: show nothing (``--no-progress``, or a ``--json`` run that wants stderr clean).
     :param stream: where to draw (stderr by default); a bar only when it is a terminal.
+    :param line_when_piped: off a terminal, write the one summary line (False: nothing,
+        for commands whose stderr scripts read, such as verify).
     """
 
     def __init__(self, phase: str, total: int | None, *, unit: str = "it", quiet: bool = False,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, line_when_piped: bool = True) -> None:
         self.phase = phase
         self.unit = unit
         self.done = 0
@@ -45,7 +47,9 @@ class Progress:
         self._quiet = quiet
         self._started = time.perf_counter()
         self._bar: tqdm | None = None
-        if not quiet and on_terminal(self._stream):
+        if not quiet and not on_terminal(self._stream):
+            self._quiet = not line_when_piped
+        elif not quiet:
             self._bar = tqdm(total=total, desc=phase, unit=unit, file=self._stream, leave=True,
                              dynamic_ncols=True, unit_scale=total is not None and total >= 10_000)
 
