@@ -127,3 +127,43 @@ def test_stats_plot_without_matplotlib_is_one_line_and_exit_2(demo, tmp_path: Pa
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and "pip install 'bucketstore[plot]'" in run.stderr
     assert run.stdout == "" and not png.exists()
+
+
+# -- journal mode: a broker process SIGKILLed and checked -------------------------------------------
+JOURNAL_SMALL = ["--durability", "journal", "--messages", "12000", "--entries-per-ledger", "200",
+                 "--delay-window-ms", "60000", "--deliver-for-ms", "10000",
+                 "--kills", os.environ.get("BUCKETSTORE_SIMULATE_KILLS", "5")]
+
+
+def test_journal_simulate_with_kills_leaves_a_store_that_verifies(tmp_path: Path) -> None:
+    store = tmp_path / "journal-store"
+    run = cli("simulate", str(store), *JOURNAL_SMALL)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "violations      0 " in run.stdout
+    kills = next(line for line in run.stdout.splitlines() if line.strip().startswith("kills"))
+    assert int(kills.split()[1]) >= 1, kills  # at least one broker was killed mid-work
+    held = next(line for line in run.stdout.splitlines() if "held at stop" in line)
+    assert "journal bytes left" in held and not held.split()[3] == "0"
+    assert any((store / "journal").iterdir())
+    verify = cli("verify", str(store))
+    assert verify.returncode == 0, verify.stdout
+    assert json.loads(cli("stats", str(store), "--json").stdout)["trackers"]["simulate"]["buckets"]
+
+
+def test_journal_simulate_catches_a_store_that_drops_acknowledged_adds(tmp_path: Path, monkeypatch) -> None:
+    """The checks can fail: a tracker that silently drops every 50th row it acknowledged is caught.
+
+    The broker children are forked from this process, so they inherit the broken add_messages."""
+    from bucketstore.cli import simulate_journal as sj
+    from bucketstore.engine.tracker import BucketTracker
+
+    real = BucketTracker.add_messages
+
+    def lossy(self, rows):
+        return real(self, [row for i, row in enumerate(rows) if i % 50 != 7])
+
+    monkeypatch.setattr(BucketTracker, "add_messages", lossy)
+    cfg = sj.JournalSimulationConfig(messages=3_000, entries_per_ledger=200, delay_window_ms=30_000,
+                                     deliver_for_ms=5_000, kills=2)
+    report = sj.run_journal_simulation(str(tmp_path / "s"), cfg, progress=False)
+    assert report.lost > 0 and report.violations > 0

@@ -31,6 +31,7 @@ from ..config import TrackerConfig
 from ..engine.store import open_store
 from ..engine.tracker import BucketTracker
 from .progress import Progress
+from .simulate_journal import JournalSimulationConfig, format_journal_report, run_journal_simulation
 
 __all__ = ["SimulationConfig", "SimulationReport", "run_simulation", "add_arguments", "run_from_args"]
 
@@ -292,36 +293,63 @@ def next_steps(path: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = SimulationConfig()
+    d, j = SimulationConfig(), JournalSimulationConfig()
+
+    def both(sealed: int, journal: int) -> str:
+        return f"(default {sealed:,}; journal mode {journal:,})"
+
     p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
-    p.add_argument("--messages", type=int, default=d.messages, help=f"messages to publish (default {d.messages:,})")
-    p.add_argument("--rate", type=int, default=d.rate_per_s, help=f"messages per simulated second ({d.rate_per_s:,})")
-    p.add_argument("--delay-window-ms", type=int, default=d.delay_window_ms,
-                   help=f"delays are uniform in [0, this) ({d.delay_window_ms:,})")
-    p.add_argument("--entries-per-ledger", type=int, default=d.entries_per_ledger,
-                   help=f"the log rolls to a new ledger after this many entries ({d.entries_per_ledger:,})")
-    p.add_argument("--crash-at", type=float, default=d.crash_at,
-                   help="fraction of the run at which to crash and recover (0 = no crash)")
-    p.add_argument("--deliver-for-ms", type=int, default=d.deliver_for_ms,
+    p.add_argument("--durability", choices=["sealed", "journal"], default="sealed",
+                   help="sealed (default): one crash half way and the broker replays its log; journal: the "
+                        "broker is a child process SIGKILLed --kills times and checked after each")
+    p.add_argument("--messages", type=int, help=f"messages to publish {both(d.messages, j.messages)}")
+    p.add_argument("--rate", type=int, help=f"messages per simulated second {both(d.rate_per_s, j.rate_per_s)}")
+    p.add_argument("--delay-window-ms", type=int,
+                   help=f"delays are uniform in [0, this) {both(d.delay_window_ms, j.delay_window_ms)}")
+    p.add_argument("--entries-per-ledger", type=int,
+                   help=f"the log rolls to a new ledger after this many entries "
+                        f"{both(d.entries_per_ledger, j.entries_per_ledger)}")
+    p.add_argument("--deliver-for-ms", type=int,
                    help="after the last publish, deliver for this much simulated time, then stop and leave "
-                        f"the rest held in the store ({d.deliver_for_ms:,}; -1: deliver everything)")
+                        f"the rest held in the store {both(d.deliver_for_ms, j.deliver_for_ms)}; -1 in sealed "
+                        "mode: deliver everything")
+    p.add_argument("--crash-at", type=float, default=d.crash_at,
+                   help="sealed mode: fraction of the run at which to crash and recover (0 = no crash)")
+    p.add_argument("--kills", type=int, default=j.kills,
+                   help=f"journal mode: SIGKILLs of the broker process ({j.kills})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    for name in ("messages", "rate", "delay_window_ms", "entries_per_ledger"):
-        if getattr(args, name) < 1:
-            print(f"bucketstore: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
+    journal = args.durability == "journal"
+    base = JournalSimulationConfig() if journal else SimulationConfig()
+    knobs = {"messages": "messages", "rate": "rate_per_s", "delay_window_ms": "delay_window_ms",
+             "entries_per_ledger": "entries_per_ledger", "deliver_for_ms": "deliver_for_ms"}
+    for arg, attr in knobs.items():
+        if getattr(args, arg) is not None:
+            setattr(base, attr, getattr(args, arg))
+    for arg, attr in list(knobs.items())[:4]:
+        if getattr(base, attr) < 1:
+            print(f"bucketstore: --{arg.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
+    if journal and (base.deliver_for_ms < 0 or args.kills < 0):
+        print("bucketstore: --deliver-for-ms and --kills must not be negative in journal mode", file=sys.stderr)
+        return 2
     if not 0 <= args.crash_at < 1:
         print("bucketstore: --crash-at must be in [0, 1)", file=sys.stderr)
         return 2
-    cfg = SimulationConfig(messages=args.messages, rate_per_s=args.rate, delay_window_ms=args.delay_window_ms,
-                           entries_per_ledger=args.entries_per_ledger, crash_at=args.crash_at, seed=args.seed,
-                           deliver_for_ms=args.deliver_for_ms)
+    base.seed = args.seed
     path = os.fspath(args.store)
-    report = run_simulation(path, cfg, progress=not args.no_progress)
-    print(format_report(report, cfg, path))
+    if journal:
+        base.kills = args.kills
+        jreport = run_journal_simulation(path, base, progress=not args.no_progress)
+        print(format_journal_report(jreport, base, path))
+        violations = jreport.violations
+    else:
+        base.crash_at = args.crash_at
+        report = run_simulation(path, base, progress=not args.no_progress)
+        print(format_report(report, base, path))
+        violations = report.violations
     print(next_steps(path))
-    return 0 if report.violations == 0 else 1
+    return 0 if violations == 0 else 1
