@@ -167,3 +167,13 @@ def test_journal_simulate_catches_a_store_that_drops_acknowledged_adds(tmp_path:
                                      deliver_for_ms=5_000, kills=2)
     report = sj.run_journal_simulation(str(tmp_path / "s"), cfg, progress=False)
     assert report.lost > 0 and report.violations > 0
+
+
+def test_verify_and_upgrade_draw_a_bar_on_a_terminal_only(demo) -> None:
+    store, _ = demo
+    for command in ("verify", "upgrade"):
+        code, seen = on_pty(command, str(store))
+        assert code == 0, seen
+        assert f"{command}: " in seen and "\r" in seen and "/s]" in seen, seen  # tqdm: count, rate
+        piped = cli(command, str(store))
+        assert piped.returncode == 0 and piped.stderr == "" and "\r" not in piped.stdout

@@ -161,7 +161,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_upgrade(args: argparse.Namespace) -> int:
     path = _store_path(args.store)
     try:
-        report = upgrade_store(path)
+        with Progress("upgrade", None, unit="bucket", line_when_piped=False) as bar:
+            report = upgrade_store(path, on_bucket=lambda done, total: bar.update(1, total=total))
     except StoreLockedError as exc:
         print(f"bucketstore: {exc}; close it before upgrading", file=sys.stderr)
         return EXIT_DAMAGE

@@ -53,10 +53,13 @@ class Progress:
             self._bar = tqdm(total=total, desc=phase, unit=unit, file=self._stream, leave=True,
                              dynamic_ncols=True, unit_scale=total is not None and total >= 10_000)
 
-    def update(self, n: int = 1) -> None:
-        """Count ``n`` more units done."""
+    def update(self, n: int = 1, *, total: int | None = None) -> None:
+        """Count ``n`` more units done; ``total`` sets the total once it is known."""
         self.done += n
         if self._bar is not None:
+            if total is not None and self._bar.total != total:
+                self._bar.total = total
+                self._bar.refresh()
             self._bar.update(n)
 
     def close(self) -> None:
