@@ -187,13 +187,13 @@ def _replay(cfg: JournalSimulationConfig, records: list[dict[str, Any]],
             for entry, due in enumerate(_deliver_at(cfg, ledger, n, at)):
                 s.due[(ledger, entry)] = due
             pending = [(row[0], row[1]) for row in _tracked_rows(cfg, ledger, n, at)]
-            s.at_once += n - len(pending)
             s.in_doubt_add = pending
             s.next_ledger = max(s.next_ledger, ledger + 1)
             s.last_publish = at
         elif "added" in r and pending is not None:
             s.acknowledged.update(pending)
             s.acked_count += r["n"]
+            s.at_once += r["n"] - len(pending)  # dispatched by the broker itself, once the add returned
             pending, s.in_doubt_add = None, None
         elif "resolved" in r:
             present = r["present"]
