@@ -177,3 +177,16 @@ def test_verify_and_upgrade_draw_a_bar_on_a_terminal_only(demo) -> None:
         assert f"{command}: " in seen and "\r" in seen and "/s]" in seen, seen  # tqdm: count, rate
         piped = cli(command, str(store))
         assert piped.returncode == 0 and piped.stderr == "" and "\r" not in piped.stdout
+
+
+def test_stats_plot_of_a_store_without_buckets_says_so(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import bucketstore
+    from bucketstore.cli.plot import due_times, write_due_plot
+
+    with bucketstore.open(tmp_path / "empty") as store:
+        store.tracker("idle")
+    assert due_times(str(tmp_path / "empty")) == {"idle": []}
+    counts = write_due_plot(str(tmp_path / "empty"), str(tmp_path / "empty.png"))
+    assert counts == {"indexes": 0, "buckets": 0}
+    assert (tmp_path / "empty.png").read_bytes()[:4] == b"\x89PNG"
