@@ -19,6 +19,10 @@ from tqdm import tqdm
 
 __all__ = ["Progress", "on_terminal"]
 
+# No monitor thread: `simulate --durability journal` forks broker processes while a bar is
+# open, and a fork should copy a process with no other thread in it.
+tqdm.monitor_interval = 0
+
 
 def on_terminal(stream: TextIO | None = None) -> bool:
     """Whether ``stream`` (stderr by default) is an interactive terminal."""

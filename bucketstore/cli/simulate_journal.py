@@ -376,11 +376,18 @@ def run_journal_simulation(path: str, cfg: JournalSimulationConfig, *,
         log_path = os.path.join(tmp, "side.log")
         while True:
             pid, ready = _fork_child(path, log_path, cfg)
-            select.select([ready], [], [], 300)
-            os.close(ready)
+            try:
+                select.select([ready], [], [], 300)
+            finally:
+                os.close(ready)
             status = None
             if report.kills < cfg.kills:
-                time.sleep(rng.uniform(0.0, 2 * expected_s / (cfg.kills + 1)))
+                try:
+                    time.sleep(rng.uniform(0.0, 2 * expected_s / (cfg.kills + 1)))
+                except BaseException:  # Ctrl-C: leave no broker running behind us
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    raise
                 done_pid, status = os.waitpid(pid, os.WNOHANG)
                 if done_pid == 0:
                     os.kill(pid, signal.SIGKILL)
