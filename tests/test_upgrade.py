@@ -21,6 +21,8 @@ from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, build_bucket, write_bucket
 from bucketstore.cli.store_check import verify_store
 
+from helpers import as_format1_catalog
+
 EPOCH = 1_700_000_000_000
 
 
@@ -71,6 +73,7 @@ def _rewrite_as_v1(path: str) -> int:
         write_bucket(ledgers_dir, lid, old, payloads, props)
         with BucketFile(file) as bucket:
             assert bucket.metadata.version == 1
+    as_format1_catalog(path)  # and its catalog as that release wrote it: no bucket summaries
     return len(ids)
 
 

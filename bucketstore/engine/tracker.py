@@ -957,7 +957,7 @@ class BucketTracker:
             self._buckets.add(bucket)
             self._unopened += 1
             self._unopened_rows += bucket.pending_indexes
-            if meta is not None or store.repair or start <= first_live <= end \
+            if meta is not None or store.repair or (self._mark_delete is not None and start <= first_live <= end) \
                     or (frontier is not None and int(summary.min_ts[skip]) <= frontier[0]):
                 try:
                     self._open_bucket(bucket, meta)
