@@ -952,6 +952,7 @@ class BucketTracker:
             bucket = SealedBucket.unopened(path, ledger_id, start, end, summary, first_segment=skip + 1,
                                            on_load=self._record_load)
             if skip == n or end < first_live:
+                bucket.summary = None  # deleted unread: never counted among the unopened
                 doomed.append(bucket)
                 continue
             self._buckets.add(bucket)
@@ -1102,6 +1103,9 @@ class BucketTracker:
             prev_end = b.end_ledger
             assert not b.dead
         assert self._buckets.newest_end == prev_end, "newest bucket end is stale"
+        unopened = [b for b in self._buckets.values() if not b.opened]
+        assert self._unopened == len(unopened), (self._unopened, len(unopened))
+        assert self._unopened_rows == sum(b.pending_indexes for b in unopened), "unopened count is stale"
 
 
 def _resolve_ranges(keys: dict[str, int], tracker: str) -> tuple[list[tuple[tuple[int, int], int]], list[str]]:
