@@ -650,6 +650,8 @@ class BucketTracker:
             self._check_open()
             if self._mark_delete is not None and (ledger_id, entry_id) < self._mark_delete:
                 return
+            if self._unopened and ledger_id <= self._buckets.newest_end:
+                self._open_covering(ledger_id)  # the bucket the trim cuts through; may raise: nothing recorded yet
             self._mark_delete = (ledger_id, entry_id)
             self._store.catalog.commit(self.name, state=self._state)
             self._trim(ledger_id, entry_id)
