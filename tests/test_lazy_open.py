@@ -83,16 +83,18 @@ def _step(rng: random.Random, t, clock: FakeClock, universe: list[tuple[int, int
     return sorted(t.get_scheduled_messages(rng.randrange(1, 25))), t.number_of_delayed_messages
 
 
+@pytest.mark.parametrize("read_ahead", [False, True])
 @pytest.mark.parametrize("durability", ["sealed", "journal"])
 @pytest.mark.parametrize("seed", range(example_count(4)))
-def test_lazy_open_answers_like_an_eager_open(tmp_path, durability, seed):
+def test_lazy_open_answers_like_an_eager_open(tmp_path, durability, seed, read_ahead):
     lazy, eager = _pair(tmp_path, durability, seed)
     rng_l, rng_e = random.Random(seed), random.Random(seed)
     # Some buckets' first segments are due at the reopen (sealed mode skips them).
     start = 2_000 + random.Random(seed).randrange(3_000)
     clock_l, clock_e = FakeClock(start), FakeClock(start)
     universe = [(ledger, entry) for ledger in (*range(LEDGERS), *LATE) for entry in range(PER_LEDGER)]
-    with bucketstore.open(lazy, durability, background=False) as sl, \
+    # read_ahead=True: the reader thread opens the buckets due soonest ahead (Entry0Read).
+    with bucketstore.open(lazy, durability, background=False, read_ahead=read_ahead) as sl, \
             bucketstore.open(eager, durability, background=False) as se:
         tl, te = sl.tracker("t", CFG, clock_l), se.tracker("t", CFG, clock_e)
         assert tl.recovery_report["unopened"] >= 1 and te.recovery_report["unopened"] == 0
@@ -105,6 +107,8 @@ def test_lazy_open_answers_like_an_eager_open(tmp_path, durability, seed):
         clock_l.now = clock_e.now = 10**9
         assert sorted(tl.get_scheduled_messages(10**6)) == sorted(te.get_scheduled_messages(10**6))
         assert tl.number_of_delayed_messages == te.number_of_delayed_messages == 0
+        ra = tl.stats()["read_ahead"]
+        assert ra["open_requests"] >= (1 if read_ahead else 0) and ra["opened_ahead"] <= ra["open_requests"]
 
 
 @pytest.mark.parametrize("durability", ["sealed"])  # journal: buckets the frontier falls in are opened at once

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,8 @@ __all__ = ["BucketTracker"]
 
 log = logging.getLogger("bucketstore")
 _U64 = np.dtype("<u8")
+#: How many of the unopened buckets due soonest have their entry 0 read ahead (off the lock).
+OPEN_AHEAD = 8
 
 
 class BucketTracker:
@@ -987,6 +990,7 @@ class BucketTracker:
             self._index.drop_through(*self._mark_delete)
         if self._journal is not None:
             self._checkpoint()  # compact: one file holding exactly the recovered memory-only state
+        self._open_ahead()
         self.recovery_seconds = time.perf_counter() - started
         self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
                                 "enclosed_removed": len(enclosed), "dropped": dropped,
@@ -1029,7 +1033,9 @@ class BucketTracker:
         if summary is None or bucket.dead:
             return
         if meta is None:
-            meta, _ = self._read_entry0(bucket.path, bucket.ledger_id, bucket.key, summary)
+            ahead = self._read_ahead.take_entry0(bucket)
+            meta = ahead[0] if ahead is not None else \
+                self._read_entry0(bucket.path, bucket.ledger_id, bucket.key, summary)[0]
         frontier = self._recovered_frontier
         skip = bucket.current
         live, skipped = split_positions(bucket, meta, skip, need_skipped=frontier is not None)
@@ -1056,7 +1062,17 @@ class BucketTracker:
             except BaseException:
                 self._queue.push(Slot(bucket))  # the queue popped the slot: keep it for the next try
                 raise
+            self._open_ahead()
         return self._read_ahead.load(bucket)
+
+    def _open_ahead(self) -> None:
+        """Have the reader thread read the entry 0 of the unopened buckets due soonest."""
+        if not self._unopened or self._store.segment_reader is None:
+            return
+        for slot in self._queue.first_slots(OPEN_AHEAD):
+            b = slot.bucket
+            if b.summary is not None and b.ahead is None:
+                self._read_ahead.open_ahead(b, partial(self._read_entry0, b.path, b.ledger_id, b.key, b.summary))
 
     def _untrack_delivered(self, bucket: SealedBucket, first: int, frontier: tuple[int, int, int]) -> None:
         """Untrack a bucket's indexes at or before the frontier in the segments it falls in."""
