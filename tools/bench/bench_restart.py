@@ -19,7 +19,7 @@ not counted; the page cache is warm, as after a broker's failover on one host):
   release wrote it (no summaries: recovery reads every bucket's entry 0), for
   comparison.
 
-Run:  python tools/bench/bench_restart.py [--sizes 1e6,1e7,1e8] [--per-bucket 50000] [--repeats 5]
+Run:  python tools/bench/bench_restart.py [--sizes 1e6,1e7,1e8] [--per-bucket 50000 | --buckets 20] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -134,15 +134,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1e6,1e7", help="comma-separated held-index counts (add 1e8 for the target)")
     p.add_argument("--per-bucket", type=float, default=50_000, help="indexes per bucket (default 50,000)")
+    p.add_argument("--buckets", type=int, default=0,
+                   help="a fixed number of buckets instead: each holds size / buckets indexes")
     p.add_argument("--add-rate", type=float, default=1e6, help="indexes/s the store was filled at (default 1e6)")
     p.add_argument("--repeats", type=int, default=5, help="fresh processes per measurement (best and median)")
     p.add_argument("--no-legacy", action="store_true", help="skip the format-1 (eager open) comparison")
     args = p.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]
     per_bucket = int(args.per_bucket)
+    shape = f"{args.buckets} buckets" if args.buckets else f"{per_bucket:,} indexes per bucket"
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpus")
     print("command: python tools/bench/bench_restart.py " + " ".join(sys.argv[1:]))
-    print(f"delays U[0, 10 min), filled at {args.add_rate:,.0f}/s, {per_bucket:,} indexes per bucket; "
+    print(f"delays U[0, 10 min), filled at {args.add_rate:,.0f}/s, {shape}; "
           f"best (median) of {args.repeats} fresh processes")
     header = (f"{'indexes':>12} {'buckets':>8} {'first batch':>17} {'opened':>7} {'B/index open':>12} "
               f"{'B/index 1st':>11} {'nothing due':>17} {'format-1 catalog':>17}")
@@ -151,7 +154,7 @@ def main() -> None:
         for n in sizes:
             path = os.path.join(tmp, f"store-{n}")
             t0 = time.perf_counter()
-            first_due = build_store(path, n, per_bucket, args.add_rate)
+            first_due = build_store(path, n, n // args.buckets if args.buckets else per_bucket, args.add_rate)
             build_s = time.perf_counter() - t0
             subprocess.run(["sync"], check=False)
             batch = measure(path, first_due, "batch", args.repeats)
