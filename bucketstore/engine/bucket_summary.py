@@ -38,14 +38,32 @@ _U64 = np.dtype("<u8")
 
 @dataclass(frozen=True, slots=True)
 class BucketSummary:
-    """A decoded summary: the segment table as three arrays."""
+    """A summary as recovery reads it: the header and the first segment's times decoded at once
+    (all that opening a tracker needs in the common case), the table when asked for."""
 
     ledger_id: int
     size: int
     count: int
-    min_ts: np.ndarray
-    max_ts: np.ndarray
-    counts: np.ndarray
+    segments: int
+    #: The first segment's min and max timestamps (0 when there is no segment).
+    first_min: int
+    first_max: int
+    raw: bytes
+    path: str
+    key: str
+
+    def table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The segment table as (min timestamps, max timestamps, counts).
+
+        :raises CatalogError: the counts do not add up, or a segment's min is after its max.
+        """
+        table = np.frombuffer(self.raw, dtype=_U64, offset=_HEADER.size).reshape(self.segments, 3)
+        counts = table[:, 2].astype(np.int64)
+        if int(counts.sum()) != self.count or bool((table[:, 0] > table[:, 1]).any()):
+            raise CatalogError(f"{self.path}: summary of bucket {self.key} is inconsistent (counts do not add up "
+                               f"to {self.count}, or a segment's min timestamp is after its max)",
+                               path=self.path, key=self.key)
+        return table[:, 0], table[:, 1], counts
 
 
 def encode_summary(meta: BucketMetadata, ledger_id: int, size: int) -> bytes:
@@ -55,7 +73,7 @@ def encode_summary(meta: BucketMetadata, ledger_id: int, size: int) -> bytes:
 
 
 def decode_summary(raw: bytes, *, path: str, key: str) -> BucketSummary:
-    """Decode a summary; a malformed one is catalog damage.
+    """Decode a summary's header (the table is checked when :meth:`BucketSummary.table` reads it).
 
     :raises CatalogError: naming the catalog and the bucket key.
     """
@@ -69,23 +87,24 @@ def decode_summary(raw: bytes, *, path: str, key: str) -> BucketSummary:
     if len(raw) != _HEADER.size + n * _SEGMENT.size:
         raise CatalogError(f"{path}: summary of bucket {key} says {n} segments in {len(raw)} bytes",
                            path=path, key=key)
-    table = np.frombuffer(raw, dtype=_U64, offset=_HEADER.size).reshape(n, 3)
-    counts = table[:, 2].astype(np.int64)
-    if int(counts.sum()) != count or bool((table[:, 0] > table[:, 1]).any()):
-        raise CatalogError(f"{path}: summary of bucket {key} is inconsistent (counts do not add up to {count}, "
-                           "or a segment's min timestamp is after its max)", path=path, key=key)
-    return BucketSummary(ledger_id, size, count, table[:, 0], table[:, 1], counts)
+    first_min, first_max, _ = _SEGMENT.unpack_from(raw, _HEADER.size) if n else (0, 0, 0)
+    if first_min > first_max:
+        raise CatalogError(f"{path}: summary of bucket {key}: segment 1's min timestamp is after its max",
+                           path=path, key=key)
+    return BucketSummary(ledger_id, size, count, n, first_min, first_max, raw, path, key)
 
 
 def summary_mismatch(summary: BucketSummary, meta: BucketMetadata, size: int) -> str | None:
-    """Why entry 0 (``meta``) and the file size disagree with the catalog summary, or None."""
+    """Why entry 0 (``meta``) and the file size disagree with the catalog summary, or None.
+
+    :raises CatalogError: the summary's table is inconsistent in itself."""
     if size != summary.size:
         return f"the file is {size} bytes, the catalog summary says {summary.size}"
-    if meta.count != summary.count or len(meta.segments) != len(summary.counts):
+    if meta.count != summary.count or len(meta.segments) != summary.segments:
         return (f"entry 0 holds {meta.count} indexes in {len(meta.segments)} segments, the catalog summary "
-                f"{summary.count} in {len(summary.counts)}")
+                f"{summary.count} in {summary.segments}")
+    min_ts, max_ts, counts = summary.table()
     for i, s in enumerate(meta.segments):
-        if (s.min_timestamp, s.max_timestamp, s.count) != \
-                (int(summary.min_ts[i]), int(summary.max_ts[i]), int(summary.counts[i])):
+        if (s.min_timestamp, s.max_timestamp, s.count) != (int(min_ts[i]), int(max_ts[i]), int(counts[i])):
             return f"segment {i + 1} of entry 0 disagrees with the catalog summary"
     return None

@@ -65,13 +65,21 @@ class SealedBucket:
         """A bucket known from its catalog summary only; its entry 0 is read when it is first needed."""
         b = cls.__new__(cls)
         b.start_ledger, b.end_ledger, b.ledger_id, b.path, b.size = start, end, ledger_id, path, summary.size
-        b.min_ts, b.max_ts, b.counts = summary.min_ts, summary.max_ts, summary.counts
+        # min_ts, max_ts and counts stay unset until first read (__getattr__ decodes them from
+        # the summary): most buckets of a large store are never looked at before they are due.
         b.current = first_segment - 1
         b.dead = b.merging = False
         b.ahead = None
         b._on_load = on_load
         b.summary = summary
         return b
+
+    def __getattr__(self, name: str):
+        # Only reached for an unset slot: the segment table of a bucket recovered from its summary.
+        if name in ("min_ts", "max_ts", "counts") and self.summary is not None:
+            self.min_ts, self.max_ts, self.counts = self.summary.table()
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def opened(self) -> bool:
@@ -85,11 +93,15 @@ class SealedBucket:
 
     @property
     def segment_count(self) -> int:
-        return len(self.counts)
+        summary = self.summary
+        return summary.segments if summary is not None else len(self.counts)
 
     @property
     def pending_indexes(self) -> int:
         """Indexes in segments not yet handed to the queue (an upper bound on what is left on disk)."""
+        summary = self.summary
+        if summary is not None and self.current == 0:
+            return summary.count
         return int(self.counts[self.current:].sum())
 
     def covers(self, ledger_id: int) -> bool:
@@ -99,6 +111,9 @@ class SealedBucket:
         return self.current < self.segment_count
 
     def next_segment_min_ts(self) -> int:
+        summary = self.summary
+        if summary is not None and self.current == 0:
+            return summary.first_min
         return int(self.min_ts[self.current])
 
     def read_segment(self, number: int) -> Run:

@@ -946,17 +946,26 @@ class BucketTracker:
                 dropped.append(f"{key}: {exc}")
                 stale_keys.append(key)
                 continue
+            n = summary.segments
+            # The first segment's max timestamp (in the summary's header) settles the common
+            # case, no skip; the table is decoded only when leading segments are due.
+            bound = cutoff + 1 if replayed is None else frontier[0] if frontier is not None else 0
             skip = 0
-            n = len(summary.counts)
-            if replayed is None:
-                while skip < n and int(summary.max_ts[skip]) <= cutoff:
-                    skip += 1
-            elif frontier is not None:
-                while skip < n and int(summary.max_ts[skip]) < frontier[0]:
+            if n and summary.first_max < bound:
+                try:
+                    max_ts = summary.table()[1]
+                except CatalogError as exc:
+                    if not store.repair:
+                        raise
+                    dropped.append(f"{key}: {exc}")
+                    stale_keys.append(key)
+                    continue
+                while skip < n and int(max_ts[skip]) < bound:
                     skip += 1
             bucket = SealedBucket.unopened(path, ledger_id, start, end, summary, first_segment=skip + 1,
                                            on_load=self._record_load)
             if skip == n or end < first_live:
+                _ = bucket.counts  # the table, before the summary goes
                 bucket.summary = None  # deleted unread: never counted among the unopened
                 doomed.append(bucket)
                 continue
@@ -964,7 +973,7 @@ class BucketTracker:
             self._unopened += 1
             self._unopened_rows += bucket.pending_indexes
             if meta is not None or store.repair or (self._mark_delete is not None and start <= first_live <= end) \
-                    or (frontier is not None and int(summary.min_ts[skip]) <= frontier[0]):
+                    or (frontier is not None and bucket.next_segment_min_ts() <= frontier[0]):
                 try:
                     self._open_bucket(bucket, meta)
                 except (OSError, CorruptLedgerError, CatalogError) as exc:
@@ -1048,6 +1057,7 @@ class BucketTracker:
                 self._index.add_ghosts(ledger, bm)
             self._untrack_delivered(bucket, skip, frontier)
         self._forget_unopened(bucket)
+        _ = bucket.counts  # the segment table, decoded from the summary before it goes
         bucket.summary = None
 
     def _forget_unopened(self, bucket: SealedBucket) -> None:
