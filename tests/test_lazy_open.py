@@ -288,3 +288,27 @@ def test_damage_found_late_is_the_error_found_at_open(tmp_path, how, trigger):
         assert late == _error_of(lambda: _TRIGGERS[trigger](t, clock))  # again on a retry: nothing changed
         assert t.number_of_delayed_messages == count
         t._check()
+
+
+def test_a_failed_backfill_commit_changes_nothing_and_the_next_open_redoes_it(tmp_path):
+    """The summaries of a format-1 catalog are committed in one transaction at the tracker's
+    open; a failure there (a crash, ENOSPC) aborts it whole, and the next open does it again."""
+    path = tmp_path / "s"
+    _build(path, "sealed", 6)
+    with bucketstore.open(path) as store:
+        expected = store.tracker("t", CFG, FakeClock(1_000)).number_of_delayed_messages
+    as_format1_catalog(path)
+
+    def refuse() -> None:
+        raise OSError(28, "No space left on device")
+    with bucketstore.open(path) as store:
+        store.catalog.before_commit = refuse
+        with pytest.raises(OSError, match="No space"):
+            store.tracker("t", CFG, FakeClock(1_000))
+        _, summaries = store.catalog.keys_and_summaries("t")
+        assert summaries == {}
+    with bucketstore.open(path) as store:
+        t = store.tracker("t", CFG, FakeClock(1_000))
+        assert t.recovery_report["summaries_backfilled"] == t.stats()["immutable_buckets"]
+        assert t.number_of_delayed_messages == expected
+    assert main(["verify", str(path)]) == 0
