@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-__all__ = ["DelayedIndexSet", "bitmap_of"]
+__all__ = ["DelayedIndexSet", "bitmap_of", "sort_positions"]
 
 _U32_LIMIT = 1 << 32
 Bitmap = BitMap | BitMap64
@@ -110,13 +110,14 @@ class DelayedIndexSet:
         per ledger the :attr:`ghost_filter` names)."""
         if not self._pending_n:
             return
-        ledgers = np.concatenate(self._pending_l)
-        entries = np.concatenate(self._pending_e)
+        ledgers, entries = sort_positions(np.concatenate(self._pending_l), np.concatenate(self._pending_e))
         self._pending_l, self._pending_e, self._pending_n, self._pending_cols = [], [], 0, None
         ghost = self.ghost_filter
-        for ledger, rows in _ledger_rows(ledgers):
+        cuts = (np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, len(ledgers)]):
+            ledger = int(ledgers[a])
             bm = self._ledgers[ledger]
-            gone = bitmap_of(entries[rows], wide=isinstance(bm, BitMap64))
+            gone = bitmap_of(entries[a:b], wide=isinstance(bm, BitMap64))
             bm -= gone
             if not bm:
                 del self._ledgers[ledger]
@@ -137,20 +138,49 @@ class DelayedIndexSet:
 
     def claimable_mask(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """Which rows (in delivery order) would deliver their position: live, and the first
-        live row of their position among these rows. Does not change the set."""
-        mask = self.present_mask(ledgers, entries, ts)
-        rows = np.flatnonzero(mask)
-        if len(rows) < 2:
+        live row of their position among these rows. Does not change the set.
+
+        One sort puts the rows in (ledger, entry, row) order: a position's rows are then
+        adjacent, its first row first, and each ledger is one slice checked with one
+        bitmap operation."""
+        self.settle()
+        n = len(ledgers)
+        mask = np.zeros(n, dtype=bool)
+        if not n:
             return mask
-        for _ledger, at in _ledger_rows(ledgers[rows]):
-            sub = rows[at]
-            ents = entries[sub]
-            if len(ents) > 1 and len(np.unique(ents)) < len(ents):
-                # A position with two live rows (repeated rows): only its first delivers.
-                _, first = np.unique(ents, return_index=True)
-                keep = np.zeros(len(ents), dtype=bool)
-                keep[first] = True
-                mask[sub[~keep]] = False
+        order = _position_order(ledgers, entries)
+        ls, es = ledgers[order], entries[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = (ls[1:] != ls[:-1]) | (es[1:] != es[:-1])
+        cuts = (np.flatnonzero(ls[1:] != ls[:-1]) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, n]):
+            ledger = int(ls[a])
+            bm = self._ledgers.get(ledger)
+            if bm is None:
+                continue
+            ents = es[a:b]
+            wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
+            if isinstance(wanted, BitMap64) and isinstance(bm, BitMap):
+                wanted = BitMap(v for v in wanted if v < _U32_LIMIT)  # beyond 2**32: not in a 32-bit bitmap
+            hit = bm.intersection_cardinality(wanted)
+            if not hit:
+                continue
+            if hit == len(wanted):
+                live = np.ones(b - a, dtype=bool)
+            else:
+                hits = bm & wanted
+                live = np.isin(ents, np.fromiter(hits, dtype=np.uint64, count=len(hits)))
+            times = self._live_rows(ledger, ents, ts[order[a:b]])
+            if times is None:
+                live &= first[a:b]  # a position's rows are all live or all not: keep its first
+            else:
+                # A re-added expired position is live only in its row of the current time,
+                # which need not be its first row: keep the first live row of each position.
+                live &= times
+                at = np.flatnonzero(live)
+                if len(at) > 1:
+                    live[at[1:][ents[at[1:]] == ents[at[:-1]]]] = False
+            mask[order[a:b]] = live
         return mask
 
     def _bitmap_for(self, ledger_id: int, entry_id: int) -> Bitmap:
@@ -425,6 +455,43 @@ def _bitmap_bytes(bm: Bitmap) -> int:
 
 def _fits(bm: Bitmap, entry_id: int) -> bool:
     return entry_id < _U32_LIMIT or isinstance(bm, BitMap64)
+
+
+def sort_positions(ledgers: np.ndarray, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (uint64 columns) sorted by (ledger, entry): one in-place sort of packed keys
+    when both spans fit in 64 bits together, else a lexsort."""
+    if len(ledgers) < 2:
+        return ledgers, entries
+    l0, e0 = int(ledgers.min()), int(entries.min())
+    lb = (int(ledgers.max()) - l0).bit_length()
+    eb = (int(entries.max()) - e0).bit_length()
+    if lb + eb >= 64:
+        order = np.lexsort((entries, ledgers))
+        return ledgers[order], entries[order]
+    key = (ledgers - np.uint64(l0)) << np.uint64(eb)
+    key |= entries - np.uint64(e0)
+    key.sort()
+    out_e = (key & np.uint64((1 << eb) - 1)) + np.uint64(e0)
+    key >>= np.uint64(eb)
+    key += np.uint64(l0)
+    return key, out_e
+
+
+def _position_order(ledgers: np.ndarray, entries: np.ndarray) -> np.ndarray:
+    """The permutation that sorts rows by (ledger, entry, row number): one sort of packed keys
+    when they fit in 64 bits, else a stable lexsort."""
+    n = len(ledgers)
+    l0, e0 = int(ledgers.min()), int(entries.min())
+    lb = (int(ledgers.max()) - l0).bit_length()
+    eb = (int(entries.max()) - e0).bit_length()
+    rb = (n - 1).bit_length()
+    if lb + eb + rb >= 64:
+        return np.lexsort((entries, ledgers))
+    key = (ledgers - np.uint64(l0)) << np.uint64(eb + rb)
+    key |= (entries - np.uint64(e0)) << np.uint64(rb)
+    key |= np.arange(n, dtype=np.uint64)
+    key.sort()
+    return (key & np.uint64((1 << rb) - 1)).astype(np.intp)
 
 
 def _ledger_rows(ledgers: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:

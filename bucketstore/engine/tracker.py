@@ -28,7 +28,7 @@ from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, MaintenanceError, StoreClosedError
 from .handoff import DeliveryHandoff
-from .index_set import DelayedIndexSet, bitmap_of
+from .index_set import DelayedIndexSet, bitmap_of, sort_positions
 from .journal import Journal, journal_directory
 from .maintenance import MaintenanceCounters
 from .merge import choose_merge_window
@@ -1033,6 +1033,5 @@ def _after(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, key: tuple[
 def _positions(ledgers: np.ndarray, entries: np.ndarray) -> list[tuple[int, int]]:
     """Delivered positions (distinct), sorted by (ledger, entry)."""
     if len(ledgers) > 1:
-        order = np.lexsort((entries, ledgers))
-        ledgers, entries = ledgers[order], entries[order]
+        ledgers, entries = sort_positions(ledgers, entries)
     return list(zip(ledgers.tolist(), entries.tolist()))
