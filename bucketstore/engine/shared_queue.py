@@ -284,8 +284,8 @@ class SharedQueue:
         runs = self._pop_due_items(cutoff)
         if not runs:
             return False
-        rows = max(FRONTIER_ROWS, min(FRONTIER_ROWS_MAX, FRONTIER_ROWS_PER_RUN * len(runs)), 4 * need)
-        cap = max(16, -(-rows // len(runs)))
+        rows = max(FRONTIER_ROWS, min(FRONTIER_ROWS_MAX, FRONTIER_ROWS_PER_RUN * len(runs)), FRONTIER_CALLS * need)
+        cap = max(FRONTIER_MIN_CAP, -(-rows // len(runs)))
         limit = cutoff
         for run in runs:
             owner = run.owner
@@ -465,6 +465,9 @@ class SharedQueue:
 FRONTIER_ROWS = 1 << 18
 FRONTIER_ROWS_PER_RUN = 1024
 FRONTIER_ROWS_MAX = 1 << 20
+FRONTIER_CALLS = 4
+#: No run's share is cut below this many rows (tests lower all five to exercise small frontiers).
+FRONTIER_MIN_CAP = 16
 
 
 class _Frontier:
