@@ -254,7 +254,14 @@ class SharedQueue:
             if item.dead:
                 continue
             if isinstance(item, Slot):
-                item = self._load(item.bucket)
+                try:
+                    item = self._load(item.bucket)
+                except BaseException:
+                    # Damage or an I/O error: put back what was popped (the slot too, to be
+                    # read again next time), so nothing tracked drops out of the queue.
+                    for popped in (*due, item):
+                        self.push(popped)
+                    raise
             due.append(item)
         return due
 
