@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bucketstore
-from bucketstore.engine import shared_queue
+from bucketstore.engine import index_set, shared_queue
 from bucketstore.engine.index_set import DelayedIndexSet
 from bucketstore.engine.shared_queue import Run, SharedQueue, sorted_run
 
@@ -34,13 +34,16 @@ _U64 = np.uint64
 def small_frontiers(rows: int, per_run: int, calls: int, min_cap: int):
     names = ("FRONTIER_ROWS", "FRONTIER_ROWS_PER_RUN", "FRONTIER_ROWS_MAX", "FRONTIER_CALLS", "FRONTIER_MIN_CAP")
     saved = {name: getattr(shared_queue, name) for name in names}
+    scan_max = index_set._PENDING_SCAN_MAX
     for name, value in zip(names, (rows, per_run, rows + per_run, calls, min_cap)):
         setattr(shared_queue, name, value)
+    index_set._PENDING_SCAN_MAX = rows // 4  # lookups both scan and settle pending removals
     try:
         yield
     finally:
         for name, value in saved.items():
             setattr(shared_queue, name, value)
+        index_set._PENDING_SCAN_MAX = scan_max
 
 
 sizes = st.tuples(st.integers(1, 32), st.integers(0, 8), st.integers(0, 3), st.integers(1, 4))
