@@ -24,13 +24,12 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from pyroaring import BitMap
 
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, MaintenanceError, StoreClosedError
 from .handoff import DeliveryHandoff
-from .index_set import DelayedIndexSet, bitmap_of
+from .index_set import DelayedIndexSet, bitmap_of, sort_positions
 from .journal import Journal, journal_directory
 from .maintenance import MaintenanceCounters
 from .merge import choose_merge_window
@@ -79,6 +78,10 @@ class BucketTracker:
         self._finished = 0
         self._cutoff = Cutoff(config, clock)
         self._index = DelayedIndexSet()
+        # Delivered positions become ghosts (when the index applies its pending removals) where
+        # a bucket's file still holds their rows (a merge reads them): should a position come
+        # back with another time, its old row must stay dead.
+        self._index.ghost_filter = self._file_holds
         #: Segment read-ahead (off when the store has no reader: segments are read when needed).
         self._read_ahead = ReadAhead(store.segment_reader)
         self._queue = SharedQueue(self._bucket_exhausted, load=self._load_segment, on_low=self._read_ahead.low,
@@ -125,6 +128,10 @@ class BucketTracker:
 
     def _covering(self, ledger_id: int) -> SealedBucket | None:
         return self._buckets.covering(ledger_id)
+
+    def _file_holds(self, ledger_id: int) -> bool:
+        """Whether a sealed (or sealing) bucket's file may hold rows of the ledger."""
+        return self._covering(ledger_id) is not None or any(job.covers(ledger_id) for job in self._sealing)
 
     def _sync_queue(self) -> None:
         """Turn buffered adds into runs in the shared queue."""
@@ -549,23 +556,16 @@ class BucketTracker:
                     self._sync()
                 return []
             self._sync_queue()
-            rows: list | None = [] if journal is not None and self._handoff.at_least_once else None
-            delivered, last_key = self._queue.pop_due(cutoff, max_messages, self._index, rows)
-            for ledger, hits in delivered.items():
-                if self._covering(ledger) is not None or any(job.covers(ledger) for job in self._sealing):
-                    # The bucket's file still holds these rows (a merge reads them): should a
-                    # position come back with another time, its old row must stay dead.
-                    for bm in hits:
-                        self._index.add_ghosts(ledger, bm)
+            ts, ledgers, entries, last_key = self._queue.pop_due(cutoff, max_messages, self._index)
             if last_key is not None:
-                batch = tuple(np.concatenate(cols) for cols in zip(*rows)) if rows else None
-                key = self._handoff.delivered(last_key, batch, delivered)
+                batch = (ts, ledgers, entries) if journal is not None and self._handoff.at_least_once else None
+                key = self._handoff.delivered(last_key, batch)
                 if key is not None and journal is not None:
                     journal.frontier(key)  # at-most-once: durable before the batch is returned
             self._delete_exhausted()
             if journal is not None:
                 self._sync()
-        return _positions(delivered)
+        return _positions(ledgers, entries)
 
     def confirm_delivered(self) -> None:
         """Confirm every position returned so far: after a crash they never come back.
@@ -741,6 +741,7 @@ class BucketTracker:
         return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
 
     def _checkpoint(self) -> None:
+        self._index.settle()  # the ghosts are read directly below
         ledgers, entries, ts = self._memory_only_rows()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
         # bucket: the checkpoint replaces the file that held its untrack record, so it must
@@ -1172,11 +1173,8 @@ def _after(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, key: tuple[
     return (ts > t) | ((ts == t) & ((ledgers > l) | ((ledgers == l) & (entries > e))))
 
 
-def _positions(delivered: dict[int, list]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for ledger in sorted(delivered):
-        bitmaps = delivered[ledger]
-        merged = bitmaps[0] if len(bitmaps) == 1 else bitmaps[0].union(*bitmaps[1:])
-        entries = merged.to_array().tolist() if isinstance(merged, BitMap) else list(merged)
-        out.extend(zip([ledger] * len(entries), entries))
-    return out
+def _positions(ledgers: np.ndarray, entries: np.ndarray) -> list[tuple[int, int]]:
+    """Delivered positions (distinct), sorted by (ledger, entry)."""
+    if len(ledgers) > 1:
+        ledgers, entries = sort_positions(ledgers, entries)
+    return list(zip(ledgers.tolist(), entries.tolist()))
