@@ -25,7 +25,7 @@ import pytest
 import bucketstore
 
 PACKAGE = Path(bucketstore.__file__).parent
-ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff"}
+ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff", "bucketstore.waiting"}
 FACADE = {"bucketstore", "bucketstore.__main__"}
 CORE_DEPENDENCIES = {"pyroaring", "msgpack", "lmdb", "crc32c", "sortedcontainers", "numpy", "zstandard"}
 

@@ -45,6 +45,7 @@ from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, bucket_key, parse_bucket_key
 from .store_services import StoreServices
+from ..waiting import CancelToken, DueWaiter, timeout_ms
 
 __all__ = ["BucketTracker"]
 
@@ -74,6 +75,8 @@ class BucketTracker:
         self._submitted = 0
         self._finished = 0
         self._cutoff = Cutoff(config, clock)
+        #: Threads blocked in wait_scheduled sleep on self._cond; adds, clear and close wake them.
+        self._due = DueWaiter(self._cond, clock, slack_ms=(1 << config.precision_bits) - 1)
         self._index = DelayedIndexSet()
         #: Segment read-ahead (off when the store has no reader: segments are read when needed).
         self._read_ahead = ReadAhead(store.segment_reader)
@@ -154,6 +157,8 @@ class BucketTracker:
             tracked = self._add_one(ledger_id, entry_id, deliver_at, self._cutoff.advance())
             if self._journal is not None:
                 self._sync()
+            if tracked:
+                self._due.added(deliver_at)
             return tracked
 
     def _add_one(self, ledger_id: int, entry_id: int, deliver_at: int, cutoff: int) -> bool:
@@ -244,6 +249,8 @@ class BucketTracker:
                     tracked += self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], deliver_at[lo:hi], cutoff)
             if self._journal is not None:
                 self._sync()
+            if tracked:
+                self._due.added(int(deliver_at.min()))
             return tracked
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
@@ -543,6 +550,35 @@ class BucketTracker:
                 self._sync()
         return _positions(delivered)
 
+    def wait_scheduled(self, max_messages: int, timeout: float | None = None, *,
+                       cancel: CancelToken | None = None) -> list[tuple[int, int]]:
+        """Block until positions are due, then return them as :meth:`get_scheduled_messages` does.
+
+        The caller sleeps (without holding the tracker's lock) until the earliest tracked
+        index falls due, and is woken early by an add of an earlier index, by
+        :meth:`clear`, or by :meth:`close` / ``Store.delete_tracker``. Each wake asks
+        :meth:`get_scheduled_messages` again, so a batch is never early, and threads
+        waiting on one tracker each get distinct positions. The batch follows the same
+        handoff rules: in journal mode with ``delivery="at-least-once"`` the call confirms
+        every batch returned before it (by any thread) when it starts, and its own batch
+        is confirmed by the next call, :meth:`flush` or :meth:`confirm_delivered`.
+
+        :param timeout: seconds to wait at most, measured on the tracker's clock (with a
+            :class:`~bucketstore.testing.FakeClock`: until the clock is moved past it);
+            None waits as long as it takes, 0 only looks.
+        :param cancel: a :class:`~bucketstore.waiting.CancelToken` that ends the wait from
+            another thread (the asyncio wrapper's cancellation).
+        :return: the positions, sorted; ``[]`` when the timeout passes or ``cancel`` fires
+            first (or ``max_messages`` is 0).
+        :raises StoreClosedError: the tracker is closed, before or during the wait.
+        """
+        max_messages = check_max(max_messages)
+        limit = timeout_ms(timeout)
+        if max_messages == 0:
+            return self.get_scheduled_messages(0)
+        return self._due.wait(lambda: self.get_scheduled_messages(max_messages), self.next_delivery_time,
+                              self._cutoff.lead_ms, limit, cancel)
+
     def confirm_delivered(self) -> None:
         """Confirm every position returned so far: after a crash they never come back.
 
@@ -751,6 +787,7 @@ class BucketTracker:
             self._exhausted = []
             if self._journal is not None:
                 self._checkpoint()
+            self._due.wake_all()
 
     def _cancel_jobs(self) -> None:
         """Background work in flight is abandoned: each job, when the worker reaches its
