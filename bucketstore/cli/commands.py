@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..engine.upgrade import upgrade_store
+from .. import metrics
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
 from . import repair
 from .dump import describe_file, render_text
@@ -97,6 +98,11 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    if getattr(args, "prometheus", False):
+        doc = describe_store(_store_path(args.store))
+        print(metrics.render(metrics.from_description(doc)), end="")
+        damaged = any("error" in b for t in doc["trackers"].values() for b in t["buckets"])
+        return EXIT_DAMAGE if damaged else EXIT_OK
     return _print_store(args, detail=False)
 
 
@@ -196,11 +202,12 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_store_command(commands: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int],
-                       help_text: str) -> None:
+                       help_text: str) -> argparse.ArgumentParser:
     p = commands.add_parser(name, help=help_text, description=help_text)
     p.add_argument("store", metavar="STORE", help="a store directory")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run)
+    return p
 
 
 def _add_catalog(commands: argparse._SubParsersAction) -> None:
@@ -209,7 +216,9 @@ def _add_catalog(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_stats(commands: argparse._SubParsersAction) -> None:
-    _add_store_command(commands, "stats", _cmd_stats, "summarise a store: trackers, indexes, bytes, files")
+    p = _add_store_command(commands, "stats", _cmd_stats, "summarise a store: trackers, indexes, bytes, files")
+    p.add_argument("--prometheus", action="store_true",
+                   help="print the on-disk metrics in the Prometheus text format (see bucketstore.metrics)")
 
 
 def _add_upgrade(commands: argparse._SubParsersAction) -> None:

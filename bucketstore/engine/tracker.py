@@ -153,12 +153,16 @@ class BucketTracker:
         check_timestamp(deliver_at)
         with self._lock:
             self._check_open()
+            timed = self._ops.count_add()
+            started = time.perf_counter() if timed else 0.0
             self._wait_for_room()
             tracked = self._add_one(ledger_id, entry_id, deliver_at, self._cutoff.advance())
             if self._journal is not None:
                 self._sync()
             if tracked:
                 self._due.added(deliver_at)
+            if timed:
+                self._ops.observe_add(time.perf_counter() - started)
             return tracked
 
     def _add_one(self, ledger_id: int, entry_id: int, deliver_at: int, cutoff: int) -> bool:
@@ -232,6 +236,7 @@ class BucketTracker:
             return 0
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             cutoff = self._cutoff.advance()
             tracked = 0
             # Rows are taken in order, one run of equal ledger ids at a time: routing
@@ -251,6 +256,7 @@ class BucketTracker:
                 self._sync()
             if tracked:
                 self._due.added(int(deliver_at.min()))
+            self._ops.record("add", time.perf_counter() - started, True)
             return tracked
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
@@ -524,6 +530,7 @@ class BucketTracker:
         max_messages = check_max(max_messages)
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             journal = self._journal
             self._confirm()  # the embedder is back for more: it has handled the previous batch
             cutoff = self._cutoff.advance()
@@ -548,7 +555,10 @@ class BucketTracker:
             self._delete_exhausted()
             if journal is not None:
                 self._sync()
-        return _positions(delivered)
+            positions = _positions(delivered)
+            self._ops.delivered += len(positions)
+            self._ops.record("deliver", time.perf_counter() - started, True)
+        return positions
 
     def wait_scheduled(self, max_messages: int, timeout: float | None = None, *,
                        cancel: CancelToken | None = None) -> list[tuple[int, int]]:
@@ -705,11 +715,13 @@ class BucketTracker:
         """
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             self._wait_for_jobs(self._submitted)
             self._check_open()
             if self._journal is not None:
                 self._confirm()
                 self._commit()
+            self._ops.record("flush", time.perf_counter() - started, True)
 
     def _sync(self) -> None:
         """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed."""
@@ -870,6 +882,14 @@ class BucketTracker:
                                     "sealing": len(self._sealing), "merging": len(self._merging)}
             stats["read_ahead"] = {**self._read_ahead.counters.as_dict(), "held_indexes": ahead}
             return stats
+
+    def operation_metrics(self) -> dict[str, Any]:
+        """Per operation (add, deliver, flush, and PIP-195's create = seal, load, merge, delete)
+        its calls and latency histogram (see :meth:`~bucketstore.engine.op_stats.OpStats.histograms`),
+        and the positions delivered so far: what :mod:`bucketstore.metrics` exports."""
+        with self._lock:
+            self._check_open()
+            return {"operations": self._ops.histograms(), "delivered": self._ops.delivered}
 
     def buckets(self) -> list[SealedBucket]:
         """The sealed buckets, in ledger order (for inspection)."""
