@@ -274,3 +274,34 @@ def test_journal_at_least_once_a_waited_batch_comes_back_until_confirmed(tmp_pat
     with bucketstore.open(path, durability="journal") as store:
         tracker = store.tracker("sub", STRICT, clock)
         assert tracker.wait_scheduled(10, timeout=0) == [(1, 2)]  # (1, 1) confirmed, (1, 2) not
+
+
+@pytest.mark.parametrize("config", [TrackerConfig(tick_time_ms=7), TrackerConfig(tick_time_ms=0, precision_bits=4),
+                                    TrackerConfig(tick_time_ms=5, precision_bits=4, deliver_at_time_strict=True)],
+                         ids=["tick", "bits", "bits-strict"])
+def test_the_waiter_returns_at_the_first_millisecond_something_is_due(make, config) -> None:
+    """Stepping a fake clock 1 ms at a time: the waiter sleeps exactly while a twin tracker's
+    has_message_available() is False, and returns at the first step where it is True."""
+    clock, twin_clock = FakeClock(0), FakeClock(0)
+    tracker, twin = make(config, clock), make(config, twin_clock)
+    assert tracker.add_message(3, 3, 213) and twin.add_message(3, 3, 213)
+    waiter = Waiter(tracker)
+    for now in range(0, 400):
+        twin_clock.now = clock.now = now
+        if twin.has_message_available():
+            assert waiter.get() == [(3, 3)]
+            return
+        clock.wait_for_sleepers(1)
+        assert not waiter.done.is_set(), f"delivered early at {now}"
+    raise AssertionError("never due")
+
+
+def test_store_close_wakes_the_waiter(tmp_path) -> None:
+    clock = FakeClock(0)
+    store = bucketstore.open(tmp_path / "s")
+    tracker = store.tracker("sub", STRICT, clock)
+    tracker.add_message(1, 1, 1_000)
+    waiter = Waiter(tracker)
+    clock.wait_for_sleepers(1)
+    store.close()
+    assert isinstance(waiter.get(), StoreClosedError)
