@@ -64,7 +64,7 @@ def test_text_parses_back_with_help_type_and_matching_values(busy) -> None:
             continue
         family = fams[m.name[:-len("_total")] if m.kind == "counter" else m.name]
         assert family.type == m.kind and family.documentation == m.help
-    assert f"# TYPE bucketstore_tracker_delivered_total counter" in text
+    assert "# TYPE bucketstore_tracker_delivered_total counter" in text
     t = {"tracker": "sub-1"}
     assert sample(fams, "bucketstore_tracker_delayed_indexes", **t) == st["number_of_delayed_messages"]
     assert sample(fams, "bucketstore_tracker_buckets", **t) == st["immutable_buckets"] >= 1
