@@ -83,7 +83,8 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("bucketstore_tracker_delivered_total", "counter", _T, "Positions returned as due.",
                "tracker.delivered", source="live"),
     MetricInfo("bucketstore_tracker_operations_total", "counter", _T + ("op", "outcome"), "Operations by kind "
-               "(add, deliver, flush, seal, load, merge, delete) and outcome (ok, failed).",
+               "(add, deliver, flush, seal, load, merge, delete) and outcome (ok, failed; a failed add, deliver or flush "
+               "raises to its caller and is not counted).",
                "tracker.operations", source="live"),
     MetricInfo("bucketstore_tracker_operation_duration_seconds", "histogram", _T + ("op",), "Latency of the "
                "operations (add_message sampled 1 in 16; add_messages, and every other op, each call).",

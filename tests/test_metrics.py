@@ -152,5 +152,5 @@ def test_cli_stats_prometheus_usage_error(tmp_path) -> None:
 def test_readme_documents_every_metric() -> None:
     text = README.read_text()
     section = text[text.index("### Metrics for brokers"):]
-    documented = re.findall(r"^\| `(bucketstore_\w+)` \|", section, re.M)
-    assert documented == [m.name for m in metrics.METRICS]
+    rows = re.findall(r"^\| `(bucketstore_\w+)` \| (\w+) \|.*\| (.*) \|$", section, re.M)
+    assert rows == [(m.name, m.kind, m.help) for m in metrics.METRICS]
