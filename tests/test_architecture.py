@@ -8,7 +8,8 @@ nothing is imported) and hold the dependency rules the subpackages' ``__init__``
   root modules an embedder imports, built on the engine) above it, and ``spark`` and ``testing`` on
   top; nothing in the product imports ``bucketstore.testing``;
 * third-party imports: the core needs only the core dependencies; PySpark and pyarrow only in
-  ``bucketstore.spark``; hypothesis only in ``bucketstore.testing.state_machine``;
+  ``bucketstore.spark``; hypothesis only in ``bucketstore.testing.state_machine``; tqdm only in
+  ``bucketstore.cli`` (the library never prints); matplotlib only in ``bucketstore.cli.plot``;
 * at most 10 modules directly in ``bucketstore/``.
 """
 
@@ -167,6 +168,10 @@ def test_third_party_imports(graph: dict[str, list[Import]]) -> None:
         allowed = set(CORE_DEPENDENCIES)
         if layer(m) == "spark":
             allowed |= {"pyspark", "pyarrow", "py4j"}
+        if layer(m) == "cli":
+            allowed |= {"tqdm"}  # progress bars: the command line only, never the library
+        if m == "bucketstore.cli.plot":
+            allowed |= {"matplotlib"}  # the `plot` extra, imported only when a plot is asked for
         if m == "bucketstore.testing.state_machine":
             allowed |= {"hypothesis"}
         for i in imps:

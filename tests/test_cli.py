@@ -129,7 +129,7 @@ def test_usage_errors_exit_2(capsys, argv) -> None:
 
 
 def test_unexpected_error_is_one_line(capsys, monkeypatch) -> None:
-    def boom(paths):
+    def boom(paths, on_file=None):
         raise RuntimeError("disk on fire")
     monkeypatch.setattr(cli, "verify_paths", boom)
     code, out, err = run(capsys, "verify", GOLDEN)

@@ -2,10 +2,15 @@
 
 ``commands`` parses arguments and maps errors to exit codes (0 ok, 1 damage, 2 usage), ``dump`` and
 ``verify`` read single files, ``store_check`` reads a whole store, ``repair`` rebuilds a lost
-catalog (through ``engine.rebuild``), ``simulate`` is the main job.
+catalog (through ``engine.rebuild``), ``simulate`` is the main job (``simulate_journal`` its
+journal mode, a broker process SIGKILLed and checked), ``plot`` draws ``stats --plot`` and
+``progress`` is the one place that shows progress (on stderr: a tqdm bar on a terminal, one
+line or nothing in a pipe).
 
-May import: the root leaves, ``format``, ``memory`` and ``engine`` (``verify`` loads de-duplicator
+May import: the root leaves, ``format``, ``memory``, ``engine`` and ``bucketstore.metrics`` (``stats
+--prometheus``; ``verify`` loads de-duplicator
 snapshots through ``memory.dedup``). Never ``bucketstore.testing`` or ``bucketstore.spark``.
+Third-party: tqdm (``progress``), and matplotlib in ``plot`` only, imported when a plot is asked for.
 """
 
 from .commands import main

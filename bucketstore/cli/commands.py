@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from ..engine.upgrade import upgrade_store
 from .. import metrics
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
-from . import repair
+from . import plot, repair
 from .dump import describe_file, render_text
+from .progress import Progress
 from .simulate import add_arguments, run_from_args
 from .store_check import describe_store, is_store, verify_store
 from .verify import verify_paths
@@ -98,7 +99,12 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    if getattr(args, "prometheus", False):
+    if args.plot:  # first, so that a missing extra is one line and exit 2, before any output
+        _store_path(args.store)
+        status = plot.run(args.store, args.plot)
+        if status:
+            return status
+    if args.prometheus:
         doc = describe_store(_store_path(args.store))
         print(metrics.render(metrics.from_description(doc)), end="")
         damaged = any("error" in b for t in doc["trackers"].values() for b in t["buckets"])
@@ -127,17 +133,19 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     files = segments = indexes = in_flight = 0
     findings_all = []
     plain = []
-    for path in args.paths:
-        if not is_store(path):
-            plain.append(path)
-            continue
-        findings, counts = verify_store(path)
-        findings_all += findings
-        files += counts["files"]
-        segments += counts["segments"]
-        indexes += counts["indexes"]
-        in_flight += counts["in_flight"]
-    reports = verify_paths(plain) if plain else []
+    # A bar on a terminal only: scripts read verify's stderr, so nothing is added there in a pipe.
+    with Progress("verify", None, unit="file", line_when_piped=False) as bar:
+        for path in args.paths:
+            if not is_store(path):
+                plain.append(path)
+                continue
+            findings, counts = verify_store(path, on_file=bar.update)
+            findings_all += findings
+            files += counts["files"]
+            segments += counts["segments"]
+            indexes += counts["indexes"]
+            in_flight += counts["in_flight"]
+        reports = verify_paths(plain, on_file=bar.update) if plain else []
     for report in reports:
         findings_all += report.findings
     for finding in findings_all:
@@ -159,7 +167,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_upgrade(args: argparse.Namespace) -> int:
     path = _store_path(args.store)
     try:
-        report = upgrade_store(path)
+        with Progress("upgrade", None, unit="bucket", line_when_piped=False) as bar:
+            report = upgrade_store(path, on_bucket=lambda done, total: bar.update(1, total=total))
     except StoreLockedError as exc:
         print(f"bucketstore: {exc}; close it before upgrading", file=sys.stderr)
         return EXIT_DAMAGE
@@ -217,6 +226,8 @@ def _add_catalog(commands: argparse._SubParsersAction) -> None:
 
 def _add_stats(commands: argparse._SubParsersAction) -> None:
     p = _add_store_command(commands, "stats", _cmd_stats, "summarise a store: trackers, indexes, bytes, files")
+    p.add_argument("--plot", metavar="PNG", help="also draw what is due when, per bucket, into this PNG "
+                                                  "(needs the 'plot' extra: matplotlib)")
     p.add_argument("--prometheus", action="store_true",
                    help="print the on-disk metrics in the Prometheus text format (see bucketstore.metrics)")
 

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 
 from ..config import TrackerConfig
 from ..engine.store import open_store
+from ..engine.tracker import BucketTracker
+from .progress import Progress
+from .simulate_journal import JournalSimulationConfig, format_journal_report, run_journal_simulation
 
 __all__ = ["SimulationConfig", "SimulationReport", "run_simulation", "add_arguments", "run_from_args"]
 
@@ -46,6 +49,9 @@ class SimulationConfig:
     poll_interval_ms: int = 100
     poll_max: int = 2_000
     crash_at: float = 0.5
+    #: after the last publish the consumer polls for this much simulated time, then stops,
+    #: leaving what falls due later held in the store (-1: until everything is delivered)
+    deliver_for_ms: int = 300_000
     seed: int = 195
     tracker: TrackerConfig = field(default_factory=lambda: TrackerConfig(
         min_index_count_per_bucket=10_000, max_indexes_per_segment=2_000,
@@ -74,10 +80,19 @@ class SimulationReport:
     recovered_indexes: int = 0
     max_rss_mb: float = 0.0
     wall_seconds: float = 0.0
+    stopped_at_ms: int = 0
+    held: int = 0
+    held_expected: int = 0
+    left_buckets: int = 0
+
+    @property
+    def held_mismatch(self) -> int:
+        """Held by the tracker at the stop beyond what the oracle says is undelivered (should be 0)."""
+        return abs(self.held - self.held_expected)
 
     @property
     def violations(self) -> int:
-        return self.early + self.lost + self.phantom
+        return self.early + self.lost + self.phantom + self.held_mismatch
 
 
 class _Oracle:
@@ -102,15 +117,21 @@ class _Oracle:
         self.mark_delete_seq = seq
 
 
-def _progress(done: int, total: int, phase: str, stream=sys.stderr) -> None:
-    if not stream.isatty() and done not in (0, total):
-        return
-    width = 32
-    filled = width * done // max(total, 1)
-    stream.write(f"\r{phase:<10} [{'#' * filled}{'.' * (width - filled)}] {done * 100 // max(total, 1):3d}%")
-    if done >= total:
-        stream.write("\n")
-    stream.flush()
+def _check_held(tracker: BucketTracker, oracle: _Oracle, report: SimulationReport) -> None:
+    """At the stop: every message not yet received must be held, not due, and nothing else held.
+
+    A message the consumer never received is *lost* if the tracker no longer holds
+    it, or if it was due by the stop (it should have been delivered).
+    """
+    expected = 0
+    for seq, received in enumerate(oracle.acked):
+        if received:
+            continue
+        expected += 1
+        if oracle.deliver_at[seq] <= report.stopped_at_ms or not tracker.contains_message(*oracle.position(seq)):
+            report.lost += 1
+    report.held_expected = expected
+    report.held = tracker.number_of_delayed_messages
 
 
 def run_simulation(path: str, cfg: SimulationConfig, *, progress: bool = True) -> SimulationReport:
@@ -168,63 +189,60 @@ def run_simulation(path: str, cfg: SimulationConfig, *, progress: bool = True) -
         report.deleted += st["delete"]["succeeded"]
         report.segments_loaded += st["load"]["succeeded"]
 
-    total_steps = cfg.messages
-    step = max(1, total_steps // 200)
+    step = max(1, cfg.messages // 200)
     try:
-        for seq in range(cfg.messages):
-            now[0] = _EPOCH + int(seq * publish_gap_ms)
-            at = now[0] + rng.randrange(cfg.delay_window_ms)
-            oracle.deliver_at.append(at)
-            oracle.acked.append(0)
-            ledger, entry = oracle.position(seq)
-            report.published += 1
-            if not tracker.add_message(ledger, entry, at):
-                deliver([(ledger, entry)])  # already due: dispatched at once
-            if now[0] >= next_poll:
+        with Progress("publish", cfg.messages, unit="msg", quiet=not progress) as bar:
+            for seq in range(cfg.messages):
+                now[0] = _EPOCH + int(seq * publish_gap_ms)
+                at = now[0] + rng.randrange(cfg.delay_window_ms)
+                oracle.deliver_at.append(at)
+                oracle.acked.append(0)
+                ledger, entry = oracle.position(seq)
+                report.published += 1
+                if not tracker.add_message(ledger, entry, at):
+                    deliver([(ledger, entry)])  # already due: dispatched at once
+                if now[0] >= next_poll:
+                    poll()
+                    next_poll = now[0] + cfg.poll_interval_ms
+                if seq % step == 0:
+                    observe()
+                    bar.update(min(step, cfg.messages - seq))
+                if seq == crash_seq and 0 < cfg.crash_at < 1:
+                    harvest_ops()
+                    # The crash: in-memory state is gone, nothing more is written. In
+                    # sealed mode close() writes nothing either, so dropping the tracker
+                    # and the store's handles is exactly a crash after the last commit.
+                    store.close()
+                    t0 = time.perf_counter()
+                    store = open_store(path)
+                    tracker = store.tracker("simulate", cfg.tracker, clock)
+                    report.recovery_seconds = time.perf_counter() - t0
+                    report.recovered_indexes = tracker.number_of_delayed_messages
+                    # The broker replays its log from the mark-delete position, skipping
+                    # what the consumer already acknowledged individually.
+                    for replay in range(oracle.mark_delete_seq, seq + 1):
+                        if oracle.acked[replay]:
+                            continue
+                        if not tracker.add_message(*oracle.position(replay), oracle.deliver_at[replay]):
+                            report.dispatched_on_replay += 1
+                            deliver([oracle.position(replay)])
+        # Deliver: simulated time runs on to the stop point; what falls due after it stays held.
+        last_due = max(oracle.deliver_at, default=now[0]) + tick + cfg.poll_interval_ms
+        end = min(last_due, now[0] + cfg.deliver_for_ms) if cfg.deliver_for_ms >= 0 else last_due
+        with Progress("deliver", max(0, end - now[0]) // 1000, unit="sim-sec", quiet=not progress) as bar:
+            shown = now[0]
+            while now[0] < end:
+                now[0] = min(end, now[0] + cfg.poll_interval_ms)
                 poll()
-                next_poll = now[0] + cfg.poll_interval_ms
-            if seq % step == 0:
-                observe()
-                if progress:
-                    _progress(seq, total_steps, "publish")
-            if seq == crash_seq and 0 < cfg.crash_at < 1:
-                harvest_ops()
-                # The crash: in-memory state is gone, nothing more is written. In
-                # sealed mode close() writes nothing either, so dropping the tracker
-                # and the store's handles is exactly a crash after the last commit.
-                store.close()
-                t0 = time.perf_counter()
-                store = open_store(path)
-                tracker = store.tracker("simulate", cfg.tracker, clock)
-                report.recovery_seconds = time.perf_counter() - t0
-                report.recovered_indexes = tracker.number_of_delayed_messages
-                # The broker replays its log from the mark-delete position, skipping
-                # what the consumer already acknowledged individually.
-                for replay in range(oracle.mark_delete_seq, seq + 1):
-                    if oracle.acked[replay]:
-                        continue
-                    if not tracker.add_message(*oracle.position(replay), oracle.deliver_at[replay]):
-                        report.dispatched_on_replay += 1
-                        deliver([oracle.position(replay)])
-        if progress:
-            _progress(total_steps, total_steps, "publish")
-        # Drain: let simulated time run past the last delivery time.
-        end = max(oracle.deliver_at, default=now[0]) + tick + cfg.poll_interval_ms
-        drain_steps = max(1, (end - now[0]) // cfg.poll_interval_ms)
-        i = 0
-        while now[0] < end:
-            now[0] = min(end, now[0] + cfg.poll_interval_ms)
-            poll()
-            i += 1
-            if progress and i % max(1, drain_steps // 100) == 0:
-                _progress(min(i, drain_steps), drain_steps, "deliver")
-        if progress:
-            _progress(drain_steps, drain_steps, "deliver")
+                if now[0] - shown >= 1000:
+                    bar.update((now[0] - shown) // 1000)
+                    shown += (now[0] - shown) // 1000 * 1000
+        report.stopped_at_ms = now[0]
         observe()
         harvest_ops()
-        report.lost = sum(1 for a in oracle.acked if not a)
-        if tracker.number_of_delayed_messages:
-            report.lost = max(report.lost, tracker.number_of_delayed_messages)
+        tracker.wait_for_maintenance()
+        _check_held(tracker, oracle, report)
+        report.left_buckets = len(tracker.buckets())
     finally:
         store.close()
     report.max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -248,37 +266,90 @@ def format_report(report: SimulationReport, cfg: SimulationConfig, path: str) ->
         f"  recovery        {report.recovery_seconds * 1000:.1f} ms, {report.recovered_indexes:,} indexes recovered",
         f"  memory          {report.max_rss_mb:.0f} MB peak RSS (whole process, oracle included)",
         f"  time            {report.wall_seconds:.1f} s",
-        f"  violations      {report.violations} (early {report.early}, lost {report.lost}, phantom {report.phantom})",
+        f"  held at stop    {report.held:,} not yet due at +{(report.stopped_at_ms - _EPOCH) / 1000:,.0f} s "
+        f"(the oracle expects {report.held_expected:,}); {report.left_buckets} sealed bucket(s) left in the store",
+        f"  checked         every delivery against the oracle: none early, none phantom, every due message "
+        f"delivered, every undelivered one still held",
+        f"  violations      {report.violations} (early {report.early}, lost {report.lost}, phantom {report.phantom}, "
+        f"held mismatch {report.held_mismatch})",
     ]
     return "\n".join(lines)
 
 
+def next_steps(path: str) -> str:
+    """The commands a newcomer can try next on the store the run left."""
+    ledgers = os.path.join(path, "ledgers")
+    files = sorted(os.listdir(ledgers)) if os.path.isdir(ledgers) else []
+    one = os.path.join(ledgers, files[0]) if files else os.path.join(ledgers, "<file>")
+    return "\n".join([
+        "",
+        "The store keeps its backlog; look inside it:",
+        f"  bucketstore stats {path}                 trackers, buckets, indexes, bytes",
+        f"  bucketstore catalog {path}               every bucket: ledger range, counts, sizes",
+        f"  bucketstore dump {one}   one bucket's segments (--indexes 5: rows too)",
+        f"  bucketstore verify {path}                every CRC, order and count checked",
+        f"  bucketstore stats {path} --plot due.png  what is due when (pip install -e '.[plot]')",
+    ])
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = SimulationConfig()
+    d, j = SimulationConfig(), JournalSimulationConfig()
+
+    def both(sealed: int, journal: int) -> str:
+        return f"(default {sealed:,}; journal mode {journal:,})"
+
     p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
-    p.add_argument("--messages", type=int, default=d.messages, help=f"messages to publish (default {d.messages:,})")
-    p.add_argument("--rate", type=int, default=d.rate_per_s, help=f"messages per simulated second ({d.rate_per_s:,})")
-    p.add_argument("--delay-window-ms", type=int, default=d.delay_window_ms,
-                   help=f"delays are uniform in [0, this) ({d.delay_window_ms:,})")
-    p.add_argument("--entries-per-ledger", type=int, default=d.entries_per_ledger,
-                   help=f"the log rolls to a new ledger after this many entries ({d.entries_per_ledger:,})")
+    p.add_argument("--durability", choices=["sealed", "journal"], default="sealed",
+                   help="sealed (default): one crash half way and the broker replays its log; journal: the "
+                        "broker is a child process SIGKILLed --kills times and checked after each")
+    p.add_argument("--messages", type=int, help=f"messages to publish {both(d.messages, j.messages)}")
+    p.add_argument("--rate", type=int, help=f"messages per simulated second {both(d.rate_per_s, j.rate_per_s)}")
+    p.add_argument("--delay-window-ms", type=int,
+                   help=f"delays are uniform in [0, this) {both(d.delay_window_ms, j.delay_window_ms)}")
+    p.add_argument("--entries-per-ledger", type=int,
+                   help=f"the log rolls to a new ledger after this many entries "
+                        f"{both(d.entries_per_ledger, j.entries_per_ledger)}")
+    p.add_argument("--deliver-for-ms", type=int,
+                   help="after the last publish, deliver for this much simulated time, then stop and leave "
+                        f"the rest held in the store {both(d.deliver_for_ms, j.deliver_for_ms)}; -1 in sealed "
+                        "mode: deliver everything")
     p.add_argument("--crash-at", type=float, default=d.crash_at,
-                   help="fraction of the run at which to crash and recover (0 = no crash)")
+                   help="sealed mode: fraction of the run at which to crash and recover (0 = no crash)")
+    p.add_argument("--kills", type=int, default=j.kills,
+                   help=f"journal mode: SIGKILLs of the broker process ({j.kills})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    for name in ("messages", "rate", "delay_window_ms", "entries_per_ledger"):
-        if getattr(args, name) < 1:
-            print(f"bucketstore: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
+    journal = args.durability == "journal"
+    base = JournalSimulationConfig() if journal else SimulationConfig()
+    knobs = {"messages": "messages", "rate": "rate_per_s", "delay_window_ms": "delay_window_ms",
+             "entries_per_ledger": "entries_per_ledger", "deliver_for_ms": "deliver_for_ms"}
+    for arg, attr in knobs.items():
+        if getattr(args, arg) is not None:
+            setattr(base, attr, getattr(args, arg))
+    for arg, attr in list(knobs.items())[:4]:
+        if getattr(base, attr) < 1:
+            print(f"bucketstore: --{arg.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
+    if journal and (base.deliver_for_ms < 0 or args.kills < 0):
+        print("bucketstore: --deliver-for-ms and --kills must not be negative in journal mode", file=sys.stderr)
+        return 2
     if not 0 <= args.crash_at < 1:
         print("bucketstore: --crash-at must be in [0, 1)", file=sys.stderr)
         return 2
-    cfg = SimulationConfig(messages=args.messages, rate_per_s=args.rate, delay_window_ms=args.delay_window_ms,
-                           entries_per_ledger=args.entries_per_ledger, crash_at=args.crash_at, seed=args.seed)
+    base.seed = args.seed
     path = os.fspath(args.store)
-    report = run_simulation(path, cfg, progress=not args.no_progress)
-    print(format_report(report, cfg, path))
-    return 0 if report.violations == 0 else 1
+    if journal:
+        base.kills = args.kills
+        jreport = run_journal_simulation(path, base, progress=not args.no_progress)
+        print(format_journal_report(jreport, base, path))
+        violations = jreport.violations
+    else:
+        base.crash_at = args.crash_at
+        report = run_simulation(path, base, progress=not args.no_progress)
+        print(format_report(report, base, path))
+        violations = report.violations
+    print(next_steps(path))
+    return 0 if violations == 0 else 1

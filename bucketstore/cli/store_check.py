@@ -189,7 +189,8 @@ def _add_file_facts(file: str, entry: dict[str, Any]) -> bool:
     return True
 
 
-def verify_store(path: str | os.PathLike[str]) -> tuple[list[Finding], dict[str, int]]:
+def verify_store(path: str | os.PathLike[str],
+                 on_file: Callable[[], None] | None = None) -> tuple[list[Finding], dict[str, int]]:
     """Check a store: the catalog, every referenced ledger file completely, every journal file.
 
     Findings (damage): a key whose file is missing or damaged, a file holding
@@ -199,7 +200,7 @@ def verify_store(path: str | os.PathLike[str]) -> tuple[list[Finding], dict[str,
     its keys would look just like that). Warnings (``Finding.warning``, exit
     0): a journal's torn tail or leftover checkpoint file, which the next
     ``open`` cuts off. Files in flight beside a live writer are counted, not
-    reported.
+    reported. ``on_file`` is called after each ledger file is read (progress).
     """
     path = os.fspath(path)
     findings: list[Finding] = []
@@ -210,6 +211,8 @@ def verify_store(path: str | os.PathLike[str]) -> tuple[list[Finding], dict[str,
         lid = entry["ledger_id"]
         if lid not in reports:
             report = check_file(file)
+            if on_file is not None:
+                on_file()
             if report.missing:
                 return False
             reports[lid] = report

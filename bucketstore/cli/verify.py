@@ -156,13 +156,20 @@ def ledger_files_under(directory: str | os.PathLike[str]) -> list[str]:
     return found
 
 
-def verify_paths(paths: Iterable[str | os.PathLike[str]]) -> list[FileReport]:
-    """Check every given file, and every ledger file under every given directory."""
+def verify_paths(paths: Iterable[str | os.PathLike[str]],
+                 on_file: Callable[[], None] | None = None) -> list[FileReport]:
+    """Check every given file, and every ledger file under every given directory.
+
+    :param on_file: called after each file is checked (the command line's progress).
+    """
     reports = []
     for path in paths:
         path = os.fspath(path)
         targets = ledger_files_under(path) if os.path.isdir(path) else [path]
-        reports += [check_file(target) for target in targets]
+        for target in targets:
+            reports.append(check_file(target))
+            if on_file is not None:
+                on_file()
     return reports
 
 

@@ -19,6 +19,7 @@ lock is held throughout, so no tracker runs beside the upgrade.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,22 +48,29 @@ class UpgradeReport:
     failed: list[str] = field(default_factory=list)
 
 
-def upgrade_store(path: str | os.PathLike[str]) -> UpgradeReport:
+def upgrade_store(path: str | os.PathLike[str],
+                  on_bucket: Callable[[int, int], None] | None = None) -> UpgradeReport:
     """Rewrite every bucket of the store at ``path`` that is older than :data:`SNAPSHOT_VERSION`.
 
     Takes the store's write lock (raises :class:`~bucketstore.StoreLockedError`
     when a writer has it). A bucket that cannot be read or rewritten is left as
     it was and reported; the others are still upgraded.
+
+    :param on_bucket: called as ``on_bucket(done, total)`` after each bucket (the
+        command line draws progress from it; the library itself never prints).
     """
     report = UpgradeReport()
     with Store(path) as store:
         catalog = store.catalog
-        for name in catalog.tracker_names():
-            for key, ledger_id in sorted(catalog.buckets(name).items()):
-                try:
-                    _upgrade_bucket(store, name, key, ledger_id, report)
-                except (OSError, BucketStoreError, ValueError) as exc:
-                    report.failed.append(f"{name} {key}: {exc}")
+        work = [(name, key, ledger_id) for name in catalog.tracker_names()
+                for key, ledger_id in sorted(catalog.buckets(name).items())]
+        for done, (name, key, ledger_id) in enumerate(work, start=1):
+            try:
+                _upgrade_bucket(store, name, key, ledger_id, report)
+            except (OSError, BucketStoreError, ValueError) as exc:
+                report.failed.append(f"{name} {key}: {exc}")
+            if on_bucket is not None:
+                on_bucket(done, len(work))
     return report
 
 

@@ -15,8 +15,12 @@ def start(master: str, app: str):
 
     import bucketstore.spark
 
+    # Spark's own stage bar (tasks done / total per stage) on a terminal; none in a pipe or a
+    # log, where its carriage-return redraws would be noise. Spark's progress is its own: a
+    # tqdm bar would have to poll the status tracker for what Spark already draws.
+    progress = "true" if sys.stderr.isatty() else "false"
     spark = (SparkSession.builder.master(master).appName(app)
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+             .config("spark.ui.showConsoleProgress", progress).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     bucketstore.spark.register(spark)
     return spark
