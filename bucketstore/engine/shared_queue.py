@@ -196,6 +196,10 @@ class SharedQueue:
             heapq.heapify(live)
             self._heap = live
 
+    def first_slots(self, k: int) -> list[Slot]:
+        """The live slots among the ``k`` earliest entries (what opening buckets ahead looks at)."""
+        return [e[-1] for e in heapq.nsmallest(k, self._heap) if isinstance(e[-1], Slot) and not e[-1].dead]
+
     def items(self) -> list[Run | Slot]:
         return [entry[-1] for entry in self._heap]
 

@@ -163,15 +163,20 @@ class Store:
         removed = 0
         highest = -1
         for name in os.listdir(self.ledgers_dir):
-            path = os.path.join(self.ledgers_dir, name)
             m = _LEDGER_NAME.match(name)
             if m:
                 lid = int(m.group(1))
-                highest = max(highest, lid)
-                if lid in referenced or not self._provably_garbage(path, lid):
+                if lid > highest:
+                    highest = lid
+                if lid in referenced:
+                    continue  # the common case, once per bucket at every open: nothing more to do
+                path = os.path.join(self.ledgers_dir, name)
+                if not self._provably_garbage(path, lid):
                     continue
             elif not name.endswith(".ledger.tmp"):
                 continue  # not ours: leave it alone
+            else:
+                path = os.path.join(self.ledgers_dir, name)
             self.fs.unlink(path)
             removed += 1
         if removed:

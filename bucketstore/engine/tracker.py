@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,10 +41,11 @@ from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
 from .read_ahead import LOW_FRACTION, ReadAhead
 from .identity import LedgerIdentityError, check_identity
+from .bucket_summary import BucketSummary, decode_summary, encode_summary, summary_mismatch
 from .seal_pipeline import SealJob
 from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
-from ..format.snapshot import BucketFile, bucket_key, parse_bucket_key
+from ..format.snapshot import BucketFile, BucketMetadata, bucket_key, parse_bucket_key
 from .store_services import StoreServices
 from ..waiting import CancelToken, DueWaiter, timeout_ms
 
@@ -51,6 +53,8 @@ __all__ = ["BucketTracker"]
 
 log = logging.getLogger("bucketstore")
 _U64 = np.dtype("<u8")
+#: How many of the unopened buckets due soonest have their entry 0 read ahead (off the lock).
+OPEN_AHEAD = 8
 
 
 class BucketTracker:
@@ -80,8 +84,14 @@ class BucketTracker:
         self._index = DelayedIndexSet()
         #: Segment read-ahead (off when the store has no reader: segments are read when needed).
         self._read_ahead = ReadAhead(store.segment_reader)
-        self._queue = SharedQueue(self._bucket_exhausted, load=self._read_ahead.load, on_low=self._read_ahead.low,
+        self._queue = SharedQueue(self._bucket_exhausted, load=self._load_segment, on_low=self._read_ahead.low,
                                   low_fraction=LOW_FRACTION)
+        #: Sealed buckets known from their catalog summary only (entry 0 unread), and the
+        #: indexes they hold: counted, not yet in the index (see _open_bucket).
+        self._unopened = 0
+        self._unopened_rows = 0
+        #: The journal's durable frontier at recovery: what opening a bucket later applies.
+        self._recovered_frontier: tuple[int, int, int] | None = None
         # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
         # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
         # 2**bits - 1 ms early (late instead, never early, when deliver_at_time_strict).
@@ -172,6 +182,8 @@ class BucketTracker:
         journal = self._journal
         if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
             return False  # acknowledged already: nothing to track
+        if self._unopened and ledger_id <= self._buckets.newest_end:
+            self._open_covering(ledger_id)  # its membership (and expiry) needs the bucket's positions
         if deliver_at <= cutoff:
             if self._index.expire(ledger_id, entry_id):
                 self._mutable.discard(ledger_id, entry_id)
@@ -261,6 +273,8 @@ class BucketTracker:
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
                         journal: bool = True, expire: bool = True) -> int:
+        if self._unopened and ledger_id <= self._buckets.newest_end:
+            self._open_covering(ledger_id)
         if not expire:  # journal replay: a due index must be delivered now, not refused
             expired = np.zeros(len(deliver_at), dtype=bool)
         elif np.issubdtype(deliver_at.dtype, np.signedinteger):
@@ -374,6 +388,14 @@ class BucketTracker:
             window = choose_merge_window(self._buckets.values())
             if window is None:
                 return
+            try:
+                for b in window:
+                    self._open_bucket(b)  # the merge keeps what the index says is live
+            except (OSError, BucketStoreError) as exc:
+                self._maint.failed += 1
+                self._maint.last_error = f"opening a bucket to merge: {type(exc).__name__}: {exc}"
+                log.error("tracker %r: %s", self.name, self._maint.last_error)
+                return  # not retried in a loop; the delivery that reaches the bucket reports it
             job = MergeJob(self, window)
             self._merging.append(job)
             self._run_job(job)
@@ -501,6 +523,8 @@ class BucketTracker:
             b.dead = True
             self._buckets.remove(b)
             self._read_ahead.forget(b)
+            if not b.opened:
+                self._forget_unopened(b)
         try:
             self._store.catalog.commit(self.name, remove=[b.key for b in buckets])
         except BucketStoreError as exc:
@@ -617,7 +641,7 @@ class BucketTracker:
         with self._lock:
             self._check_open()
             cutoff = self._cutoff.advance()
-            if not len(self._index):
+            if not self._count():
                 return False
             nxt = self._next_time()
             self._delete_exhausted()
@@ -627,7 +651,7 @@ class BucketTracker:
         """The earliest delivery time among tracked indexes, or None when nothing is tracked."""
         with self._lock:
             self._check_open()
-            if not len(self._index):
+            if not self._count():
                 return None
             nxt = self._next_time()
             self._delete_exhausted()
@@ -644,6 +668,8 @@ class BucketTracker:
         check_position(ledger_id, entry_id)
         with self._lock:
             self._check_open()
+            if self._unopened and ledger_id <= self._buckets.newest_end:
+                self._open_covering(ledger_id)
             return self._index.contains(ledger_id, entry_id)
 
     @property
@@ -652,7 +678,11 @@ class BucketTracker:
 
         :raises StoreClosedError: the tracker is closed (a closed tracker knows nothing)."""
         self._check_open()
-        return len(self._index)
+        return self._count()
+
+    def _count(self) -> int:
+        # Buckets not opened yet count from their catalog summaries: nothing has touched them.
+        return len(self._index) + self._unopened_rows
 
     # -- acknowledging --------------------------------------------------------------------------
     def mark_delete(self, ledger_id: int, entry_id: int) -> None:
@@ -669,6 +699,8 @@ class BucketTracker:
             self._check_open()
             if self._mark_delete is not None and (ledger_id, entry_id) < self._mark_delete:
                 return
+            if self._unopened and ledger_id <= self._buckets.newest_end:
+                self._open_covering(ledger_id)  # the bucket the trim cuts through; may raise: nothing recorded yet
             self._mark_delete = (ledger_id, entry_id)
             self._store.catalog.commit(self.name, state=self._state)
             self._trim(ledger_id, entry_id)
@@ -678,6 +710,8 @@ class BucketTracker:
         # (never one that overlaps it: Pulsar #26240).
         dead = [b for b in self._buckets.values() if b.end_ledger < ledger_id]
         self._delete_buckets(dead)
+        if self._unopened:
+            self._open_covering(ledger_id)  # the one bucket the trim cuts through
         self._index.drop_ledgers_below(ledger_id)
         self._index.drop_through(ledger_id, entry_id)
         self._mutable.drop_through(ledger_id, entry_id)
@@ -848,6 +882,7 @@ class BucketTracker:
             self._queue.clear()
             self._mutable.clear()
             self._index.clear()
+            self._unopened = self._unopened_rows = 0
         self._store.tracker_closed(self)
         return drained
 
@@ -866,7 +901,8 @@ class BucketTracker:
             stats: dict[str, Any] = {
                 "tracker": self.name,
                 "immutable_buckets": len(self._buckets),
-                "number_of_delayed_messages": len(self._index),
+                "number_of_delayed_messages": self._count(),
+                "unopened_buckets": self._unopened,
                 "loaded_indexes": loaded,
                 "snapshot_size_bytes": sum(b.size for b in self._buckets.values()),
                 "memory_bytes": ((loaded + ahead) * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
@@ -898,16 +934,23 @@ class BucketTracker:
 
     # -- recovery -------------------------------------------------------------------------------
     def _recover(self) -> None:
-        """Rebuild from the catalog, the ledger files and (journal mode) the journal.
+        """Rebuild from the catalog and (journal mode) the journal; ledger files are read later.
 
         ``sealed`` mode follows PIP-195 §3.9: leading segments that are already
         due are skipped, because the embedder replays its log from the
         mark-delete position and re-adds them (add_message returns False and
         they are dispatched). ``journal`` mode skips only what the durable
         delivery frontier says was delivered, and replays the journal.
-        Only entry 0 of each bucket is read (plus, in journal mode, the one
-        segment the frontier falls in); segments load lazily when the queue
-        reaches them.
+
+        Each bucket's catalog summary (segment table and count) is enough to
+        decide the skip, to count its indexes and to queue it by its first live
+        segment: the bucket stays *unopened* and its entry 0 is read when it is
+        first needed (:meth:`_open_bucket`). Opened now are only buckets without
+        a summary (written before summaries existed: read and summarised, the
+        summaries committed here), the one a mark-delete position cuts through,
+        those the journal's frontier falls inside (their delivered rows must be
+        untracked to count exactly), and every bucket in ``repair`` mode (which
+        must find damage to drop it).
         """
         started = time.perf_counter()
         store = self._store
@@ -918,7 +961,7 @@ class BucketTracker:
         md = state.get("mark_delete")
         if isinstance(md, list) and len(md) == 2 and all(isinstance(v, int) for v in md):
             self._mark_delete = (md[0], md[1])
-        keys = store.catalog.buckets(self.name)
+        keys, summaries = store.catalog.keys_and_summaries(self.name)
         ranges, enclosed = _resolve_ranges(keys, self.name)
         stale_keys = list(enclosed)
         cutoff = self._cutoff.advance()
@@ -931,23 +974,25 @@ class BucketTracker:
             # new index after the frontier, which is what makes the frontier sufficient.
             self._cutoff.raise_to(frontier[0])
             cutoff = self._cutoff.value
+        self._recovered_frontier = frontier
         dropped: list[str] = []
         doomed: list[SealedBucket] = []
+        backfill: dict[str, bytes] = {}
         first_live = self._mark_delete[0] if self._mark_delete else 0
         for (start, end), ledger_id in ranges:
             key = bucket_key(start, end)
             path = os.path.join(store.ledgers_dir, ledger_file_name(ledger_id))
+            raw = None if store.repair else summaries.get(key)
+            meta = None
             try:
-                try:
-                    bf = BucketFile(path)
-                except FileNotFoundError:
-                    raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
-                                       f"but {path} is missing", path=path, key=key) from None
-                with bf:
-                    meta = bf.metadata
-                    size = bf.size
-                    check_identity(bf, ledger_id=ledger_id, tracker=self.name, store_id=store.store_id,
-                                   key=key)
+                if raw is None:
+                    meta, size = self._read_entry0(path, ledger_id, key, None)
+                    raw = backfill[key] = encode_summary(meta, ledger_id, size)
+                summary = decode_summary(raw, path=store.catalog.path, key=key)
+                if summary.ledger_id != ledger_id:
+                    raise CatalogError(f"{store.catalog.path}: tracker {self.name!r} key {key} names ledger "
+                                       f"{ledger_id}, but its summary describes ledger {summary.ledger_id}",
+                                       path=store.catalog.path, key=key)
             except LedgerIdentityError:
                 raise  # an intact file of someone else: not damage that repair may drop
             except (CatalogError, CorruptLedgerError) as exc:
@@ -958,37 +1003,49 @@ class BucketTracker:
                 dropped.append(f"{key}: {exc}")
                 stale_keys.append(key)
                 continue
+            n = summary.segments
+            # The first segment's max timestamp (in the summary's header) settles the common
+            # case, no skip; the table is decoded only when leading segments are due.
+            bound = cutoff + 1 if replayed is None else frontier[0] if frontier is not None else 0
             skip = 0
-            if replayed is None:
-                while skip < len(meta.segments) and meta.segments[skip].max_timestamp <= cutoff:
+            if n and summary.first_max < bound:
+                try:
+                    max_ts = summary.table()[1]
+                except CatalogError as exc:
+                    if not store.repair:
+                        raise
+                    dropped.append(f"{key}: {exc}")
+                    stale_keys.append(key)
+                    continue
+                while skip < n and int(max_ts[skip]) < bound:
                     skip += 1
-            elif frontier is not None:
-                while skip < len(meta.segments) and meta.segments[skip].max_timestamp < frontier[0]:
-                    skip += 1
-            bucket = SealedBucket(path, ledger_id, meta, size, first_segment=skip + 1, on_load=self._record_load)
-            if skip == len(meta.segments) or end < first_live:
+            bucket = SealedBucket.unopened(path, ledger_id, start, end, summary, first_segment=skip + 1,
+                                           on_load=self._record_load)
+            if skip == n or end < first_live:
+                _ = bucket.counts  # the table, before the summary goes
+                bucket.summary = None  # deleted unread: never counted among the unopened
                 doomed.append(bucket)
                 continue
-            try:
-                live, skipped = split_positions(bucket, meta, skip, need_skipped=frontier is not None)
-            except (OSError, CorruptLedgerError) as exc:
-                if not store.repair or isinstance(exc, OSError):
-                    raise
-                dropped.append(f"{key}: {exc}")
-                stale_keys.append(key)
-                continue
-            for ledger, bm in live.items():
-                self._index.add_bitmap(ledger, bm)
-            if skipped is not None:
-                # The skipped segments' rows stay in the file (a merge reads them): a
-                # delivered position re-added later must not be made live again by them.
-                for ledger, bm in skipped.items():
-                    self._index.add_ghosts(ledger, bm)
-                self._untrack_delivered(bucket, skip, frontier)
             self._buckets.add(bucket)
+            self._unopened += 1
+            self._unopened_rows += bucket.pending_indexes
+            if meta is not None or store.repair or (self._mark_delete is not None and start <= first_live <= end) \
+                    or (frontier is not None and bucket.next_segment_min_ts() <= frontier[0]):
+                try:
+                    self._open_bucket(bucket, meta)
+                except (OSError, CorruptLedgerError, CatalogError) as exc:
+                    if not store.repair or isinstance(exc, (OSError, LedgerIdentityError)):
+                        raise
+                    dropped.append(f"{key}: {exc}")
+                    stale_keys.append(key)
+                    self._buckets.remove(bucket)
+                    self._forget_unopened(bucket)
+                    continue
             self._queue.push(Slot(bucket))
-        if stale_keys:
-            store.catalog.commit(self.name, remove=stale_keys)
+        if stale_keys or backfill:
+            # Summaries of keys written before summaries existed, in one transaction with
+            # the stale keys' removal; a crash before it only means reading entry 0 again.
+            store.catalog.commit(self.name, remove=stale_keys, summaries=backfill)
             for key in enclosed:  # key first, then file: a crash here leaves only orphans
                 store.remove_ledger_file(os.path.join(store.ledgers_dir, ledger_file_name(keys[key])))
         self._delete_buckets(doomed)
@@ -999,9 +1056,90 @@ class BucketTracker:
             self._index.drop_through(*self._mark_delete)
         if self._journal is not None:
             self._checkpoint()  # compact: one file holding exactly the recovered memory-only state
+        self._open_ahead()
         self.recovery_seconds = time.perf_counter() - started
         self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
-                                "enclosed_removed": len(enclosed), "dropped": dropped}
+                                "enclosed_removed": len(enclosed), "dropped": dropped,
+                                "unopened": self._unopened, "summaries_backfilled": len(backfill)}
+
+    # -- opening buckets lazily -----------------------------------------------------------------
+    def _read_entry0(self, path: str, ledger_id: int, key: str, summary: BucketSummary | None
+                     ) -> tuple[BucketMetadata, int]:
+        """Read a bucket's entry 0 and check the file is the one the catalog names (and, with a
+        summary, the one it summarised). The same typed errors whether at open or later."""
+        try:
+            bf = BucketFile(path)
+        except FileNotFoundError:
+            raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
+                               f"but {path} is missing", path=path, key=key) from None
+        with bf:
+            meta, size = bf.metadata, bf.size
+            check_identity(bf, ledger_id=ledger_id, tracker=self.name, store_id=self._store.store_id, key=key)
+            if summary is not None:
+                why = summary_mismatch(summary, meta, size)
+                if why is not None:
+                    raise CorruptLedgerError(path, bf.ledger.entry_payload_offset(0),
+                                             f"bucket {key}: {why}")
+        return meta, size
+
+    def _open_covering(self, ledger_id: int) -> None:
+        bucket = self._buckets.covering(ledger_id)
+        if bucket is not None:
+            self._open_bucket(bucket)
+
+    def _open_bucket(self, bucket: SealedBucket, meta: BucketMetadata | None = None) -> None:
+        """Read an unopened bucket's entry 0 and put its live positions in the index.
+
+        Applies what recovery decided for it (the leading segments skipped; in journal
+        mode their positions become ghosts): nothing can have touched the bucket's
+        ledgers since, because every operation on them opens it first. Raises the
+        same typed errors as recovery; on failure nothing changes.
+        """
+        summary = bucket.summary
+        if summary is None or bucket.dead:
+            return
+        if meta is None:
+            ahead = self._read_ahead.take_entry0(bucket)
+            meta = ahead[0] if ahead is not None else \
+                self._read_entry0(bucket.path, bucket.ledger_id, bucket.key, summary)[0]
+        frontier = self._recovered_frontier
+        skip = bucket.current
+        live, skipped = split_positions(bucket, meta, skip, need_skipped=frontier is not None)
+        for ledger, bm in live.items():
+            self._index.add_bitmap(ledger, bm)
+        if skipped is not None:
+            # The skipped segments' rows stay in the file (a merge reads them): a
+            # delivered position re-added later must not be made live again by them.
+            for ledger, bm in skipped.items():
+                self._index.add_ghosts(ledger, bm)
+            self._untrack_delivered(bucket, skip, frontier)
+        self._forget_unopened(bucket)
+        _ = bucket.counts  # the segment table, decoded from the summary before it goes
+        bucket.summary = None
+
+    def _forget_unopened(self, bucket: SealedBucket) -> None:
+        self._unopened -= 1
+        self._unopened_rows -= bucket.pending_indexes
+
+    def _load_segment(self, bucket: SealedBucket) -> Run:
+        """The shared queue's loader: open the bucket on its first load, then read the segment."""
+        if bucket.summary is not None:
+            try:
+                self._open_bucket(bucket)
+            except BaseException:
+                self._queue.push(Slot(bucket))  # the queue popped the slot: keep it for the next try
+                raise
+            self._open_ahead()
+        return self._read_ahead.load(bucket)
+
+    def _open_ahead(self) -> None:
+        """Have the reader thread read the entry 0 of the unopened buckets due soonest."""
+        if not self._unopened or self._store.segment_reader is None:
+            return
+        for slot in self._queue.first_slots(OPEN_AHEAD):
+            b = slot.bucket
+            if b.summary is not None and b.ahead is None:
+                self._read_ahead.open_ahead(b, partial(self._read_entry0, b.path, b.ledger_id, b.key, b.summary))
 
     def _untrack_delivered(self, bucket: SealedBucket, first: int, frontier: tuple[int, int, int]) -> None:
         """Untrack a bucket's indexes at or before the frontier in the segments it falls in."""
@@ -1023,6 +1161,8 @@ class BucketTracker:
         try:
             for rec in records:
                 if rec[0] == "x":
+                    if self._unopened and rec[1] <= self._buckets.newest_end:
+                        self._open_covering(rec[1])
                     self._index.expire(rec[1], rec[2])
                     continue
                 ledgers, entries, ts = rec[1], rec[2], rec[3]
@@ -1048,6 +1188,9 @@ class BucketTracker:
             prev_end = b.end_ledger
             assert not b.dead
         assert self._buckets.newest_end == prev_end, "newest bucket end is stale"
+        unopened = [b for b in self._buckets.values() if not b.opened]
+        assert self._unopened == len(unopened), (self._unopened, len(unopened))
+        assert self._unopened_rows == sum(b.pending_indexes for b in unopened), "unopened count is stale"
 
 
 def _resolve_ranges(keys: dict[str, int], tracker: str) -> tuple[list[tuple[tuple[int, int], int]], list[str]]:
