@@ -255,6 +255,12 @@ class Store:
             if self._trackers.get(tracker.name) is tracker:
                 del self._trackers[tracker.name]
 
+    def open_trackers(self) -> list[BucketTracker]:
+        """The trackers open in this process, by name (what :mod:`bucketstore.metrics` reports on)."""
+        with self._lock:
+            self._check_open()
+            return [self._trackers[name] for name in sorted(self._trackers)]
+
     def trackers(self) -> list[str]:
         """Names of every tracker in the store (open or not), sorted."""
         with self._lock:

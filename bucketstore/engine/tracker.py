@@ -46,6 +46,7 @@ from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, BucketMetadata, bucket_key, parse_bucket_key
 from .store_services import StoreServices
+from ..waiting import CancelToken, DueWaiter, timeout_ms
 
 __all__ = ["BucketTracker"]
 
@@ -77,6 +78,8 @@ class BucketTracker:
         self._submitted = 0
         self._finished = 0
         self._cutoff = Cutoff(config, clock)
+        #: Threads blocked in wait_scheduled sleep on self._cond; adds, clear and close wake them.
+        self._due = DueWaiter(self._cond, clock, slack_ms=(1 << config.precision_bits) - 1)
         self._index = DelayedIndexSet()
         # Delivered positions become ghosts (when the index applies its pending removals) where
         # a bucket's file still holds their rows (a merge reads them): should a position come
@@ -167,10 +170,16 @@ class BucketTracker:
         check_timestamp(deliver_at)
         with self._lock:
             self._check_open()
+            timed = self._ops.count_add()
+            started = time.perf_counter() if timed else 0.0
             self._wait_for_room()
             tracked = self._add_one(ledger_id, entry_id, deliver_at, self._cutoff.advance())
             if self._journal is not None:
                 self._sync()
+            if tracked:
+                self._due.added(deliver_at)
+            if timed:
+                self._ops.observe_add(time.perf_counter() - started)
             return tracked
 
     def _add_one(self, ledger_id: int, entry_id: int, deliver_at: int, cutoff: int) -> bool:
@@ -246,6 +255,7 @@ class BucketTracker:
             return 0
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             cutoff = self._cutoff.advance()
             tracked = 0
             # Rows are taken in order, one run of equal ledger ids at a time: routing
@@ -263,6 +273,9 @@ class BucketTracker:
                     tracked += self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], deliver_at[lo:hi], cutoff)
             if self._journal is not None:
                 self._sync()
+            if tracked:
+                self._due.added(int(deliver_at.min()))
+            self._ops.record("add", time.perf_counter() - started, True)
             return tracked
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
@@ -548,6 +561,7 @@ class BucketTracker:
         max_messages = check_max(max_messages)
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             journal = self._journal
             self._confirm()  # the embedder is back for more: it has handled the previous batch
             cutoff = self._cutoff.advance()
@@ -565,7 +579,39 @@ class BucketTracker:
             self._delete_exhausted()
             if journal is not None:
                 self._sync()
-        return _positions(ledgers, entries)
+            positions = _positions(ledgers, entries)
+            self._ops.delivered += len(positions)
+            self._ops.record("deliver", time.perf_counter() - started, True)
+        return positions
+
+    def wait_scheduled(self, max_messages: int, timeout: float | None = None, *,
+                       cancel: CancelToken | None = None) -> list[tuple[int, int]]:
+        """Block until positions are due, then return them as :meth:`get_scheduled_messages` does.
+
+        The caller sleeps (without holding the tracker's lock) until the earliest tracked
+        index falls due, and is woken early by an add of an earlier index, by
+        :meth:`clear`, or by :meth:`close` / ``Store.delete_tracker``. Each wake asks
+        :meth:`get_scheduled_messages` again, so a batch is never early, and threads
+        waiting on one tracker each get distinct positions. The batch follows the same
+        handoff rules: in journal mode with ``delivery="at-least-once"`` the call confirms
+        every batch returned before it (by any thread) when it starts, and its own batch
+        is confirmed by the next call, :meth:`flush` or :meth:`confirm_delivered`.
+
+        :param timeout: seconds to wait at most, measured on the tracker's clock (with a
+            :class:`~bucketstore.testing.FakeClock`: until the clock is moved past it);
+            None waits as long as it takes, 0 only looks.
+        :param cancel: a :class:`~bucketstore.waiting.CancelToken` that ends the wait from
+            another thread (the asyncio wrapper's cancellation).
+        :return: the positions, sorted; ``[]`` when the timeout passes or ``cancel`` fires
+            first (or ``max_messages`` is 0).
+        :raises StoreClosedError: the tracker is closed, before or during the wait.
+        """
+        max_messages = check_max(max_messages)
+        limit = timeout_ms(timeout)
+        if max_messages == 0:
+            return self.get_scheduled_messages(0)
+        return self._due.wait(lambda: self.get_scheduled_messages(max_messages), self.next_delivery_time,
+                              self._cutoff.lead_ms, limit, cancel)
 
     def confirm_delivered(self) -> None:
         """Confirm every position returned so far: after a crash they never come back.
@@ -703,11 +749,13 @@ class BucketTracker:
         """
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             self._wait_for_jobs(self._submitted)
             self._check_open()
             if self._journal is not None:
                 self._confirm()
                 self._commit()
+            self._ops.record("flush", time.perf_counter() - started, True)
 
     def _sync(self) -> None:
         """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed."""
@@ -786,6 +834,7 @@ class BucketTracker:
             self._exhausted = []
             if self._journal is not None:
                 self._checkpoint()
+            self._due.wake_all()
 
     def _cancel_jobs(self) -> None:
         """Background work in flight is abandoned: each job, when the worker reaches its
@@ -870,6 +919,14 @@ class BucketTracker:
                                     "sealing": len(self._sealing), "merging": len(self._merging)}
             stats["read_ahead"] = {**self._read_ahead.counters.as_dict(), "held_indexes": ahead}
             return stats
+
+    def operation_metrics(self) -> dict[str, Any]:
+        """Per operation (add, deliver, flush, and PIP-195's create = seal, load, merge, delete)
+        its calls and latency histogram (see :meth:`~bucketstore.engine.op_stats.OpStats.histograms`),
+        and the positions delivered so far: what :mod:`bucketstore.metrics` exports."""
+        with self._lock:
+            self._check_open()
+            return {"operations": self._ops.histograms(), "delivered": self._ops.delivered}
 
     def buckets(self) -> list[SealedBucket]:
         """The sealed buckets, in ledger order (for inspection)."""
