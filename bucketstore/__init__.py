@@ -20,6 +20,7 @@ from .engine.store import Store, open_store
 from .memory.timebucket import TimeBucketIndex
 from .memory.timebucket_tracker import TimeBucketTracker
 from .engine.tracker import BucketTracker
+from . import metrics  # bucketstore.metrics.prometheus_text(store)
 
 #: ``bucketstore.open(path, durability="sealed")``: open or create a store.
 open = open_store  # noqa: A001 - the public name MISSION.md fixes

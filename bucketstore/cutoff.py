@@ -61,6 +61,11 @@ class Cutoff:
             self._value = floor
 
     @property
+    def lead_ms(self) -> int:
+        """How long before its time an index falls due: the tick, or 0 when strict."""
+        return self._offset
+
+    @property
     def value(self) -> int:
         """The last cutoff computed, without reading the clock."""
         return self._value

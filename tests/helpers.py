@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
+import lmdb
+
 from bucketstore import TrackerConfig
 from bucketstore.testing.clock import FakeClock
 
-__all__ = ["SMALL", "FakeClock", "example_count", "fill_and_seal"]
+__all__ = ["SMALL", "FakeClock", "example_count", "fill_and_seal", "as_format1_catalog"]
 
 #: Small buckets and segments: a few adds seal a bucket of several segments.
 SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=4)
@@ -26,3 +28,15 @@ def fill_and_seal(tracker, ledgers: int = 3, per_ledger: int = 12, base: int = 1
             tracker.add_message(ledger, entry, base + 10 * entry + ledger)
     tracker.add_message(ledgers, 0, base + 5000)  # roll: seal the last full ledger range
     tracker.wait_for_maintenance()
+
+
+def as_format1_catalog(store_path) -> None:
+    """Make a closed store's catalog what the previous release wrote: format ``b"1"``, no
+    bucket summaries (recovery then reads entry 0 of those buckets and backfills them)."""
+    env = lmdb.open(os.path.join(os.fspath(store_path), "catalog"), max_dbs=4, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            txn.drop(env.open_db(b"summaries", txn=txn), delete=True)
+            txn.put(b"format", b"1", db=env.open_db(b"meta", txn=txn))
+    finally:
+        env.close()

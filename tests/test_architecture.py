@@ -3,9 +3,10 @@ nothing is imported) and hold the dependency rules the subpackages' ``__init__``
 
 * no import cycle between modules, and no function-level import of the package's own modules
   (the usual way to hide one); ``if TYPE_CHECKING:`` imports count as edges too;
-* the layers point one way: ``format`` <- ``memory`` <- ``engine`` <- ``cli``, with the root leaves
-  (config, errors, cutoff) under all of them and ``spark`` and ``testing`` on top; nothing in the
-  product imports ``bucketstore.testing``;
+* the layers point one way: ``format`` <- ``memory`` <- ``engine`` <- api <- ``cli``, with the root
+  leaves (config, errors, cutoff, waiting) under all of them, the api modules (``aio``, ``metrics``:
+  root modules an embedder imports, built on the engine) above it, and ``spark`` and ``testing`` on
+  top; nothing in the product imports ``bucketstore.testing``;
 * third-party imports: the core needs only the core dependencies; PySpark and pyarrow only in
   ``bucketstore.spark``; hypothesis only in ``bucketstore.testing.state_machine``; tqdm only in
   ``bucketstore.cli`` (the library never prints); matplotlib only in ``bucketstore.cli.plot``;
@@ -26,8 +27,10 @@ import pytest
 import bucketstore
 
 PACKAGE = Path(bucketstore.__file__).parent
-ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff"}
+ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff", "bucketstore.waiting"}
 FACADE = {"bucketstore", "bucketstore.__main__"}
+#: Root modules built on the engine for embedders (asyncio, metrics): above the engine, below the cli.
+API = {"bucketstore.aio", "bucketstore.metrics"}
 CORE_DEPENDENCIES = {"pyroaring", "msgpack", "lmdb", "crc32c", "sortedcontainers", "numpy", "zstandard"}
 
 # layer -> the layers its modules may import (besides their own).
@@ -36,10 +39,11 @@ ALLOWED = {
     "format": {"leaf"},
     "memory": {"leaf", "format"},
     "engine": {"leaf", "format", "memory"},
-    "facade": {"leaf", "format", "memory", "engine", "cli", "facade"},
-    "cli": {"leaf", "format", "memory", "engine", "facade"},
-    "spark": {"leaf", "format", "memory", "engine", "cli", "facade"},
-    "testing": {"leaf", "format", "memory", "engine", "cli", "facade"},
+    "api": {"leaf", "format", "memory", "engine"},
+    "facade": {"leaf", "format", "memory", "engine", "api", "cli", "facade"},
+    "cli": {"leaf", "format", "memory", "engine", "api", "facade"},
+    "spark": {"leaf", "format", "memory", "engine", "api", "cli", "facade"},
+    "testing": {"leaf", "format", "memory", "engine", "api", "cli", "facade"},
 }
 
 
@@ -66,6 +70,8 @@ def layer(module: str) -> str:
         return "facade"
     if module in ROOT_LEAVES:
         return "leaf"
+    if module in API:
+        return "api"
     return module.split(".")[1]
 
 

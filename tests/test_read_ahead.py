@@ -129,7 +129,7 @@ def test_read_ahead_off_by_default_in_a_synchronous_store(tmp_path):
         assert _drain(t, clock) == [(1, e) for e in range(100)] + [(2, 0)]
         ra = t.stats()["read_ahead"]
         assert ra == {"enabled": False, "requested": 0, "hits": 0, "misses": 0, "late": 0, "failed": 0,
-                      "dropped": 0, "held_indexes": 0}
+                      "dropped": 0, "open_requests": 0, "opened_ahead": 0, "held_indexes": 0}
     with bucketstore.open(tmp_path / "b", background=True) as store:
         assert store.segment_reader is not None and store.read_ahead
 

@@ -70,9 +70,12 @@ def test_damaged_bucket_file_is_a_typed_error_and_repair_drops_it(tmp_path):
     data[40] ^= 0xFF  # inside the header properties: the header CRC fails
     victim.write_bytes(bytes(data))
     with bucketstore.open(tmp_path / "s") as store:
-        with pytest.raises(CorruptLedgerError) as info:
-            store.tracker("sub", SMALL, clock)
-        assert info.value.path == str(victim) and info.value.offset == 0
+        t = store.tracker("sub", SMALL, clock)  # reads the catalog only
+        assert t.number_of_delayed_messages == 36
+        for _ in range(2):  # found when the bucket is first needed, and again on every retry
+            with pytest.raises(CorruptLedgerError) as info:
+                t.contains_message(0, 1)
+            assert info.value.path == str(victim) and info.value.offset == 0
     with bucketstore.open(tmp_path / "s", repair=True) as store:
         t = store.tracker("sub", SMALL, clock)
         assert len(t.recovery_report["dropped"]) == 1
@@ -89,8 +92,10 @@ def test_missing_bucket_file_is_a_catalog_error(tmp_path):
     os.unlink(path / "ledgers" / _ledger_files(path)[0])
     assert main(["verify", str(path)]) == 1
     with bucketstore.open(path) as store:
+        t = store.tracker("sub", SMALL, clock)  # reads the catalog only
+        clock.now = 10**9
         with pytest.raises(CatalogError, match="missing"):
-            store.tracker("sub", SMALL, clock)
+            t.get_scheduled_messages(100)
 
 
 def _orphan_ledger(path, ledger_id, store_id):

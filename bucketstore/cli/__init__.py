@@ -7,8 +7,8 @@ journal mode, a broker process SIGKILLed and checked), ``plot`` draws ``stats --
 ``progress`` is the one place that shows progress (on stderr: a tqdm bar on a terminal, one
 line or nothing in a pipe).
 
-May import: the root leaves, ``format``, ``memory`` and ``engine`` (``verify`` loads de-duplicator
-snapshots through ``memory.dedup``). Never ``bucketstore.testing`` or ``bucketstore.spark``.
+May import: the root leaves, ``format``, ``memory``, ``engine`` and ``bucketstore.metrics`` (``stats
+--prometheus``; ``verify`` loads de-duplicator snapshots through ``memory.dedup``). Never ``bucketstore.testing`` or ``bucketstore.spark``.
 Third-party: tqdm (``progress``), and matplotlib in ``plot`` only, imported when a plot is asked for.
 """
 

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..engine.upgrade import upgrade_store
+from .. import metrics
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
 from . import plot, repair
 from .dump import describe_file, render_text
@@ -103,6 +104,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         status = plot.run(args.store, args.plot)
         if status:
             return status
+    if args.prometheus:
+        doc = describe_store(_store_path(args.store))
+        print(metrics.render(metrics.from_description(doc)), end="")
+        damaged = any("error" in b for t in doc["trackers"].values() for b in t["buckets"])
+        return EXIT_DAMAGE if damaged else EXIT_OK
     return _print_store(args, detail=False)
 
 
@@ -222,6 +228,8 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
     p = _add_store_command(commands, "stats", _cmd_stats, "summarise a store: trackers, indexes, bytes, files")
     p.add_argument("--plot", metavar="PNG", help="also draw what is due when, per bucket, into this PNG "
                                                   "(needs the 'plot' extra: matplotlib)")
+    p.add_argument("--prometheus", action="store_true",
+                   help="print the on-disk metrics in the Prometheus text format (see bucketstore.metrics)")
 
 
 def _add_upgrade(commands: argparse._SubParsersAction) -> None:

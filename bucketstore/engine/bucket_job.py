@@ -10,6 +10,7 @@ then a ledger file made durable before any catalog commit names it.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..errors import BucketStoreError
 from ..format.snapshot import BucketMetadata, build_bucket, write_bucket
+from .bucket_summary import encode_summary
 
 #: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports the jobs).
 Tracker = Any
@@ -95,8 +97,12 @@ class BucketJob:
         """The job's one catalog transaction (the file is durable already); a failure is
         kept in ``error`` for the install to act on."""
         try:
+            # The summary rides in the key's transaction: opening the tracker later reads it
+            # instead of the file's entry 0.
+            summaries = {self.meta.key: encode_summary(self.meta, self.ledger_id, os.path.getsize(self.path))} \
+                if self.meta is not None and self.path is not None and self.meta.key in put else None
             self.tracker._store.catalog.commit(self.tracker.name, put=put, remove=remove or (),
-                                               next_ledger_id=self.ledger_id + 1)
+                                               next_ledger_id=self.ledger_id + 1, summaries=summaries)
         except (OSError, BucketStoreError) as exc:
             self.error = exc
 

@@ -1,9 +1,10 @@
 """The catalog: an LMDB environment holding every tracker's cursor properties and state.
 
-Three named databases:
+Four named databases:
 
 ``meta``
-    ``format`` -> ``b"1"``; ``next_ledger_id`` -> u64 LE: ledger ids are never
+    ``format`` -> ``b"2"`` (``b"1"``: written before bucket summaries existed;
+    a writable open turns it into ``b"2"``, the tracker backfills the summaries); ``next_ledger_id`` -> u64 LE: ledger ids are never
     handed out twice, even across crashes; ``store_id`` -> 32 hex digits, the
     store's identity, also written into every ledger file header and journal
     file header, so that a catalog and the files it describes prove they
@@ -15,6 +16,12 @@ Three named databases:
     tracker name, NUL, bucket key -> decimal ledger id. The bucket key is
     Pulsar's cursor-property key ``#pulsar.internal.delayed.bucket_<start>_<end>``
     and the value its snapshot ledger id, as Pulsar stores it.
+``summaries``
+    the same key -> the bucket's summary (:mod:`~bucketstore.engine.bucket_summary`:
+    ledger id, file size, count, segment table), put and removed in the same
+    transaction as the key, so opening a tracker reads no ledger file. A key
+    without a summary (a format-1 catalog, a rebuilt one) is summarised from
+    its file's entry 0 when its tracker opens.
 
 Every change of the set of buckets (seal, merge, trim, delete, clear) is one
 write transaction, made only after the ledger files it references are durable.
@@ -30,7 +37,7 @@ import re
 import secrets
 import struct
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
@@ -43,7 +50,9 @@ from .store_lock import writer_pid
 __all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "new_store_id", "read_catalog_snapshot",
            "validate_tracker_name"]
 
-CATALOG_FORMAT = b"1"
+CATALOG_FORMAT = b"2"
+#: Formats a catalog may have on disk: version 1 lacks the summaries (opened, then upgraded).
+_READABLE_FORMATS = (b"1", CATALOG_FORMAT)
 _INITIAL_MAP_SIZE = 64 << 20
 _U64 = struct.Struct("<Q")
 _MAX_NAME_BYTES = 200
@@ -106,10 +115,15 @@ class Catalog:
                 self._meta = self._env.open_db(b"meta", create=False)
                 self._trackers = self._env.open_db(b"trackers", create=False)
                 self._buckets = self._env.open_db(b"buckets", create=False)
+                try:
+                    self._summaries = self._env.open_db(b"summaries", create=False)
+                except lmdb.NotFoundError:  # a format-1 catalog: no summaries yet
+                    self._summaries = None
             else:
                 self._meta = self._env.open_db(b"meta")
                 self._trackers = self._env.open_db(b"trackers")
                 self._buckets = self._env.open_db(b"buckets")
+                self._summaries = self._env.open_db(b"summaries")
         except lmdb.Error as exc:
             self.close()
             raise CatalogError(f"{self.path}: cannot open the LMDB catalog: {exc}", path=self.path) from None
@@ -128,8 +142,13 @@ class Catalog:
                                                "garbage (run `bucketstore repair --rebuild-catalog STORE`)",
                                                path=data)
                         txn.put(b"format", CATALOG_FORMAT, db=self._meta)
-                    elif fmt != CATALOG_FORMAT:
+                    elif fmt not in _READABLE_FORMATS:
                         raise CatalogError(f"{self.path}: catalog format {fmt!r} is not supported", path=self.path)
+                    elif fmt != CATALOG_FORMAT:
+                        # Format 1 differs only by lacking summaries, which format 2 allows per
+                        # key (backfilled at the tracker's open): marking it 2 keeps older code,
+                        # which would not maintain the summaries, from opening it for writing.
+                        txn.put(b"format", CATALOG_FORMAT, db=self._meta)
                     store_id = self._decode_store_id(txn.get(b"store_id", db=self._meta))
                     if store_id is None:  # a new store, or one from before store ids: give it one
                         store_id = new_store_id()
@@ -207,6 +226,33 @@ class Catalog:
         """Every tracker's cursor properties."""
         return {name: self.buckets(name) for name in self.tracker_names()}
 
+    def keys_and_summaries(self, name: str) -> tuple[dict[str, int], dict[str, bytes]]:
+        """A tracker's bucket keys (key -> ledger id) and their summaries (key -> encoded
+        summary; keys without one are missing), read in one transaction."""
+        prefix = validate_tracker_name(name) + b"\x00"
+        keys: dict[str, int] = {}
+        summaries: dict[str, bytes] = {}
+        with self._env.begin(buffers=False) as txn:
+            cur = txn.cursor(db=self._buckets)
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    if not k.startswith(prefix):
+                        break
+                    key = k[len(prefix):].decode("utf-8", "replace")
+                    try:
+                        keys[key] = int(v.decode("ascii"))
+                    except (UnicodeDecodeError, ValueError):
+                        raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {v!r}, "
+                                           "not a ledger id", path=self.path, key=key) from None
+            if self._summaries is not None:
+                cur = txn.cursor(db=self._summaries)
+                if cur.set_range(prefix):
+                    for k, v in cur:
+                        if not k.startswith(prefix):
+                            break
+                        summaries[k[len(prefix):].decode("utf-8", "replace")] = v
+        return keys, summaries
+
     def _snapshot(self) -> "CatalogSnapshot":
         """Every tracker's state and keys and the allocator, in one read transaction."""
         states: dict[str, dict[str, Any]] = {}
@@ -215,6 +261,7 @@ class Catalog:
             raw_next = txn.get(b"next_ledger_id", db=self._meta)
             raw_states = list(txn.cursor(db=self._trackers))
             raw_keys = list(txn.cursor(db=self._buckets))
+            raw_summaries = list(txn.cursor(db=self._summaries)) if self._summaries is not None else []
         if raw_next is not None and len(raw_next) != 8:
             raise CatalogError(f"{self.path}: next_ledger_id is {len(raw_next)} bytes, not 8", path=self.path)
         for raw_name, raw in raw_states:
@@ -231,8 +278,12 @@ class Catalog:
             except (UnicodeDecodeError, ValueError):
                 raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {v!r}, not a ledger id",
                                    path=self.path, key=key) from None
+        summaries: dict[str, dict[str, bytes]] = {}
+        for k, v in raw_summaries:
+            raw_name, _, raw_key = k.partition(b"\x00")
+            summaries.setdefault(self._decode_name(raw_name), {})[raw_key.decode("utf-8", "replace")] = v
         return CatalogSnapshot(self.path, _U64.unpack(raw_next)[0] if raw_next is not None else 0, states, keys,
-                               self.store_id)
+                               self.store_id, summaries)
 
     def _decode_name(self, raw: bytes) -> str:
         try:
@@ -242,10 +293,13 @@ class Catalog:
 
     # -- writes ---------------------------------------------------------------------------------
     def commit(self, name: str, *, put: Mapping[str, int] | None = None, remove: Iterable[str] = (),
-               state: Mapping[str, Any] | None = None, next_ledger_id: int | None = None) -> None:
+               state: Mapping[str, Any] | None = None, next_ledger_id: int | None = None,
+               summaries: Mapping[str, bytes] | None = None) -> None:
         """Apply one tracker's changes in a single durable write transaction.
 
-        ``put`` adds bucket keys, ``remove`` removes them (missing keys are fine),
+        ``put`` adds bucket keys, ``remove`` removes them (missing keys are fine) with
+        their summaries, ``summaries`` sets keys' summaries (a put key without one loses
+        any older summary: it described another file, and is backfilled at the next open),
         ``state`` replaces the tracker's state (and registers the tracker),
         ``next_ledger_id`` raises the allocator. All or nothing.
         """
@@ -255,8 +309,13 @@ class Catalog:
         def apply(txn: lmdb.Transaction) -> None:
             for key in remove:
                 txn.delete(prefix + key.encode("utf-8"), db=self._buckets)
+                txn.delete(prefix + key.encode("utf-8"), db=self._summaries)
             for key, ledger_id in (put or {}).items():
                 txn.put(prefix + key.encode("utf-8"), str(ledger_id).encode("ascii"), db=self._buckets)
+                if not summaries or key not in summaries:
+                    txn.delete(prefix + key.encode("utf-8"), db=self._summaries)
+            for key, raw in (summaries or {}).items():
+                txn.put(prefix + key.encode("utf-8"), raw, db=self._summaries)
             if packed_state is not None:
                 txn.put(prefix[:-1], packed_state, db=self._trackers)
             if next_ledger_id is not None:
@@ -291,11 +350,12 @@ class Catalog:
         prefix = validate_tracker_name(name) + b"\x00"
 
         def apply(txn: lmdb.Transaction) -> None:
-            cur = txn.cursor(db=self._buckets)
-            if cur.set_range(prefix):
-                while cur.key().startswith(prefix):
-                    if not cur.delete():
-                        break
+            for db in (self._buckets, self._summaries):
+                cur = txn.cursor(db=db)
+                if cur.set_range(prefix):
+                    while cur.key().startswith(prefix):
+                        if not cur.delete():
+                            break
             txn.delete(prefix[:-1], db=self._trackers)
 
         self._write(apply)
@@ -372,6 +432,8 @@ class CatalogSnapshot:
     keys: dict[str, dict[str, int]]
     #: The store's identity (None for a catalog written before store ids existed).
     store_id: str | None = None
+    #: tracker -> bucket key -> encoded bucket summary (keys without one are missing).
+    summaries: dict[str, dict[str, bytes]] = field(default_factory=dict)
 
     def next_ledger_id(self) -> int:
         return self.next_id
@@ -387,6 +449,9 @@ class CatalogSnapshot:
 
     def all_buckets(self) -> dict[str, dict[str, int]]:
         return {name: self.buckets(name) for name in self.tracker_names()}
+
+    def keys_and_summaries(self, name: str) -> tuple[dict[str, int], dict[str, bytes]]:
+        return self.buckets(name), dict(self.summaries.get(name, {}))
 
     def referenced_ledgers(self) -> set[int]:
         """Every ledger id a key of any tracker names."""

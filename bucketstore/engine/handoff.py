@@ -57,6 +57,8 @@ from dataclasses import dataclass
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
+from .index_set import _group_by_ledger, bitmap_of
+
 __all__ = ["DELIVERY_MODES", "DeliveryHandoff", "HeldRows"]
 
 #: ``bucketstore.open(..., delivery=...)``: when a returned batch becomes durably delivered.
@@ -69,14 +71,22 @@ _U64 = np.dtype("<u8")
 @dataclass
 class _Batch:
     """The rows one call delivered (one per position); ``carry`` is False for superseded rows;
-    ``positions``: ledger -> the batch's entry ids, for membership tests."""
+    ``positions``: ledger -> the batch's entry ids, for membership tests (built when first
+    asked: most batches are released before anything asks)."""
 
     last: Key
     ts: np.ndarray
     ledgers: np.ndarray
     entries: np.ndarray
     carry: np.ndarray
-    positions: dict[int, BitMap | BitMap64]
+    _positions: dict[int, BitMap | BitMap64] | None = None
+
+    @property
+    def positions(self) -> dict[int, BitMap | BitMap64]:
+        if self._positions is None:
+            self._positions = {ledger: bitmap_of(entries) for ledger, entries in _group_by_ledger(self.ledgers,
+                                                                                                 self.entries)}
+        return self._positions
 
 
 class DeliveryHandoff:
@@ -94,10 +104,8 @@ class DeliveryHandoff:
         self._batches: list[_Batch] = []
 
     # -- the three events ---------------------------------------------------------------------
-    def delivered(self, last: Key, rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-                  positions: dict[int, list] | None = None) -> Key | None:
-        """A call delivered ``rows`` (ts, ledgers, entries), the largest being ``last``;
-        ``positions`` are the same as ledger -> bitmaps of entry ids.
+    def delivered(self, last: Key, rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> Key | None:
+        """A call delivered ``rows`` (ts, ledgers, entries; one per position), the largest being ``last``.
 
         :return: the frontier to journal now (at-most-once), or None.
         """
@@ -109,9 +117,7 @@ class DeliveryHandoff:
             return last
         if rows is not None and len(rows[0]):
             ts, ledgers, entries = rows
-            held = {ledger: bms[0].union(*bms[1:]) if len(bms) > 1 else bms[0]
-                    for ledger, bms in (positions or {}).items()}
-            self._batches.append(_Batch(last, ts, ledgers, entries, np.ones(len(ts), dtype=bool), held))
+            self._batches.append(_Batch(last, ts, ledgers, entries, np.ones(len(ts), dtype=bool)))
         return None
 
     def confirm(self) -> Key | None:

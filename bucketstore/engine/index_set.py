@@ -14,19 +14,32 @@ and then added again with another time must not be delivered early by that
 old row. Such positions are remembered as *ghosts* (per-ledger bitmaps); a
 ghost that is tracked again is *retimed*: only the row carrying its current
 time is live.
+
+Delivery removes positions in bulk. The shared queue's frontier hands over the
+positions a call delivers with :meth:`DelayedIndexSet.deliver`: the count drops at
+once and :meth:`~DelayedIndexSet.contains` answers False for them from then on, but
+their bits leave the bitmaps (and become ghosts where a sealed file still holds
+their rows) only at the next :meth:`~DelayedIndexSet.settle` — one bitmap operation
+per ledger for many calls instead of one per ledger per call. Every other method
+settles first, so the pending removals are invisible outside. The frontier also
+asks which ledgers changed since it last looked (:meth:`~DelayedIndexSet.changes`):
+only those of its rows need their liveness checked again.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-__all__ = ["DelayedIndexSet", "bitmap_of"]
+__all__ = ["DelayedIndexSet", "bitmap_of", "sort_positions"]
 
 _U32_LIMIT = 1 << 32
+#: Above this many pending removals, a membership lookup settles them first instead of
+#: scanning them (a scan costs about a nanosecond a row; a settle, a few microseconds a ledger).
+_PENDING_SCAN_MAX = 4096
 Bitmap = BitMap | BitMap64
 
 
@@ -43,7 +56,8 @@ class DelayedIndexSet:
     Not thread-safe by itself: the owning tracker's lock guards it.
     """
 
-    __slots__ = ("_ledgers", "_count", "_ghosts", "_retimed")
+    __slots__ = ("_ledgers", "_count", "_ghosts", "_retimed", "_pending_l", "_pending_e", "_pending_n",
+                 "_pending_cols", "_dirty", "_all_dirty", "ghost_filter")
 
     def __init__(self) -> None:
         self._ledgers: dict[int, Bitmap] = {}
@@ -52,17 +66,127 @@ class DelayedIndexSet:
         self._ghosts: dict[int, Bitmap] = {}
         # ledger -> entry -> the only live timestamp, for re-added expired positions.
         self._retimed: dict[int, dict[int, int]] = {}
+        # Positions delivered whose bits are still set (see deliver/settle), as column chunks.
+        self._pending_l: list[np.ndarray] = []
+        self._pending_e: list[np.ndarray] = []
+        self._pending_n = 0
+        self._pending_cols: tuple[np.ndarray, np.ndarray] | None = None
+        # Ledgers whose membership or live times changed since changes() was last asked.
+        self._dirty: set[int] = set()
+        self._all_dirty = False
+        #: ``ledger -> bool``: whether a delivered position of that ledger must become a
+        #: ghost (a sealed file still holds its row). None: never.
+        self.ghost_filter: Callable[[int], bool] | None = None
 
     def __len__(self) -> int:
         return self._count
 
     def __contains__(self, position: tuple[int, int]) -> bool:
-        bm = self._ledgers.get(position[0])
-        return bm is not None and _fits(bm, position[1]) and position[1] in bm
+        return self.contains(position[0], position[1])
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
+        if self._pending_n > _PENDING_SCAN_MAX:
+            self.settle()  # a scan of many pending rows per lookup would cost more
         bm = self._ledgers.get(ledger_id)
-        return bm is not None and _fits(bm, entry_id) and entry_id in bm
+        if bm is None or not _fits(bm, entry_id) or entry_id not in bm:
+            return False
+        return not self._pending_n or not self._is_pending(ledger_id, entry_id)
+
+    # -- bulk delivery: pending removals ------------------------------------------------------
+    def deliver(self, ledgers: np.ndarray, entries: np.ndarray) -> None:
+        """Untrack positions known to be tracked, live and distinct (uint64 columns): the
+        count drops now, the bits leave the bitmaps at the next :meth:`settle`."""
+        if not len(ledgers):
+            return
+        self._pending_l.append(ledgers)
+        self._pending_e.append(entries)
+        self._pending_n += len(ledgers)
+        self._pending_cols = None
+        self._count -= len(ledgers)
+
+    def _is_pending(self, ledger_id: int, entry_id: int) -> bool:
+        cols = self._pending_cols
+        if cols is None:
+            cols = self._pending_cols = (np.concatenate(self._pending_l), np.concatenate(self._pending_e))
+        return bool(((cols[0] == np.uint64(ledger_id)) & (cols[1] == np.uint64(entry_id))).any())
+
+    def settle(self) -> None:
+        """Apply the pending removals: one bitmap difference per ledger (and one ghost union
+        per ledger the :attr:`ghost_filter` names)."""
+        if not self._pending_n:
+            return
+        ledgers, entries = sort_positions(np.concatenate(self._pending_l), np.concatenate(self._pending_e))
+        self._pending_l, self._pending_e, self._pending_n, self._pending_cols = [], [], 0, None
+        ghost = self.ghost_filter
+        cuts = (np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, len(ledgers)]):
+            ledger = int(ledgers[a])
+            bm = self._ledgers[ledger]
+            gone = bitmap_of(entries[a:b], wide=isinstance(bm, BitMap64))
+            bm -= gone
+            if not bm:
+                del self._ledgers[ledger]
+            times = self._retimed.get(ledger)
+            if times:
+                for entry in gone:
+                    self._forget_time(ledger, entry)
+            if ghost is not None and ghost(ledger):
+                self.add_ghosts(ledger, gone)
+
+    def changes(self) -> set[int] | None:
+        """The ledgers whose membership or live times changed since the last call (None: any
+        may have), and start afresh."""
+        dirty = None if self._all_dirty else self._dirty
+        self._dirty = set()
+        self._all_dirty = False
+        return dirty
+
+    def claimable_mask(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Which rows (in delivery order) would deliver their position: live, and the first
+        live row of their position among these rows. Does not change the set.
+
+        One sort puts the rows in (ledger, entry, row) order: a position's rows are then
+        adjacent, its first row first, and each ledger is one slice checked with one
+        bitmap operation."""
+        self.settle()
+        n = len(ledgers)
+        mask = np.zeros(n, dtype=bool)
+        if not n:
+            return mask
+        order = _position_order(ledgers, entries)
+        ls, es = ledgers[order], entries[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = (ls[1:] != ls[:-1]) | (es[1:] != es[:-1])
+        cuts = (np.flatnonzero(ls[1:] != ls[:-1]) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, n]):
+            ledger = int(ls[a])
+            bm = self._ledgers.get(ledger)
+            if bm is None:
+                continue
+            ents = es[a:b]
+            wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
+            if isinstance(wanted, BitMap64) and isinstance(bm, BitMap):
+                wanted = BitMap(v for v in wanted if v < _U32_LIMIT)  # beyond 2**32: not in a 32-bit bitmap
+            hit = bm.intersection_cardinality(wanted)
+            if not hit:
+                continue
+            if hit == len(wanted):
+                live = np.ones(b - a, dtype=bool)
+            else:
+                hits = bm & wanted
+                live = np.isin(ents, np.fromiter(hits, dtype=np.uint64, count=len(hits)))
+            times = self._live_rows(ledger, ents, ts[order[a:b]])
+            if times is None:
+                live &= first[a:b]  # a position's rows are all live or all not: keep its first
+            else:
+                # A re-added expired position is live only in its row of the current time,
+                # which need not be its first row: keep the first live row of each position.
+                live &= times
+                at = np.flatnonzero(live)
+                if len(at) > 1:
+                    live[at[1:][ents[at[1:]] == ents[at[:-1]]]] = False
+            mask[order[a:b]] = live
+        return mask
 
     def _bitmap_for(self, ledger_id: int, entry_id: int) -> Bitmap:
         bm = self._ledgers.get(ledger_id)
@@ -78,9 +202,18 @@ class DelayedIndexSet:
         """Track a position (due at ``ts``); True if it was not tracked before."""
         bm = self._bitmap_for(ledger_id, entry_id)
         if entry_id in bm:
-            return False
+            if self._pending_n > _PENDING_SCAN_MAX:
+                self.settle()
+                bm = self._bitmap_for(ledger_id, entry_id)
+                if entry_id in bm:
+                    return False
+            elif not self._pending_n or not self._is_pending(ledger_id, entry_id):
+                return False
+            self.settle()  # delivered, its bit not yet cleared: clear it, then track it again
+            bm = self._bitmap_for(ledger_id, entry_id)
         bm.add(entry_id)
         self._count += 1
+        self._dirty.add(ledger_id)
         if self._ghosts and ts is not None and self._is_ghost(ledger_id, entry_id):
             self._retimed.setdefault(ledger_id, {})[entry_id] = ts
         return True
@@ -102,6 +235,7 @@ class DelayedIndexSet:
 
     def add_ghosts(self, ledger_id: int, entries: Bitmap) -> None:
         """Remember delivered positions whose rows remain in a sealed segment on disk."""
+        self.settle()
         ghosts = self._ghosts.get(ledger_id)
         if ghosts is None:
             self._ghosts[ledger_id] = entries.copy()
@@ -132,10 +266,13 @@ class DelayedIndexSet:
     def live_time_mask(self, ledger_id: int, entries: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
         """Mask of rows of one ledger at their position's live time (None: all are; most
         ledgers have no re-added position). Membership is not checked."""
+        self.settle()
         return self._live_rows(ledger_id, entries, ts)
 
     def discard(self, ledger_id: int, entry_id: int) -> bool:
         """Untrack a position; True if it was tracked."""
+        self.settle()
+        self._dirty.add(ledger_id)
         bm = self._ledgers.get(ledger_id)
         if bm is None or not _fits(bm, entry_id) or entry_id not in bm:
             return False
@@ -149,6 +286,8 @@ class DelayedIndexSet:
         """OR a bitmap of entry ids into a ledger; return how many were new."""
         if not entries:
             return 0
+        self.settle()
+        self._dirty.add(ledger_id)
         bm = self._bitmap_for(ledger_id, entries.max())
         if isinstance(bm, BitMap64) and isinstance(entries, BitMap):
             entries = BitMap64(entries)
@@ -160,6 +299,7 @@ class DelayedIndexSet:
 
     def add_many(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray | None = None) -> int:
         """Track many positions (uint64 columns, due at ``ts``); return how many were new."""
+        self.settle()
         if self._ghosts and ts is not None:
             for ledger, entry, at in zip(ledgers.tolist(), entries.tolist(), ts.tolist()):
                 if self._is_ghost(ledger, entry) and not self.contains(ledger, entry):
@@ -171,6 +311,7 @@ class DelayedIndexSet:
 
     def overlaps(self, ledger_id: int, entries: Bitmap) -> bool:
         """True if any of ``entries`` (one ledger) is tracked."""
+        self.settle()
         bm = self._ledgers.get(ledger_id)
         if bm is None:
             return False
@@ -181,6 +322,7 @@ class DelayedIndexSet:
     def add_new(self, ledger_id: int, entries: Bitmap, entry_ids: np.ndarray, ts: np.ndarray) -> None:
         """Track positions known to be untracked and distinct (``entries`` as a bitmap,
         ``entry_ids``/``ts`` as columns, for positions that were expired before)."""
+        self.settle()
         if self._ghosts.get(ledger_id) is not None:
             self.add_many(np.full(len(entry_ids), ledger_id, dtype=np.uint64), entry_ids, ts)
             return
@@ -188,6 +330,7 @@ class DelayedIndexSet:
 
     def is_live(self, ledger_id: int, entry_id: int, ts: int) -> bool:
         """True if the row ``(ts, ledger_id, entry_id)`` would be delivered now."""
+        self.settle()
         if not self.contains(ledger_id, entry_id):
             return False
         times = self._retimed.get(ledger_id)
@@ -199,6 +342,8 @@ class DelayedIndexSet:
         This is the delivery step: a position is delivered only if this call is
         the one that removes it, so duplicates in the queues are dropped here.
         """
+        self.settle()
+        self._dirty.add(ledger_id)
         bm = self._ledgers.get(ledger_id)
         if bm is None:
             return None
@@ -224,6 +369,7 @@ class DelayedIndexSet:
     def present_mask(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray | None = None) -> np.ndarray:
         """Boolean mask of which rows are live (tracked, at their live time when ``ts`` is
         given). Does not change the set."""
+        self.settle()
         mask = np.zeros(len(ledgers), dtype=bool)
         if not len(ledgers):
             return mask
@@ -257,6 +403,8 @@ class DelayedIndexSet:
 
     def drop_ledgers_below(self, first_live_ledger: int) -> int:
         """Untrack every position of ledgers before ``first_live_ledger``; return how many."""
+        self.settle()
+        self._all_dirty = True
         dead = [l for l in self._ledgers if l < first_live_ledger]
         dropped = 0
         for ledger in dead:
@@ -270,6 +418,8 @@ class DelayedIndexSet:
 
     def drop_through(self, ledger_id: int, entry_id: int) -> int:
         """Untrack entries ``0..entry_id`` of one ledger; return how many."""
+        self.settle()
+        self._dirty.add(ledger_id)
         bm = self._ledgers.get(ledger_id)
         if bm is None:
             return 0
@@ -283,6 +433,7 @@ class DelayedIndexSet:
         return dropped
 
     def ledgers(self) -> Iterator[tuple[int, Bitmap]]:
+        self.settle()
         return iter(self._ledgers.items())
 
     def clear(self) -> None:
@@ -290,12 +441,16 @@ class DelayedIndexSet:
         self._count = 0
         self._ghosts.clear()
         self._retimed.clear()
+        self._pending_l, self._pending_e, self._pending_n, self._pending_cols = [], [], 0, None
+        self._all_dirty = True
 
     def memory_bytes(self) -> int:
         """Approximate bytes held by the bitmaps: their containers plus a per-ledger overhead."""
+        self.settle()
         return sum(_bitmap_bytes(bm) + 120 for bm in self._ledgers.values())
 
     def _check(self) -> None:
+        self.settle()
         assert self._count == sum(len(bm) for bm in self._ledgers.values()), "count drifted from cardinality"
         assert all(len(bm) for bm in self._ledgers.values()), "empty bitmap kept"
 
@@ -310,6 +465,43 @@ def _bitmap_bytes(bm: Bitmap) -> int:
 
 def _fits(bm: Bitmap, entry_id: int) -> bool:
     return entry_id < _U32_LIMIT or isinstance(bm, BitMap64)
+
+
+def sort_positions(ledgers: np.ndarray, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (uint64 columns) sorted by (ledger, entry): one in-place sort of packed keys
+    when both spans fit in 64 bits together, else a lexsort."""
+    if len(ledgers) < 2:
+        return ledgers, entries
+    l0, e0 = int(ledgers.min()), int(entries.min())
+    lb = (int(ledgers.max()) - l0).bit_length()
+    eb = (int(entries.max()) - e0).bit_length()
+    if lb + eb >= 64:
+        order = np.lexsort((entries, ledgers))
+        return ledgers[order], entries[order]
+    key = (ledgers - np.uint64(l0)) << np.uint64(eb)
+    key |= entries - np.uint64(e0)
+    key.sort()
+    out_e = (key & np.uint64((1 << eb) - 1)) + np.uint64(e0)
+    key >>= np.uint64(eb)
+    key += np.uint64(l0)
+    return key, out_e
+
+
+def _position_order(ledgers: np.ndarray, entries: np.ndarray) -> np.ndarray:
+    """The permutation that sorts rows by (ledger, entry, row number): one sort of packed keys
+    when they fit in 64 bits, else a stable lexsort."""
+    n = len(ledgers)
+    l0, e0 = int(ledgers.min()), int(entries.min())
+    lb = (int(ledgers.max()) - l0).bit_length()
+    eb = (int(entries.max()) - e0).bit_length()
+    rb = (n - 1).bit_length()
+    if lb + eb + rb >= 64:
+        return np.lexsort((entries, ledgers))
+    key = (ledgers - np.uint64(l0)) << np.uint64(eb + rb)
+    key |= (entries - np.uint64(e0)) << np.uint64(rb)
+    key |= np.arange(n, dtype=np.uint64)
+    key.sort()
+    return (key & np.uint64((1 << rb) - 1)).astype(np.intp)
 
 
 def _ledger_rows(ledgers: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:

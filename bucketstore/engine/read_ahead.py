@@ -26,18 +26,27 @@ never seen before the run.
 
 Memory: at most one read-ahead segment per sealed bucket (at most
 ``max_indexes_per_segment`` rows), and only for buckets the queue is delivering from.
+
+The same thread opens buckets ahead (:class:`Entry0Read`): a bucket recovered from its
+catalog summary only is *unopened* (see ``BucketTracker._open_bucket``); the
+tracker asks for the entry 0 of the few unopened buckets whose first segments come
+due soonest, so that opening them when the queue reaches them costs no disk read
+and no decoding under the lock. The read checks everything a synchronous open
+checks; the hand-over (:meth:`ReadAhead.take_entry0`) follows the rules above, and a
+failed read is dropped so that the synchronous open raises the typed error itself.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .worker_thread import WorkerThread
 
-__all__ = ["LOW_FRACTION", "ReadAhead", "ReadAheadCounters", "SegmentRead", "SegmentReader"]
+__all__ = ["LOW_FRACTION", "Entry0Read", "ReadAhead", "ReadAheadCounters", "SegmentRead", "SegmentReader"]
 
 log = logging.getLogger("bucketstore")
 
@@ -81,6 +90,28 @@ class SegmentRead:
         """Wait for a read the reader has started (it takes no lock, so this cannot deadlock)."""
         self._finished.wait()
 
+
+class Entry0Read(SegmentRead):
+    """One request: read and check an unopened bucket's entry 0 with ``read`` (which touches
+    nothing but the file); ``run`` holds what it returned."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, bucket: Bucket, read: Callable[[], Any]) -> None:
+        super().__init__(bucket, 0)
+        self.read = read
+
+    def perform(self) -> None:
+        try:
+            if not self.cancelled and not self.bucket.dead:
+                self.started = True
+                self.run = self.read()
+        except Exception as exc:  # damage or EIO: the synchronous open raises it again
+            self.error = exc
+        finally:
+            self.done = True
+            self._finished.set()
+
     def __repr__(self) -> str:
         return f"SegmentRead({self.bucket!r}, segment {self.number}, done={self.done})"
 
@@ -118,6 +149,8 @@ class ReadAheadCounters:
     :ivar failed: the read raised; the synchronous read then reported the error, if it persisted.
     :ivar dropped: reads never taken (their bucket merged away or deleted, or the
         segment already read synchronously).
+    :ivar opened_ahead: unopened buckets whose entry 0 the queue took ready from the
+        reader (of ``open_requests`` asked for).
     """
 
     enabled: bool = False
@@ -127,10 +160,13 @@ class ReadAheadCounters:
     late: int = 0
     failed: int = 0
     dropped: int = 0
+    open_requests: int = 0
+    opened_ahead: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {"enabled": self.enabled, "requested": self.requested, "hits": self.hits, "misses": self.misses,
-                "late": self.late, "failed": self.failed, "dropped": self.dropped}
+                "late": self.late, "failed": self.failed, "dropped": self.dropped,
+                "open_requests": self.open_requests, "opened_ahead": self.opened_ahead}
 
 
 class ReadAhead:
@@ -159,6 +195,32 @@ class ReadAhead:
         bucket.ahead = request
         self.counters.requested += 1
         self._reader.submit(request)
+
+    def open_ahead(self, bucket: Bucket, read: Callable[[], Any]) -> None:
+        """Ask the reader for an unopened bucket's entry 0 (``read`` reads and checks it), once."""
+        if self._reader is None or bucket.dead or bucket.ahead is not None:
+            return
+        request = Entry0Read(bucket, read)
+        bucket.ahead = request
+        self.counters.open_requests += 1
+        self._reader.submit(request)
+
+    def take_entry0(self, bucket: Bucket) -> Any:
+        """What the reader's :class:`Entry0Read` of ``bucket`` returned, or None (not asked for,
+        still queued, or failed): the caller then reads synchronously."""
+        request = bucket.ahead
+        if not isinstance(request, Entry0Read):
+            return None
+        bucket.ahead = None
+        if not request.done:
+            if not request.started:
+                request.cancelled = True  # still queued: reading now is quicker
+                return None
+            request.wait()
+        if request.run is None:
+            return None
+        self.counters.opened_ahead += 1
+        return request.run
 
     def load(self, bucket: Bucket) -> Any:
         """The bucket's next segment as a run: the read-ahead's if it is ready and for this
@@ -198,4 +260,5 @@ class ReadAhead:
     def held_rows(buckets: list[Bucket]) -> int:
         """Rows held by finished reads not yet taken."""
         return sum(len(b.ahead.run.ts) for b in buckets
-                   if b.ahead is not None and b.ahead.done and b.ahead.run is not None)
+                   if b.ahead is not None and b.ahead.done and b.ahead.run is not None
+                   and not isinstance(b.ahead, Entry0Read))

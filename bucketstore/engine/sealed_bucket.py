@@ -22,6 +22,7 @@ from ..format.ledger_file import LedgerReader
 from ..format.segment_codec import SegmentCodecError, decode_segment
 from .shared_queue import Run
 from ..format.snapshot import BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps, union_bitmaps
+from .bucket_summary import BucketSummary
 
 __all__ = ["SealedBucket", "BucketMap", "split_positions"]
 
@@ -37,7 +38,7 @@ class SealedBucket:
     """
 
     __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
-                 "current", "dead", "merging", "ahead", "_on_load")
+                 "current", "dead", "merging", "ahead", "_on_load", "summary")
 
     def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
                  first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> None:
@@ -54,6 +55,36 @@ class SealedBucket:
         self.merging = False
         self.ahead = None
         self._on_load = on_load
+        #: The catalog's summary while entry 0 is unread (the bucket is *unopened*: its
+        #: positions are not in the tracker's index yet); None once opened.
+        self.summary: BucketSummary | None = None
+
+    @classmethod
+    def unopened(cls, path: str, ledger_id: int, start: int, end: int, summary: BucketSummary, *,
+                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> "SealedBucket":
+        """A bucket known from its catalog summary only; its entry 0 is read when it is first needed."""
+        b = cls.__new__(cls)
+        b.start_ledger, b.end_ledger, b.ledger_id, b.path, b.size = start, end, ledger_id, path, summary.size
+        # min_ts, max_ts and counts stay unset until first read (__getattr__ decodes them from
+        # the summary): most buckets of a large store are never looked at before they are due.
+        b.current = first_segment - 1
+        b.dead = b.merging = False
+        b.ahead = None
+        b._on_load = on_load
+        b.summary = summary
+        return b
+
+    def __getattr__(self, name: str):
+        # Only reached for an unset slot: the segment table of a bucket recovered from its summary.
+        if name in ("min_ts", "max_ts", "counts") and self.summary is not None:
+            self.min_ts, self.max_ts, self.counts = self.summary.table()
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def opened(self) -> bool:
+        """Whether entry 0 has been read and the bucket's positions are in the tracker's index."""
+        return self.summary is None
 
     @property
     def key(self) -> str:
@@ -62,11 +93,15 @@ class SealedBucket:
 
     @property
     def segment_count(self) -> int:
-        return len(self.counts)
+        summary = self.summary
+        return summary.segments if summary is not None else len(self.counts)
 
     @property
     def pending_indexes(self) -> int:
         """Indexes in segments not yet handed to the queue (an upper bound on what is left on disk)."""
+        summary = self.summary
+        if summary is not None and self.current == 0:
+            return summary.count
         return int(self.counts[self.current:].sum())
 
     def covers(self, ledger_id: int) -> bool:
@@ -76,6 +111,9 @@ class SealedBucket:
         return self.current < self.segment_count
 
     def next_segment_min_ts(self) -> int:
+        summary = self.summary
+        if summary is not None and self.current == 0:
+            return summary.first_min
         return int(self.min_ts[self.current])
 
     def read_segment(self, number: int) -> Run:

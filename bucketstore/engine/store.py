@@ -175,15 +175,20 @@ class Store:
         removed = 0
         highest = -1
         for name in os.listdir(self.ledgers_dir):
-            path = os.path.join(self.ledgers_dir, name)
             m = _LEDGER_NAME.match(name)
             if m:
                 lid = int(m.group(1))
-                highest = max(highest, lid)
-                if lid in referenced or not self._provably_garbage(path, lid):
+                if lid > highest:
+                    highest = lid
+                if lid in referenced:
+                    continue  # the common case, once per bucket at every open: nothing more to do
+                path = os.path.join(self.ledgers_dir, name)
+                if not self._provably_garbage(path, lid):
                     continue
             elif not name.endswith(".ledger.tmp"):
                 continue  # not ours: leave it alone
+            else:
+                path = os.path.join(self.ledgers_dir, name)
             self.fs.unlink(path)
             removed += 1
         if removed:
@@ -261,6 +266,12 @@ class Store:
         with self._lock:
             if self._trackers.get(tracker.name) is tracker:
                 del self._trackers[tracker.name]
+
+    def open_trackers(self) -> list[BucketTracker]:
+        """The trackers open in this process, by name (what :mod:`bucketstore.metrics` reports on)."""
+        with self._lock:
+            self._check_open()
+            return [self._trackers[name] for name in sorted(self._trackers)]
 
     def trackers(self) -> list[str]:
         """Names of every tracker in the store (open or not), sorted."""

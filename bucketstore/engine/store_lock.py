@@ -18,6 +18,7 @@ from ..errors import StoreLockedError
 __all__ = ["LOCK_NAME", "acquire_write_lock", "writer_pid"]
 
 LOCK_NAME = "LOCK"
+_PID_WIDTH = 20
 
 
 def acquire_write_lock(store_path: str) -> int:
@@ -41,8 +42,12 @@ def acquire_write_lock(store_path: str) -> int:
                 who = "this process (another open handle)"
             raise StoreLockedError(f"{store_path} is open for writing by {who}") from None
         raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+    # The pid, padded to a fixed width, overwrites whatever an earlier writer left: no
+    # ftruncate, a metadata change that costs milliseconds on some file systems at every open.
+    record = f"{os.getpid():<{_PID_WIDTH}}".encode("ascii")
+    if os.fstat(fd).st_size > len(record):
+        os.ftruncate(fd, 0)  # written by something else: start clean
+    os.pwrite(fd, record, 0)
     return fd
 
 

@@ -20,16 +20,16 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
-from pyroaring import BitMap
 
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, MaintenanceError, StoreClosedError
 from .handoff import DeliveryHandoff
-from .index_set import DelayedIndexSet, bitmap_of
+from .index_set import DelayedIndexSet, bitmap_of, sort_positions
 from .journal import Journal, journal_directory
 from .maintenance import MaintenanceCounters
 from .merge import choose_merge_window
@@ -40,16 +40,20 @@ from .mutable_timebucket import TimeBucketMutable
 from .op_stats import OpStats
 from .read_ahead import LOW_FRACTION, ReadAhead
 from .identity import LedgerIdentityError, check_identity
+from .bucket_summary import BucketSummary, decode_summary, encode_summary, summary_mismatch
 from .seal_pipeline import SealJob
 from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
-from ..format.snapshot import BucketFile, bucket_key, parse_bucket_key
+from ..format.snapshot import BucketFile, BucketMetadata, bucket_key, parse_bucket_key
 from .store_services import StoreServices
+from ..waiting import CancelToken, DueWaiter, timeout_ms
 
 __all__ = ["BucketTracker"]
 
 log = logging.getLogger("bucketstore")
 _U64 = np.dtype("<u8")
+#: How many of the unopened buckets due soonest have their entry 0 read ahead (off the lock).
+OPEN_AHEAD = 8
 
 
 class BucketTracker:
@@ -74,11 +78,23 @@ class BucketTracker:
         self._submitted = 0
         self._finished = 0
         self._cutoff = Cutoff(config, clock)
+        #: Threads blocked in wait_scheduled sleep on self._cond; adds, clear and close wake them.
+        self._due = DueWaiter(self._cond, clock, slack_ms=(1 << config.precision_bits) - 1)
         self._index = DelayedIndexSet()
+        # Delivered positions become ghosts (when the index applies its pending removals) where
+        # a bucket's file still holds their rows (a merge reads them): should a position come
+        # back with another time, its old row must stay dead.
+        self._index.ghost_filter = self._file_holds
         #: Segment read-ahead (off when the store has no reader: segments are read when needed).
         self._read_ahead = ReadAhead(store.segment_reader)
-        self._queue = SharedQueue(self._bucket_exhausted, load=self._read_ahead.load, on_low=self._read_ahead.low,
+        self._queue = SharedQueue(self._bucket_exhausted, load=self._load_segment, on_low=self._read_ahead.low,
                                   low_fraction=LOW_FRACTION)
+        #: Sealed buckets known from their catalog summary only (entry 0 unread), and the
+        #: indexes they hold: counted, not yet in the index (see _open_bucket).
+        self._unopened = 0
+        self._unopened_rows = 0
+        #: The journal's durable frontier at recovery: what opening a bucket later applies.
+        self._recovered_frontier: tuple[int, int, int] | None = None
         # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
         # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
         # 2**bits - 1 ms early (late instead, never early, when deliver_at_time_strict).
@@ -116,6 +132,10 @@ class BucketTracker:
     def _covering(self, ledger_id: int) -> SealedBucket | None:
         return self._buckets.covering(ledger_id)
 
+    def _file_holds(self, ledger_id: int) -> bool:
+        """Whether a sealed (or sealing) bucket's file may hold rows of the ledger."""
+        return self._covering(ledger_id) is not None or any(job.covers(ledger_id) for job in self._sealing)
+
     def _sync_queue(self) -> None:
         """Turn buffered adds into runs in the shared queue."""
         for run in self._mutable.flush(self._cutoff.value):
@@ -150,10 +170,16 @@ class BucketTracker:
         check_timestamp(deliver_at)
         with self._lock:
             self._check_open()
+            timed = self._ops.count_add()
+            started = time.perf_counter() if timed else 0.0
             self._wait_for_room()
             tracked = self._add_one(ledger_id, entry_id, deliver_at, self._cutoff.advance())
             if self._journal is not None:
                 self._sync()
+            if tracked:
+                self._due.added(deliver_at)
+            if timed:
+                self._ops.observe_add(time.perf_counter() - started)
             return tracked
 
     def _add_one(self, ledger_id: int, entry_id: int, deliver_at: int, cutoff: int) -> bool:
@@ -163,6 +189,8 @@ class BucketTracker:
         journal = self._journal
         if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
             return False  # acknowledged already: nothing to track
+        if self._unopened and ledger_id <= self._buckets.newest_end:
+            self._open_covering(ledger_id)  # its membership (and expiry) needs the bucket's positions
         if deliver_at <= cutoff:
             if self._index.expire(ledger_id, entry_id):
                 self._mutable.discard(ledger_id, entry_id)
@@ -227,6 +255,7 @@ class BucketTracker:
             return 0
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             cutoff = self._cutoff.advance()
             tracked = 0
             # Rows are taken in order, one run of equal ledger ids at a time: routing
@@ -244,10 +273,15 @@ class BucketTracker:
                     tracked += self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], deliver_at[lo:hi], cutoff)
             if self._journal is not None:
                 self._sync()
+            if tracked:
+                self._due.added(int(deliver_at.min()))
+            self._ops.record("add", time.perf_counter() - started, True)
             return tracked
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
                         journal: bool = True, expire: bool = True) -> int:
+        if self._unopened and ledger_id <= self._buckets.newest_end:
+            self._open_covering(ledger_id)
         if not expire:  # journal replay: a due index must be delivered now, not refused
             expired = np.zeros(len(deliver_at), dtype=bool)
         elif np.issubdtype(deliver_at.dtype, np.signedinteger):
@@ -361,6 +395,14 @@ class BucketTracker:
             window = choose_merge_window(self._buckets.values())
             if window is None:
                 return
+            try:
+                for b in window:
+                    self._open_bucket(b)  # the merge keeps what the index says is live
+            except (OSError, BucketStoreError) as exc:
+                self._maint.failed += 1
+                self._maint.last_error = f"opening a bucket to merge: {type(exc).__name__}: {exc}"
+                log.error("tracker %r: %s", self.name, self._maint.last_error)
+                return  # not retried in a loop; the delivery that reaches the bucket reports it
             job = MergeJob(self, window)
             self._merging.append(job)
             self._run_job(job)
@@ -488,6 +530,8 @@ class BucketTracker:
             b.dead = True
             self._buckets.remove(b)
             self._read_ahead.forget(b)
+            if not b.opened:
+                self._forget_unopened(b)
         try:
             self._store.catalog.commit(self.name, remove=[b.key for b in buckets])
         except BucketStoreError as exc:
@@ -517,6 +561,7 @@ class BucketTracker:
         max_messages = check_max(max_messages)
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             journal = self._journal
             self._confirm()  # the embedder is back for more: it has handled the previous batch
             cutoff = self._cutoff.advance()
@@ -525,23 +570,48 @@ class BucketTracker:
                     self._sync()
                 return []
             self._sync_queue()
-            rows: list | None = [] if journal is not None and self._handoff.at_least_once else None
-            delivered, last_key = self._queue.pop_due(cutoff, max_messages, self._index, rows)
-            for ledger, hits in delivered.items():
-                if self._covering(ledger) is not None or any(job.covers(ledger) for job in self._sealing):
-                    # The bucket's file still holds these rows (a merge reads them): should a
-                    # position come back with another time, its old row must stay dead.
-                    for bm in hits:
-                        self._index.add_ghosts(ledger, bm)
+            ts, ledgers, entries, last_key = self._queue.pop_due(cutoff, max_messages, self._index)
             if last_key is not None:
-                batch = tuple(np.concatenate(cols) for cols in zip(*rows)) if rows else None
-                key = self._handoff.delivered(last_key, batch, delivered)
+                batch = (ts, ledgers, entries) if journal is not None and self._handoff.at_least_once else None
+                key = self._handoff.delivered(last_key, batch)
                 if key is not None and journal is not None:
                     journal.frontier(key)  # at-most-once: durable before the batch is returned
             self._delete_exhausted()
             if journal is not None:
                 self._sync()
-        return _positions(delivered)
+            positions = _positions(ledgers, entries)
+            self._ops.delivered += len(positions)
+            self._ops.record("deliver", time.perf_counter() - started, True)
+        return positions
+
+    def wait_scheduled(self, max_messages: int, timeout: float | None = None, *,
+                       cancel: CancelToken | None = None) -> list[tuple[int, int]]:
+        """Block until positions are due, then return them as :meth:`get_scheduled_messages` does.
+
+        The caller sleeps (without holding the tracker's lock) until the earliest tracked
+        index falls due, and is woken early by an add of an earlier index, by
+        :meth:`clear`, or by :meth:`close` / ``Store.delete_tracker``. Each wake asks
+        :meth:`get_scheduled_messages` again, so a batch is never early, and threads
+        waiting on one tracker each get distinct positions. The batch follows the same
+        handoff rules: in journal mode with ``delivery="at-least-once"`` the call confirms
+        every batch returned before it (by any thread) when it starts, and its own batch
+        is confirmed by the next call, :meth:`flush` or :meth:`confirm_delivered`.
+
+        :param timeout: seconds to wait at most, measured on the tracker's clock (with a
+            :class:`~bucketstore.testing.FakeClock`: until the clock is moved past it);
+            None waits as long as it takes, 0 only looks.
+        :param cancel: a :class:`~bucketstore.waiting.CancelToken` that ends the wait from
+            another thread (the asyncio wrapper's cancellation).
+        :return: the positions, sorted; ``[]`` when the timeout passes or ``cancel`` fires
+            first (or ``max_messages`` is 0).
+        :raises StoreClosedError: the tracker is closed, before or during the wait.
+        """
+        max_messages = check_max(max_messages)
+        limit = timeout_ms(timeout)
+        if max_messages == 0:
+            return self.get_scheduled_messages(0)
+        return self._due.wait(lambda: self.get_scheduled_messages(max_messages), self.next_delivery_time,
+                              self._cutoff.lead_ms, limit, cancel)
 
     def confirm_delivered(self) -> None:
         """Confirm every position returned so far: once durable, a crash never brings them back.
@@ -574,7 +644,7 @@ class BucketTracker:
         with self._lock:
             self._check_open()
             cutoff = self._cutoff.advance()
-            if not len(self._index):
+            if not self._count():
                 return False
             nxt = self._next_time()
             self._delete_exhausted()
@@ -584,7 +654,7 @@ class BucketTracker:
         """The earliest delivery time among tracked indexes, or None when nothing is tracked."""
         with self._lock:
             self._check_open()
-            if not len(self._index):
+            if not self._count():
                 return None
             nxt = self._next_time()
             self._delete_exhausted()
@@ -601,6 +671,8 @@ class BucketTracker:
         check_position(ledger_id, entry_id)
         with self._lock:
             self._check_open()
+            if self._unopened and ledger_id <= self._buckets.newest_end:
+                self._open_covering(ledger_id)
             return self._index.contains(ledger_id, entry_id)
 
     @property
@@ -609,7 +681,11 @@ class BucketTracker:
 
         :raises StoreClosedError: the tracker is closed (a closed tracker knows nothing)."""
         self._check_open()
-        return len(self._index)
+        return self._count()
+
+    def _count(self) -> int:
+        # Buckets not opened yet count from their catalog summaries: nothing has touched them.
+        return len(self._index) + self._unopened_rows
 
     # -- acknowledging --------------------------------------------------------------------------
     def mark_delete(self, ledger_id: int, entry_id: int) -> None:
@@ -626,6 +702,8 @@ class BucketTracker:
             self._check_open()
             if self._mark_delete is not None and (ledger_id, entry_id) < self._mark_delete:
                 return
+            if self._unopened and ledger_id <= self._buckets.newest_end:
+                self._open_covering(ledger_id)  # the bucket the trim cuts through; may raise: nothing recorded yet
             self._mark_delete = (ledger_id, entry_id)
             self._store.catalog.commit(self.name, state=self._state)
             self._trim(ledger_id, entry_id)
@@ -635,6 +713,8 @@ class BucketTracker:
         # (never one that overlaps it: Pulsar #26240).
         dead = [b for b in self._buckets.values() if b.end_ledger < ledger_id]
         self._delete_buckets(dead)
+        if self._unopened:
+            self._open_covering(ledger_id)  # the one bucket the trim cuts through
         self._index.drop_ledgers_below(ledger_id)
         self._index.drop_through(ledger_id, entry_id)
         self._mutable.drop_through(ledger_id, entry_id)
@@ -672,11 +752,13 @@ class BucketTracker:
         """
         with self._lock:
             self._check_open()
+            started = time.perf_counter()
             self._wait_for_jobs(self._submitted)
             self._check_open()
             if self._journal is not None:
                 self._confirm()
                 self._commit()
+            self._ops.record("flush", time.perf_counter() - started, True)
 
     def _sync(self) -> None:
         """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed
@@ -713,6 +795,7 @@ class BucketTracker:
         return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
 
     def _checkpoint(self) -> None:
+        self._index.settle()  # the ghosts are read directly below
         ledgers, entries, ts = self._memory_only_rows()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
         # bucket: the checkpoint replaces the file that held its untrack record, so it must
@@ -757,6 +840,7 @@ class BucketTracker:
             self._exhausted = []
             if self._journal is not None:
                 self._checkpoint()
+            self._due.wake_all()
 
     def _cancel_jobs(self) -> None:
         """Background work in flight is abandoned: each job, when the worker reaches its
@@ -805,6 +889,7 @@ class BucketTracker:
             self._queue.clear()
             self._mutable.clear()
             self._index.clear()
+            self._unopened = self._unopened_rows = 0
         self._store.tracker_closed(self)
         return drained
 
@@ -823,7 +908,8 @@ class BucketTracker:
             stats: dict[str, Any] = {
                 "tracker": self.name,
                 "immutable_buckets": len(self._buckets),
-                "number_of_delayed_messages": len(self._index),
+                "number_of_delayed_messages": self._count(),
+                "unopened_buckets": self._unopened,
                 "loaded_indexes": loaded,
                 "snapshot_size_bytes": sum(b.size for b in self._buckets.values()),
                 "memory_bytes": ((loaded + ahead) * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
@@ -840,6 +926,14 @@ class BucketTracker:
             stats["read_ahead"] = {**self._read_ahead.counters.as_dict(), "held_indexes": ahead}
             return stats
 
+    def operation_metrics(self) -> dict[str, Any]:
+        """Per operation (add, deliver, flush, and PIP-195's create = seal, load, merge, delete)
+        its calls and latency histogram (see :meth:`~bucketstore.engine.op_stats.OpStats.histograms`),
+        and the positions delivered so far: what :mod:`bucketstore.metrics` exports."""
+        with self._lock:
+            self._check_open()
+            return {"operations": self._ops.histograms(), "delivered": self._ops.delivered}
+
     def buckets(self) -> list[SealedBucket]:
         """The sealed buckets, in ledger order (for inspection)."""
         with self._lock:
@@ -847,16 +941,23 @@ class BucketTracker:
 
     # -- recovery -------------------------------------------------------------------------------
     def _recover(self) -> None:
-        """Rebuild from the catalog, the ledger files and (journal mode) the journal.
+        """Rebuild from the catalog and (journal mode) the journal; ledger files are read later.
 
         ``sealed`` mode follows PIP-195 §3.9: leading segments that are already
         due are skipped, because the embedder replays its log from the
         mark-delete position and re-adds them (add_message returns False and
         they are dispatched). ``journal`` mode skips only what the durable
         delivery frontier says was delivered, and replays the journal.
-        Only entry 0 of each bucket is read (plus, in journal mode, the one
-        segment the frontier falls in); segments load lazily when the queue
-        reaches them.
+
+        Each bucket's catalog summary (segment table and count) is enough to
+        decide the skip, to count its indexes and to queue it by its first live
+        segment: the bucket stays *unopened* and its entry 0 is read when it is
+        first needed (:meth:`_open_bucket`). Opened now are only buckets without
+        a summary (written before summaries existed: read and summarised, the
+        summaries committed here), the one a mark-delete position cuts through,
+        those the journal's frontier falls inside (their delivered rows must be
+        untracked to count exactly), and every bucket in ``repair`` mode (which
+        must find damage to drop it).
         """
         started = time.perf_counter()
         store = self._store
@@ -867,7 +968,7 @@ class BucketTracker:
         md = state.get("mark_delete")
         if isinstance(md, list) and len(md) == 2 and all(isinstance(v, int) for v in md):
             self._mark_delete = (md[0], md[1])
-        keys = store.catalog.buckets(self.name)
+        keys, summaries = store.catalog.keys_and_summaries(self.name)
         ranges, enclosed = _resolve_ranges(keys, self.name)
         stale_keys = list(enclosed)
         cutoff = self._cutoff.advance()
@@ -880,23 +981,25 @@ class BucketTracker:
             # new index after the frontier, which is what makes the frontier sufficient.
             self._cutoff.raise_to(frontier[0])
             cutoff = self._cutoff.value
+        self._recovered_frontier = frontier
         dropped: list[str] = []
         doomed: list[SealedBucket] = []
+        backfill: dict[str, bytes] = {}
         first_live = self._mark_delete[0] if self._mark_delete else 0
         for (start, end), ledger_id in ranges:
             key = bucket_key(start, end)
             path = os.path.join(store.ledgers_dir, ledger_file_name(ledger_id))
+            raw = None if store.repair else summaries.get(key)
+            meta = None
             try:
-                try:
-                    bf = BucketFile(path)
-                except FileNotFoundError:
-                    raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
-                                       f"but {path} is missing", path=path, key=key) from None
-                with bf:
-                    meta = bf.metadata
-                    size = bf.size
-                    check_identity(bf, ledger_id=ledger_id, tracker=self.name, store_id=store.store_id,
-                                   key=key)
+                if raw is None:
+                    meta, size = self._read_entry0(path, ledger_id, key, None)
+                    raw = backfill[key] = encode_summary(meta, ledger_id, size)
+                summary = decode_summary(raw, path=store.catalog.path, key=key)
+                if summary.ledger_id != ledger_id:
+                    raise CatalogError(f"{store.catalog.path}: tracker {self.name!r} key {key} names ledger "
+                                       f"{ledger_id}, but its summary describes ledger {summary.ledger_id}",
+                                       path=store.catalog.path, key=key)
             except LedgerIdentityError:
                 raise  # an intact file of someone else: not damage that repair may drop
             except (CatalogError, CorruptLedgerError) as exc:
@@ -907,37 +1010,49 @@ class BucketTracker:
                 dropped.append(f"{key}: {exc}")
                 stale_keys.append(key)
                 continue
+            n = summary.segments
+            # The first segment's max timestamp (in the summary's header) settles the common
+            # case, no skip; the table is decoded only when leading segments are due.
+            bound = cutoff + 1 if replayed is None else frontier[0] if frontier is not None else 0
             skip = 0
-            if replayed is None:
-                while skip < len(meta.segments) and meta.segments[skip].max_timestamp <= cutoff:
+            if n and summary.first_max < bound:
+                try:
+                    max_ts = summary.table()[1]
+                except CatalogError as exc:
+                    if not store.repair:
+                        raise
+                    dropped.append(f"{key}: {exc}")
+                    stale_keys.append(key)
+                    continue
+                while skip < n and int(max_ts[skip]) < bound:
                     skip += 1
-            elif frontier is not None:
-                while skip < len(meta.segments) and meta.segments[skip].max_timestamp < frontier[0]:
-                    skip += 1
-            bucket = SealedBucket(path, ledger_id, meta, size, first_segment=skip + 1, on_load=self._record_load)
-            if skip == len(meta.segments) or end < first_live:
+            bucket = SealedBucket.unopened(path, ledger_id, start, end, summary, first_segment=skip + 1,
+                                           on_load=self._record_load)
+            if skip == n or end < first_live:
+                _ = bucket.counts  # the table, before the summary goes
+                bucket.summary = None  # deleted unread: never counted among the unopened
                 doomed.append(bucket)
                 continue
-            try:
-                live, skipped = split_positions(bucket, meta, skip, need_skipped=frontier is not None)
-            except (OSError, CorruptLedgerError) as exc:
-                if not store.repair or isinstance(exc, OSError):
-                    raise
-                dropped.append(f"{key}: {exc}")
-                stale_keys.append(key)
-                continue
-            for ledger, bm in live.items():
-                self._index.add_bitmap(ledger, bm)
-            if skipped is not None:
-                # The skipped segments' rows stay in the file (a merge reads them): a
-                # delivered position re-added later must not be made live again by them.
-                for ledger, bm in skipped.items():
-                    self._index.add_ghosts(ledger, bm)
-                self._untrack_delivered(bucket, skip, frontier)
             self._buckets.add(bucket)
+            self._unopened += 1
+            self._unopened_rows += bucket.pending_indexes
+            if meta is not None or store.repair or (self._mark_delete is not None and start <= first_live <= end) \
+                    or (frontier is not None and bucket.next_segment_min_ts() <= frontier[0]):
+                try:
+                    self._open_bucket(bucket, meta)
+                except (OSError, CorruptLedgerError, CatalogError) as exc:
+                    if not store.repair or isinstance(exc, (OSError, LedgerIdentityError)):
+                        raise
+                    dropped.append(f"{key}: {exc}")
+                    stale_keys.append(key)
+                    self._buckets.remove(bucket)
+                    self._forget_unopened(bucket)
+                    continue
             self._queue.push(Slot(bucket))
-        if stale_keys:
-            store.catalog.commit(self.name, remove=stale_keys)
+        if stale_keys or backfill:
+            # Summaries of keys written before summaries existed, in one transaction with
+            # the stale keys' removal; a crash before it only means reading entry 0 again.
+            store.catalog.commit(self.name, remove=stale_keys, summaries=backfill)
             for key in enclosed:  # key first, then file: a crash here leaves only orphans
                 store.remove_ledger_file(os.path.join(store.ledgers_dir, ledger_file_name(keys[key])))
         self._delete_buckets(doomed)
@@ -948,9 +1063,90 @@ class BucketTracker:
             self._index.drop_through(*self._mark_delete)
         if self._journal is not None:
             self._checkpoint()  # compact: one file holding exactly the recovered memory-only state
+        self._open_ahead()
         self.recovery_seconds = time.perf_counter() - started
         self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
-                                "enclosed_removed": len(enclosed), "dropped": dropped}
+                                "enclosed_removed": len(enclosed), "dropped": dropped,
+                                "unopened": self._unopened, "summaries_backfilled": len(backfill)}
+
+    # -- opening buckets lazily -----------------------------------------------------------------
+    def _read_entry0(self, path: str, ledger_id: int, key: str, summary: BucketSummary | None
+                     ) -> tuple[BucketMetadata, int]:
+        """Read a bucket's entry 0 and check the file is the one the catalog names (and, with a
+        summary, the one it summarised). The same typed errors whether at open or later."""
+        try:
+            bf = BucketFile(path)
+        except FileNotFoundError:
+            raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
+                               f"but {path} is missing", path=path, key=key) from None
+        with bf:
+            meta, size = bf.metadata, bf.size
+            check_identity(bf, ledger_id=ledger_id, tracker=self.name, store_id=self._store.store_id, key=key)
+            if summary is not None:
+                why = summary_mismatch(summary, meta, size)
+                if why is not None:
+                    raise CorruptLedgerError(path, bf.ledger.entry_payload_offset(0),
+                                             f"bucket {key}: {why}")
+        return meta, size
+
+    def _open_covering(self, ledger_id: int) -> None:
+        bucket = self._buckets.covering(ledger_id)
+        if bucket is not None:
+            self._open_bucket(bucket)
+
+    def _open_bucket(self, bucket: SealedBucket, meta: BucketMetadata | None = None) -> None:
+        """Read an unopened bucket's entry 0 and put its live positions in the index.
+
+        Applies what recovery decided for it (the leading segments skipped; in journal
+        mode their positions become ghosts): nothing can have touched the bucket's
+        ledgers since, because every operation on them opens it first. Raises the
+        same typed errors as recovery; on failure nothing changes.
+        """
+        summary = bucket.summary
+        if summary is None or bucket.dead:
+            return
+        if meta is None:
+            ahead = self._read_ahead.take_entry0(bucket)
+            meta = ahead[0] if ahead is not None else \
+                self._read_entry0(bucket.path, bucket.ledger_id, bucket.key, summary)[0]
+        frontier = self._recovered_frontier
+        skip = bucket.current
+        live, skipped = split_positions(bucket, meta, skip, need_skipped=frontier is not None)
+        for ledger, bm in live.items():
+            self._index.add_bitmap(ledger, bm)
+        if skipped is not None:
+            # The skipped segments' rows stay in the file (a merge reads them): a
+            # delivered position re-added later must not be made live again by them.
+            for ledger, bm in skipped.items():
+                self._index.add_ghosts(ledger, bm)
+            self._untrack_delivered(bucket, skip, frontier)
+        self._forget_unopened(bucket)
+        _ = bucket.counts  # the segment table, decoded from the summary before it goes
+        bucket.summary = None
+
+    def _forget_unopened(self, bucket: SealedBucket) -> None:
+        self._unopened -= 1
+        self._unopened_rows -= bucket.pending_indexes
+
+    def _load_segment(self, bucket: SealedBucket) -> Run:
+        """The shared queue's loader: open the bucket on its first load, then read the segment."""
+        if bucket.summary is not None:
+            try:
+                self._open_bucket(bucket)
+            except BaseException:
+                self._queue.push(Slot(bucket))  # the queue popped the slot: keep it for the next try
+                raise
+            self._open_ahead()
+        return self._read_ahead.load(bucket)
+
+    def _open_ahead(self) -> None:
+        """Have the reader thread read the entry 0 of the unopened buckets due soonest."""
+        if not self._unopened or self._store.segment_reader is None:
+            return
+        for slot in self._queue.first_slots(OPEN_AHEAD):
+            b = slot.bucket
+            if b.summary is not None and b.ahead is None:
+                self._read_ahead.open_ahead(b, partial(self._read_entry0, b.path, b.ledger_id, b.key, b.summary))
 
     def _untrack_delivered(self, bucket: SealedBucket, first: int, frontier: tuple[int, int, int]) -> None:
         """Untrack a bucket's indexes at or before the frontier in the segments it falls in."""
@@ -972,6 +1168,8 @@ class BucketTracker:
         try:
             for rec in records:
                 if rec[0] == "x":
+                    if self._unopened and rec[1] <= self._buckets.newest_end:
+                        self._open_covering(rec[1])
                     self._index.expire(rec[1], rec[2])
                     continue
                 ledgers, entries, ts = rec[1], rec[2], rec[3]
@@ -997,6 +1195,9 @@ class BucketTracker:
             prev_end = b.end_ledger
             assert not b.dead
         assert self._buckets.newest_end == prev_end, "newest bucket end is stale"
+        unopened = [b for b in self._buckets.values() if not b.opened]
+        assert self._unopened == len(unopened), (self._unopened, len(unopened))
+        assert self._unopened_rows == sum(b.pending_indexes for b in unopened), "unopened count is stale"
 
 
 def _resolve_ranges(keys: dict[str, int], tracker: str) -> tuple[list[tuple[tuple[int, int], int]], list[str]]:
@@ -1035,11 +1236,8 @@ def _after(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, key: tuple[
     return (ts > t) | ((ts == t) & ((ledgers > l) | ((ledgers == l) & (entries > e))))
 
 
-def _positions(delivered: dict[int, list]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for ledger in sorted(delivered):
-        bitmaps = delivered[ledger]
-        merged = bitmaps[0] if len(bitmaps) == 1 else bitmaps[0].union(*bitmaps[1:])
-        entries = merged.to_array().tolist() if isinstance(merged, BitMap) else list(merged)
-        out.extend(zip([ledger] * len(entries), entries))
-    return out
+def _positions(ledgers: np.ndarray, entries: np.ndarray) -> list[tuple[int, int]]:
+    """Delivered positions (distinct), sorted by (ledger, entry)."""
+    if len(ledgers) > 1:
+        ledgers, entries = sort_positions(ledgers, entries)
+    return list(zip(ledgers.tolist(), entries.tolist()))

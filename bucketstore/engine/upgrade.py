@@ -29,6 +29,7 @@ from ..format.ledger_file import PropertyValue
 from ..format.segment_codec import encode_segment
 from ..format.snapshot import (SNAPSHOT_VERSION, BucketFile, BucketMetadata, SegmentMetadata, ledger_bitmaps,
                                write_bucket)
+from .bucket_summary import encode_summary
 from .store import Store
 
 __all__ = ["UpgradeReport", "upgrade_store"]
@@ -101,7 +102,8 @@ def _upgrade_bucket(store: Store, name: str, key: str, ledger_id: int, report: U
         # Durable before the catalog names it: write, fsync, rename, fsync(dir).
         new_path = write_bucket(store.ledgers_dir, new_id, meta, payloads, extra, fs=store.fs)
         # The one step that switches: the key now names the new file, atomically.
-        store.catalog.commit(name, put={key: new_id}, next_ledger_id=new_id + 1)
+        store.catalog.commit(name, put={key: new_id}, next_ledger_id=new_id + 1,
+                             summaries={key: encode_summary(meta, new_id, os.path.getsize(new_path))})
     except BaseException:
         if new_path is not None:
             store.remove_ledger_file(new_path)  # an orphan either way; removing it now is tidier

@@ -16,6 +16,7 @@ from typing import Any
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..errors import StoreClosedError
+from ..waiting import CancelToken, DueWaiter, timeout_ms
 
 __all__ = ["InMemoryTracker"]
 
@@ -36,6 +37,7 @@ class InMemoryTracker:
         self._heap: list[tuple[int, int, int]] = []
         self._tracked: dict[tuple[int, int], int] = {}
         self._lock = threading.RLock()
+        self._due = DueWaiter(threading.Condition(self._lock), clock)
         self._closed = False
         self._mark_delete: tuple[int, int] | None = None
 
@@ -58,6 +60,7 @@ class InMemoryTracker:
                 return True
             self._tracked[(ledger_id, entry_id)] = deliver_at
             heapq.heappush(self._heap, (deliver_at, ledger_id, entry_id))
+            self._due.added(deliver_at)
             return True
 
     def add_messages(self, indexes: Any) -> int:
@@ -93,6 +96,19 @@ class InMemoryTracker:
                 out.append((ledger, entry))
         out.sort()
         return out
+
+    def wait_scheduled(self, max_messages: int, timeout: float | None = None, *,
+                       cancel: CancelToken | None = None) -> list[tuple[int, int]]:
+        """Block until positions are due, then return them (see
+        :meth:`bucketstore.BucketTracker.wait_scheduled`: woken early by an earlier add,
+        ``clear`` and ``close``; ``timeout`` in seconds of the tracker's clock; ``[]`` on
+        timeout or cancellation; ``StoreClosedError`` once closed)."""
+        max_messages = check_max(max_messages)
+        limit = timeout_ms(timeout)
+        if max_messages == 0:
+            return self.get_scheduled_messages(0)
+        return self._due.wait(lambda: self.get_scheduled_messages(max_messages), self.next_delivery_time,
+                              self._cutoff.lead_ms, limit, cancel)
 
     def has_message_available(self) -> bool:
         with self._lock:
@@ -142,12 +158,14 @@ class InMemoryTracker:
         with self._lock:
             self._heap.clear()
             self._tracked.clear()
+            self._due.wake_all()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._heap.clear()
             self._tracked.clear()
+            self._due.wake_all()
 
     def __enter__(self) -> "InMemoryTracker":
         return self

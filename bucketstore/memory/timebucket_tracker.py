@@ -19,6 +19,7 @@ from typing import Any
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock, Cutoff, as_columns, check_max
 from ..errors import StoreClosedError
+from ..waiting import CancelToken, DueWaiter, timeout_ms
 from .timebucket import TimeBucketIndex, check_uint64
 
 __all__ = ["TimeBucketTracker"]
@@ -49,7 +50,8 @@ class TimeBucketTracker:
         self._cutoff.advance()  # the cutoff starts when the tracker is created, as for every tracker
         self._index = TimeBucketIndex(config.precision_bits)
         self._mark_delete: tuple[int, int] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: wait_scheduled polls while holding it
+        self._due = DueWaiter(threading.Condition(self._lock), clock, slack_ms=(1 << config.precision_bits) - 1)
         self._closed = False
 
     # -- internals (call with the lock held) -----------------------------------------------------
@@ -63,6 +65,14 @@ class TimeBucketTracker:
             # Strict: a time bucket is due when all of it is, so nothing in it comes early.
             cutoff -= (1 << self.config.precision_bits) - 1
         return cutoff
+
+    @property
+    def _lead_ms(self) -> int:
+        """How long before its bucket start an index falls due (see :meth:`_advance`)."""
+        lead = self._cutoff.lead_ms
+        if self.config.deliver_at_time_strict and self.config.precision_bits:
+            lead -= (1 << self.config.precision_bits) - 1
+        return lead
 
     # -- the tracker API -------------------------------------------------------------------------
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
@@ -88,6 +98,7 @@ class TimeBucketTracker:
                 self._index.remove(ledger_id, entry_id)
                 return False
             self._index.add(deliver_at, ledger_id, entry_id)
+            self._due.added(deliver_at)
             return True
 
     def add_messages(self, indexes: Any) -> int:
@@ -112,6 +123,19 @@ class TimeBucketTracker:
             due = self._index.pop_due(max(cutoff, 0), max_messages)
         due.sort()
         return due
+
+    def wait_scheduled(self, max_messages: int, timeout: float | None = None, *,
+                       cancel: CancelToken | None = None) -> list[tuple[int, int]]:
+        """Block until positions are due, then return them (see
+        :meth:`bucketstore.BucketTracker.wait_scheduled`: woken early by an earlier add,
+        ``clear`` and ``close``; ``timeout`` in seconds of the tracker's clock; ``[]`` on
+        timeout or cancellation; ``StoreClosedError`` once closed)."""
+        max_messages = check_max(max_messages)
+        limit = timeout_ms(timeout)
+        if max_messages == 0:
+            return self.get_scheduled_messages(0)
+        return self._due.wait(lambda: self.get_scheduled_messages(max_messages), self.next_delivery_time,
+                              self._lead_ms, limit, cancel)
 
     def has_message_available(self) -> bool:
         """Whether :meth:`get_scheduled_messages` would return something now. O(1)."""
@@ -165,6 +189,7 @@ class TimeBucketTracker:
         """Untrack everything."""
         with self._lock:
             self._index.clear()
+            self._due.wake_all()
 
     def stats(self) -> dict[str, Any]:
         """Counters in the shape of the bucket tracker's (no buckets, nothing on disk)."""
@@ -187,6 +212,7 @@ class TimeBucketTracker:
         with self._lock:
             self._closed = True
             self._index.clear()
+            self._due.wake_all()
 
     def __enter__(self) -> "TimeBucketTracker":
         return self

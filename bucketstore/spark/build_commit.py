@@ -46,7 +46,8 @@ def commit_build(job: BuildJob, buckets: list[BuiltBucket]) -> None:
                 state = job.initial_state if catalog.tracker_state(job.tracker) is None else None
                 next_id = max((b.ledger_id for b in buckets), default=job.first_ledger_id - 1) + 1
                 catalog.commit(job.tracker, put=put, remove=remove, state=state,
-                               next_ledger_id=next_id if buckets else None)
+                               next_ledger_id=next_id if buckets else None,
+                               summaries={b.key: b.summary for b in buckets if b.summary is not None})
             finally:
                 catalog.close()
     except BaseException:

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from ..errors import CorruptLedgerError
 from ..format.ledger_file import LedgerReader
+from ..engine.bucket_summary import encode_summary
 from ..format.snapshot import build_bucket, write_bucket
 from .abort_marker import JobAborted, is_aborted
 from .bucketing import Rows, cut_buckets, order_positions, time_order
@@ -49,6 +50,8 @@ class BuiltBucket:
     end_ledger: int
     count: int
     path: str
+    #: The catalog summary the commit registers with the key (``engine.bucket_summary``).
+    summary: bytes | None = None
 
 
 def rows_from_batches(batches: Iterable[pa.RecordBatch], packed: bool = False) -> Rows:
@@ -129,7 +132,8 @@ def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltB
             if job.store_id is not None:
                 identity["store_id"] = job.store_id
             path = write_bucket(ledgers_dir(job.store), ledger_id, meta, payloads, identity)
-            written.append(BuiltBucket(meta.key, ledger_id, cut.start_ledger, cut.end_ledger, meta.count, path))
+            written.append(BuiltBucket(meta.key, ledger_id, cut.start_ledger, cut.end_ledger, meta.count, path,
+                                       encode_summary(meta, ledger_id, os.path.getsize(path))))
         if is_aborted(job.store, job.job_id):
             raise JobAborted(f"build {job.job_id} was aborted")
     except BaseException:

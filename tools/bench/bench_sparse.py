@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from bucketstore import TrackerConfig  # noqa: E402
 from bucketstore.engine.store import Store  # noqa: E402
+from bucketstore.engine.bucket_summary import encode_summary  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
 
 EPOCH = 1_700_000_000_000
@@ -87,7 +88,8 @@ def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> int:
                                           max_indexes_per_segment=5_000)
             ledger_id = store.allocate_ledger_id()
             file = write_bucket(store.ledgers_dir, ledger_id, meta, payloads, {"tracker": "t"})
-            store.catalog.commit("t", put={meta.key: ledger_id}, next_ledger_id=ledger_id + 1)
+            store.catalog.commit("t", put={meta.key: ledger_id}, next_ledger_id=ledger_id + 1,
+                                 summaries={meta.key: encode_summary(meta, ledger_id, os.path.getsize(file))})
             total_bytes += os.path.getsize(file)
             done += k
             next_entry = (hi + 1 - 1) * LEDGER_ENTRIES  # the next ledger after this bucket's last

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import bucketstore  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
+from bucketstore.engine.bucket_summary import encode_summary  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
 
 EPOCH = 1_700_000_000_000
@@ -174,6 +175,7 @@ def generate_store(path: str, total: int, per_bucket: int = 50_000, ledgers_per_
     store.tracker("t", TrackerConfig())
     cfg = TrackerConfig()
     put = {}
+    summaries = {}
     lid = 0
     for b in range(total // per_bucket):
         first = b * ledgers_per_bucket
@@ -185,10 +187,11 @@ def generate_store(path: str, total: int, per_bucket: int = 50_000, ledgers_per_
         meta, payloads = build_bucket(first, first + ledgers_per_bucket - 1, ts, ls, es,
                                       time_step_ms=cfg.max_time_step_per_segment_ms,
                                       max_indexes_per_segment=cfg.max_indexes_per_segment)
-        write_bucket(store.ledgers_dir, lid, meta, payloads, {"tracker": "t"})
+        file = write_bucket(store.ledgers_dir, lid, meta, payloads, {"tracker": "t", "store_id": store.store_id})
         put[meta.key] = lid
+        summaries[meta.key] = encode_summary(meta, lid, os.path.getsize(file))  # as a seal commits it
         lid += 1
-    store.catalog.commit("t", put=put, next_ledger_id=lid)
+    store.catalog.commit("t", put=put, summaries=summaries, next_ledger_id=lid)
     store.close()
 
 

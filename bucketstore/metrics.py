@@ -1,0 +1,231 @@
+"""Metrics for brokers: one stable metric set, as a dict and as Prometheus text exposition.
+
+``collect(store)`` gives the figures of a live store and its open trackers as a plain dict;
+``prometheus_text(store)`` renders them in the Prometheus text exposition format (version
+0.0.4) for a ``/metrics`` endpoint. ``bucketstore stats STORE --prometheus`` renders the
+subset that can be read from disk beside a live writer (:func:`from_description`).
+
+Every metric is listed in :data:`METRICS` (and in README.md's table, which a test keeps
+in step). Names follow the Prometheus conventions: a ``bucketstore_`` prefix, the unit in
+the name (``_bytes``, ``_seconds``), counters ending in ``_total``, latency histograms
+with cumulative ``_bucket{le=...}``, ``_sum`` and ``_count``; per-tracker metrics carry a
+``tracker`` label. The format is written here rather than through ``prometheus_client``:
+it is a few dozen lines, keeps the core free of a dependency an embedder may not want (or
+may want at another version), and the tests parse the output back with
+``prometheus_client``'s own parser.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .engine.journal import journal_directory
+from .engine.op_stats import LATENCY_BUCKETS
+from .engine.store import Store
+
+__all__ = ["METRICS", "MetricInfo", "collect", "from_description", "render", "prometheus_text"]
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """One metric family: its full name (counters with ``_total``), type, labels and meaning."""
+
+    name: str
+    kind: str  # "gauge", "counter" or "histogram"
+    labels: tuple[str, ...]
+    help: str
+    key: str  # where collect() puts it: "store.<field>" or "tracker.<field>"
+    #: "both"; "live": only a process with the store open knows it (the CLI leaves it out);
+    #: "disk": only the read-only CLI reports it (a live tracker would have to read every entry 0).
+    source: str = "both"
+
+
+_T = ("tracker",)
+#: The metric set. Stable: names and meanings only ever get added to.
+METRICS: tuple[MetricInfo, ...] = (
+    MetricInfo("bucketstore_store_trackers", "gauge", (), "Trackers in the store's catalog.", "store.trackers"),
+    MetricInfo("bucketstore_store_open_trackers", "gauge", (), "Trackers open in this process.",
+               "store.open_trackers", source="live"),
+    MetricInfo("bucketstore_store_ledger_files", "gauge", (), "Sealed bucket files in ledgers/.",
+               "store.ledger_files"),
+    MetricInfo("bucketstore_store_ledger_bytes", "gauge", (), "Bytes of the bucket files in ledgers/.",
+               "store.ledger_bytes"),
+    MetricInfo("bucketstore_store_journal_bytes", "gauge", (), "Bytes of every tracker's journal files "
+               "(durability journal).", "store.journal_bytes"),
+    MetricInfo("bucketstore_store_journal_open_files", "gauge", (), "Journal file descriptors the store holds "
+               "open (a bounded pool shared by its trackers).", "store.journal_open_files", source="live"),
+    MetricInfo("bucketstore_store_journal_open_files_limit", "gauge", (), "The bound of that pool.",
+               "store.journal_open_files_limit", source="live"),
+    MetricInfo("bucketstore_tracker_delayed_indexes", "gauge", _T, "Positions tracked and not yet delivered.",
+               "tracker.delayed_indexes", source="live"),
+    MetricInfo("bucketstore_tracker_sealed_indexes", "gauge", _T, "Indexes recorded in the tracker's sealed "
+               "buckets (entry 0 counts, delivered ones included until their bucket is deleted).",
+               "tracker.sealed_indexes", source="disk"),
+    MetricInfo("bucketstore_tracker_buckets", "gauge", _T, "Sealed buckets (ledger files) of the tracker.",
+               "tracker.buckets"),
+    MetricInfo("bucketstore_tracker_loaded_indexes", "gauge", _T, "Indexes held in memory in the delivery "
+               "queue (loaded segments, unsealed runs).", "tracker.loaded_indexes", source="live"),
+    MetricInfo("bucketstore_tracker_snapshot_bytes", "gauge", _T, "Bytes on disk of the tracker's bucket files.",
+               "tracker.snapshot_bytes"),
+    MetricInfo("bucketstore_tracker_journal_bytes", "gauge", _T, "Bytes of the tracker's journal files.",
+               "tracker.journal_bytes"),
+    MetricInfo("bucketstore_tracker_resident_bytes", "gauge", _T, "Estimated memory the tracker holds.",
+               "tracker.resident_bytes", source="live"),
+    MetricInfo("bucketstore_tracker_pending_maintenance", "gauge", _T, "Seals and merges queued or running.",
+               "tracker.pending_maintenance", source="live"),
+    MetricInfo("bucketstore_tracker_maintenance_failures_total", "counter", _T, "Seals, merges and journal "
+               "checkpoints that failed (their indexes stay in memory).", "tracker.maintenance_failures",
+               source="live"),
+    MetricInfo("bucketstore_tracker_delivered_total", "counter", _T, "Positions returned as due.",
+               "tracker.delivered", source="live"),
+    MetricInfo("bucketstore_tracker_operations_total", "counter", _T + ("op", "outcome"), "Operations by kind "
+               "(add, deliver, flush, seal, load, merge, delete) and outcome (ok, failed; a failed add, deliver or flush "
+               "raises to its caller and is not counted).",
+               "tracker.operations", source="live"),
+    MetricInfo("bucketstore_tracker_operation_duration_seconds", "histogram", _T + ("op",), "Latency of the "
+               "operations (add_message sampled 1 in 16; add_messages, and every other op, each call).",
+               "tracker.operations", source="live"),
+)
+
+#: The engine's operation names -> the metric's ``op`` label (PIP-195's "create" is a seal).
+_OP_LABEL = {"create": "seal", "load": "load", "merge": "merge", "delete": "delete", "add": "add",
+             "deliver": "deliver", "flush": "flush"}
+
+
+def _dir_bytes(path: str) -> int:
+    try:
+        with os.scandir(path) as entries:
+            return sum(e.stat(follow_symlinks=False).st_size for e in entries if e.is_file(follow_symlinks=False))
+    except FileNotFoundError:
+        return 0
+
+
+def collect(store: Store) -> dict[str, Any]:
+    """The figures of ``store`` and of the trackers open in this process, as a dict::
+
+        {"store": {"trackers": 2, "ledger_bytes": ..., ...},
+         "trackers": {"sub-1": {"delayed_indexes": ..., "operations": {"add": {...}, ...}, ...}}}
+
+    The keys are the ``key`` fields of :data:`METRICS`; ``operations`` maps each op label to
+    ``ok``, ``failed``, ``buckets`` (per :data:`~bucketstore.engine.op_stats.LATENCY_BUCKETS`,
+    not cumulative, +Inf last), ``sum_seconds`` and ``observed``.
+    """
+    summary = store.stats()
+    trackers: dict[str, dict[str, Any]] = {}
+    for tracker in store.open_trackers():
+        try:
+            st = tracker.stats()
+            ops = tracker.operation_metrics()
+        except Exception:  # noqa: BLE001 - closed (or failed) between the listing and now: not reported
+            continue
+        maint = st["maintenance"]
+        trackers[tracker.name] = {
+            "delayed_indexes": st["number_of_delayed_messages"],
+            "buckets": st["immutable_buckets"],
+            "loaded_indexes": st["loaded_indexes"],
+            "snapshot_bytes": st["snapshot_size_bytes"],
+            "journal_bytes": _dir_bytes(journal_directory(store.path, tracker.name)),
+            "resident_bytes": st["memory_bytes"],
+            "pending_maintenance": maint["queued"],
+            "maintenance_failures": maint["failed"],
+            "delivered": ops["delivered"],
+            "operations": {_OP_LABEL[name]: op for name, op in ops["operations"].items()},
+        }
+    journal_root = os.path.join(store.path, "journal")
+    journal_bytes = 0
+    if os.path.isdir(journal_root):
+        journal_bytes = sum(_dir_bytes(os.path.join(journal_root, d)) for d in os.listdir(journal_root))
+    return {"store": {"trackers": summary["trackers"], "open_trackers": len(trackers),
+                      "ledger_files": summary["ledger_files"], "ledger_bytes": summary["ledger_bytes"],
+                      "journal_bytes": journal_bytes, "journal_open_files": len(store.journal_fds),
+                      "journal_open_files_limit": store.journal_fds.capacity},
+            "trackers": trackers}
+
+
+def from_description(doc: dict[str, Any]) -> dict[str, Any]:
+    """The on-disk subset of :func:`collect`, from ``bucketstore.cli.store_check.describe_store``'s
+    document (read-only, beside a live writer): what the ``--prometheus`` flag of ``stats`` prints."""
+    path = doc["store"]
+    trackers = {name: {"sealed_indexes": t["indexes"], "buckets": len(t["buckets"]), "snapshot_bytes": t["bytes"],
+                       "journal_bytes": _dir_bytes(journal_directory(path, name))}
+                for name, t in doc["trackers"].items()}
+    journal_root = os.path.join(path, "journal")
+    journal_bytes = 0
+    if os.path.isdir(journal_root):
+        journal_bytes = sum(_dir_bytes(os.path.join(journal_root, d)) for d in os.listdir(journal_root))
+    return {"store": {"trackers": len(trackers), "ledger_files": doc["ledger_files"], "ledger_bytes": doc["bytes"],
+                      "journal_bytes": journal_bytes},
+            "trackers": trackers}
+
+
+# -- the text exposition format ------------------------------------------------------------------
+def _number(value: float) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def _labels(pairs: Iterable[tuple[str, str]]) -> str:
+    inner = ",".join(f'{k}="{_label_value(v)}"' for k, v in pairs)
+    return "{" + inner + "}" if inner else ""
+
+
+def render(doc: dict[str, Any]) -> str:
+    """``doc`` (from :func:`collect` or :func:`from_description`) in the Prometheus text format;
+    a metric whose figure the document lacks is left out."""
+    out: list[str] = []
+    trackers: dict[str, dict[str, Any]] = doc.get("trackers", {})
+    for m in METRICS:
+        scope, key = m.key.split(".")
+        lines: list[str] = []
+        if scope == "store":
+            if key in doc["store"]:
+                lines.append(f"{m.name} {_number(doc['store'][key])}")
+        elif m.kind == "histogram":
+            for name in sorted(trackers):
+                for op, h in sorted(trackers[name].get(key, {}).items()):
+                    lines += _histogram(m.name, (("tracker", name), ("op", op)), h)
+        elif key == "operations":
+            for name in sorted(trackers):
+                for op, h in sorted(trackers[name].get(key, {}).items()):
+                    for outcome in ("ok", "failed"):
+                        labels = _labels((("tracker", name), ("op", op), ("outcome", outcome)))
+                        lines.append(f"{m.name}{labels} {_number(h[outcome])}")
+        else:
+            for name in sorted(trackers):
+                if key in trackers[name]:
+                    lines.append(f"{m.name}{_labels([('tracker', name)])} {_number(trackers[name][key])}")
+        if lines:
+            help_text = m.help.replace("\\", "\\\\").replace("\n", "\\n")
+            out += [f"# HELP {m.name} {help_text}", f"# TYPE {m.name} {m.kind}", *lines]
+    return "\n".join(out) + "\n"
+
+
+def _histogram(name: str, labels: tuple[tuple[str, str], ...], h: dict[str, Any]) -> list[str]:
+    lines = []
+    cumulative = 0
+    bounds = [*LATENCY_BUCKETS, math.inf]
+    for bound, count in zip(bounds, h["buckets"]):
+        cumulative += count
+        lines.append(f"{name}_bucket{_labels((*labels, ('le', _number(bound))))} {cumulative}")
+    lines.append(f"{name}_sum{_labels(labels)} {_number(float(h['sum_seconds']))}")
+    lines.append(f"{name}_count{_labels(labels)} {cumulative}")
+    return lines
+
+
+def prometheus_text(store: Store) -> str:
+    """The store's metrics (:func:`collect`) in the Prometheus text exposition format 0.0.4,
+    ready to serve as ``text/plain; version=0.0.4``."""
+    return render(collect(store))

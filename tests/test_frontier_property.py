@@ -1,0 +1,205 @@
+"""The shared queue's delivery frontier, against a plain model.
+
+A frontier gathers the due rows of every run once and is consumed by many calls,
+so these tests interleave, between calls, everything that could make a frontier
+wrong if it were kept when it should not be: adds of rows earlier than its limit,
+deletes and expiries (then re-adds at another time) of positions it holds, runs
+killed and replaced by copies (as a seal or merge does), the cutoff moving back
+and forth, and batch sizes from 1 up. Frontier sizes are shrunk to a few rows so
+that limits below the cutoff, rebuilds and read-past-the-end all happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import bucketstore
+from bucketstore.engine import index_set, shared_queue
+from bucketstore.engine.index_set import DelayedIndexSet
+from bucketstore.engine.shared_queue import Run, SharedQueue, sorted_run
+
+from helpers import FakeClock, example_count
+from test_tracker_differential import CONFIGS, SortedListModel, _run, ops
+
+_U64 = np.uint64
+
+
+@contextlib.contextmanager
+def small_frontiers(rows: int, per_run: int, calls: int, min_cap: int):
+    names = ("FRONTIER_ROWS", "FRONTIER_ROWS_PER_RUN", "FRONTIER_ROWS_MAX", "FRONTIER_CALLS", "FRONTIER_MIN_CAP")
+    saved = {name: getattr(shared_queue, name) for name in names}
+    scan_max = index_set._PENDING_SCAN_MAX
+    for name, value in zip(names, (rows, per_run, rows + per_run, calls, min_cap)):
+        setattr(shared_queue, name, value)
+    index_set._PENDING_SCAN_MAX = rows // 4  # lookups both scan and settle pending removals
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(shared_queue, name, value)
+        index_set._PENDING_SCAN_MAX = scan_max
+
+
+sizes = st.tuples(st.integers(1, 32), st.integers(0, 8), st.integers(0, 3), st.integers(1, 4))
+
+def queue_steps(seed: int, count: int = 300) -> list[tuple[str, object]]:
+    """A long random interleaving (weighted so that a backlog of due rows builds up and
+    frontiers outlive many calls): pushes, pops of 1..15, clock moves (back too),
+    deletes, expiries, replacements, peeks."""
+    rng = random.Random(seed)
+    steps: list[tuple[str, object]] = []
+    for _ in range(count):
+        kind = rng.choices(["push", "pop", "clock", "delete", "expire", "replace", "peek"],
+                           weights=[6, 8, 3, 1, 1, 1, 1])[0]
+        if kind == "push":
+            arg: object = [(rng.randint(0, 40), rng.randint(0, 3), rng.randint(0, 60))
+                           for _ in range(rng.randint(1, 12))]
+        elif kind == "pop":
+            arg = rng.choice([1, 1, 2, 3, rng.randint(1, 15)])
+        elif kind == "clock":
+            arg = rng.randint(-10, 20)
+        else:
+            arg = rng.randint(0, 50)
+        steps.append((kind, arg))
+    return steps
+
+
+class QueueModel:
+    """What is tracked, at which time: the first ``n`` due rows leave, in index order."""
+
+    def __init__(self) -> None:
+        self.time: dict[tuple[int, int], int] = {}
+
+    def due(self, cutoff: int) -> list[tuple[int, int, int]]:
+        return sorted((t, l, e) for (l, e), t in self.time.items() if t <= cutoff)
+
+
+@settings(max_examples=example_count(100), deadline=None)
+@given(st.integers(0, 2**32 - 1), sizes)
+def test_frontier_delivers_exactly_what_a_sorted_model_does(seed, size):
+    steps = queue_steps(seed)
+    with small_frontiers(*size):
+        index = DelayedIndexSet()
+        index.ghost_filter = lambda ledger: True  # every row may linger (in a "sealed file")
+        queue = SharedQueue(lambda bucket: None)
+        model = QueueModel()
+        pushed: list[Run] = []
+        cutoff = 0
+        delivered_once: set[tuple[int, int]] = set()
+        deleted: set[tuple[int, int]] = set()  # (not re-added: a plain untrack leaves no ghost)
+        for kind, arg in steps:
+            if kind == "push":
+                # Some due already, some before the frontier's limit (as a replay, or a
+                # copy a seal hands over, may push): the queue must fold its frontier.
+                rows = [(max(0, cutoff + t - 8), l, e) for t, l, e in arg]
+                fresh = []
+                for t, l, e in rows:
+                    if (l, e) in deleted:
+                        continue
+                    if index.add(l, e, t):
+                        model.time[(l, e)] = t
+                        delivered_once.discard((l, e))
+                        fresh.append((t, l, e))
+                if fresh:
+                    run = sorted_run(*(np.array(c, dtype=_U64) for c in zip(*fresh)))
+                    pushed.append(run)
+                    queue.push(run)
+            elif kind == "pop":
+                ts, ledgers, entries, last = queue.pop_due(cutoff, arg, index)
+                got = list(zip(ts.tolist(), ledgers.tolist(), entries.tolist()))
+                expect = model.due(cutoff)[:arg]
+                assert got == expect  # index order, never early, none skipped
+                for t, l, e in got:
+                    assert (l, e) not in delivered_once, "delivered twice"
+                    delivered_once.add((l, e))
+                    del model.time[(l, e)]
+                if got:
+                    assert last is not None and last >= got[-1]
+            elif kind == "clock":
+                cutoff = max(0, cutoff + arg)  # may move back: the queue must not deliver early
+            elif kind == "delete" and model.time:
+                l, e = sorted(model.time)[arg % len(model.time)]
+                assert index.discard(l, e)
+                del model.time[(l, e)]
+                deleted.add((l, e))
+            elif kind == "expire" and model.time:
+                l, e = sorted(model.time)[arg % len(model.time)]
+                assert index.expire(l, e)  # (it may be tracked again later, at another time)
+                del model.time[(l, e)]
+            elif kind == "replace" and pushed:
+                # A seal or merge: the run dies and a copy of all its rows (delivered ones too;
+                # the index keeps them dead) takes its place, maybe before the frontier's limit.
+                old = pushed.pop(arg % len(pushed))
+                if old.dead or not len(old.ts):
+                    continue
+                copy = Run(old.ts.copy(), old.ledgers.copy(), old.entries.copy())
+                old.kill()
+                queue.push(copy)
+                queue.drop_dead()
+                pushed.append(copy)
+            elif kind == "peek":
+                due = sorted((t, l, e) for (l, e), t in model.time.items())
+                assert queue.next_timestamp(index) == (due[0][0] if due else None)
+            # Exact after every step: the count, and membership of every tracked position.
+            assert len(index) == len(model.time)
+            for (l, e) in model.time:
+                assert index.contains(l, e)
+            for (l, e) in delivered_once:
+                assert not index.contains(l, e)
+        index._check()
+        ts, ledgers, entries, _ = queue.pop_due(10**6, 10**6, index)
+        assert list(zip(ts.tolist(), ledgers.tolist(), entries.tolist())) == model.due(10**6)
+
+
+@settings(max_examples=example_count(100), deadline=None)
+@given(ops, st.sampled_from(CONFIGS), sizes, st.sampled_from(["sealed", "journal"]))
+def test_tracker_with_small_frontiers_matches_model(tmp_path_factory, ops_list, config, size, durability):
+    """The differential workload (seals, merges, lazy loads, acks, peeks) with frontiers of a few
+    rows, so that seals and merges install while a frontier is being consumed."""
+    with small_frontiers(*size):
+        clock = FakeClock(1_000)
+        with bucketstore.open(tmp_path_factory.mktemp("s"), durability=durability) as store:
+            tracker = store.tracker("sub", config, clock)
+            baseline = bucketstore.InMemoryTracker(config, clock)
+            _run(ops_list, tracker, baseline, SortedListModel(config.tick_time_ms, clock), clock)
+
+
+def test_many_buckets_drain_in_order_with_counts_exact_after_every_call(tmp_path):
+    """Forty sealed buckets all due at once (the shape of issue 18), drained in batches of
+    1..97 with the clock moving: index order across buckets, exact counts and membership."""
+    config = dataclasses.replace(CONFIGS[0], min_index_count_per_bucket=30, max_indexes_per_segment=7)
+    clock = FakeClock(1_000)
+    rng = np.random.default_rng(18)
+    with small_frontiers(64, 4, 2, 2), bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("t", config, clock)
+        expect = []
+        for ledger in range(40):
+            at = (2_000 + rng.integers(0, 600, 40)).tolist()
+            t.add_messages([(ledger, e, a) for e, a in enumerate(at)])
+            expect += [(a, ledger, e) for e, a in enumerate(at)]
+        t.add_message(40, 0, 10**6)  # rolls the last ledger into a bucket too
+        t.wait_for_maintenance()
+        assert len(t.buckets()) >= 39
+        expect.sort()
+        held = len(expect) + 1
+        sizes = iter(list(range(1, 98)) * 10)
+        while expect:
+            clock.advance(7)
+            n = next(sizes)
+            cutoff = clock.now + config.tick_time_ms
+            due = [r for r in expect if r[0] <= cutoff][:n]
+            got = t.get_scheduled_messages(n)
+            assert got == sorted((l, e) for _, l, e in due)
+            del expect[:len(due)]
+            held -= len(due)
+            assert t.number_of_delayed_messages == held
+            for _, l, e in due[:3]:
+                assert not t.contains_message(l, e)
+            for _, l, e in expect[:3]:
+                assert t.contains_message(l, e)

@@ -1,0 +1,181 @@
+"""Drain at scale: does the cost of a delivery call grow with the number of buckets?
+
+A store of N positions (ledgers of 50,000 entries; every position delayed by
+U[0, 10 min) from one common start, so every bucket has due rows at once) is
+generated with the engine's codec, then drained in a fresh process with
+``get_scheduled_messages(batch)`` under a moving clock, as a broker's dispatcher
+does: the clock is before the window at the open, then starts one minute into it and moves forward by
+twice the drain's pace at every call (so every call finds a full batch due, and
+the cutoff differs at every call). The first ``--drain`` positions are timed (the
+whole store when smaller), the open is not. Rates are per wall-clock second and, in
+the last column, per second of the process's CPU time (on a shared machine CPU time
+is what contention inflates least).
+
+Configurations: the default ``TrackerConfig`` (one bucket per ledger: 20 buckets
+at 1 M, 200 at 10 M, 2,000 at 100 M) in ``sealed`` and ``journal`` durability, and
+one *merged* store (20 ledgers per bucket, what merging leaves behind).
+
+``--baseline DIR`` runs every measurement a second time with the package found in
+DIR (e.g. ``git archive main | tar -x -C /tmp/base``), alternating with this tree,
+so before and after are measured in one run. Each measurement is the best of
+``--repeat`` fresh processes, each on its own copy of the store.
+
+Run:  python tools/bench/bench_drain_scale.py [--sizes 1e6,1e7] [--big] [--batches 100,1000,10000]
+          [--modes sealed,journal] [--drain 2e6] [--repeat 3] [--baseline /tmp/base [--baseline-drain 3e5]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, ROOT)
+
+import bucketstore  # noqa: E402
+from bucketstore import TrackerConfig  # noqa: E402
+from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
+
+START = 1_700_000_000_000  # the delay window's start (ms)
+WINDOW_MS = 600_000
+ENTRIES_PER_LEDGER = 50_000
+
+
+def generate_store(path: str, total: int, ledgers_per_bucket: int) -> int:
+    """A store of ``total`` sealed positions; returns the number of buckets."""
+    rng = np.random.default_rng(18)
+    store = bucketstore.open(path)
+    store.tracker("t", TrackerConfig())
+    cfg = TrackerConfig()
+    per_bucket = ENTRIES_PER_LEDGER * ledgers_per_bucket
+    put = {}
+    buckets = max(1, total // per_bucket)
+    for b in range(buckets):
+        first = b * ledgers_per_bucket
+        seq = np.arange(per_bucket, dtype=np.uint64)
+        ledgers = np.uint64(first) + seq // np.uint64(ENTRIES_PER_LEDGER)
+        entries = seq % np.uint64(ENTRIES_PER_LEDGER)
+        at = np.uint64(START) + rng.integers(0, WINDOW_MS, per_bucket).astype(np.uint64)
+        ts, ls, es = sort_indexes(at, ledgers, entries)
+        meta, payloads = build_bucket(first, first + ledgers_per_bucket - 1, ts, ls, es,
+                                      time_step_ms=cfg.max_time_step_per_segment_ms,
+                                      max_indexes_per_segment=cfg.max_indexes_per_segment)
+        write_bucket(store.ledgers_dir, b, meta, payloads, {"tracker": "t", "store_id": store.store_id})
+        put[meta.key] = b
+    store.catalog.commit("t", put=put, next_ledger_id=buckets)
+    store.close()
+    return buckets
+
+
+# One measurement, in a fresh process whose sys.path starts with the code under test.
+_DRAIN = r"""
+import json, sys, time, gc
+sys.path.insert(0, sys.argv[1])
+import bucketstore
+path, mode, batch, limit, total = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+START, WINDOW = 1_700_000_000_000, 600_000
+now = [START - 1]  # nothing due at the open: recovery skips what is due then
+step = max(1, 2 * WINDOW * batch // total)
+store = bucketstore.open(path, durability=mode)
+t = store.tracker("t", clock=lambda: now[0])
+held = t.number_of_delayed_messages
+now[0] = START + WINDOW // 10
+get = t.get_scheduled_messages
+got = calls = short = 0
+gc.collect()
+started, cpu = time.perf_counter(), time.process_time()
+while got < limit:
+    n = len(get(batch))
+    calls += 1
+    got += n
+    if n < batch:
+        short += 1
+        if now[0] > START + WINDOW and n == 0:
+            break
+    now[0] += step
+seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+left = t.number_of_delayed_messages
+store.close()
+print(json.dumps({"held": held, "delivered": got, "calls": calls, "short": short, "seconds": seconds, "cpu": cpu,
+                  "exact": left == held - got}))
+"""
+
+
+def measure(code: str, store: str, scratch: str, mode: str, batch: int, limit: int, total: int) -> dict:
+    copy = os.path.join(scratch, "run")
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(store, copy)
+    out = subprocess.check_output([sys.executable, "-c", _DRAIN, code, copy, mode, str(batch), str(limit),
+                                   str(total)], env={**os.environ, "PYTHONPATH": code})
+    shutil.rmtree(copy)
+    r = json.loads(out)
+    assert r["exact"], f"count not exact after the drain: {r}"
+    r["rate"] = r["delivered"] / r["seconds"]
+    r["cpu_rate"] = r["delivered"] / r["cpu"]
+    r["us_per_call"] = r["seconds"] / r["calls"] * 1e6
+    return r
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="1e6,1e7", help="store sizes (positions), comma-separated")
+    p.add_argument("--big", action="store_true", help="add a 100 M store (slow to generate here)")
+    p.add_argument("--batches", default="100,1000,10000")
+    p.add_argument("--modes", default="sealed,journal")
+    p.add_argument("--merged", default="1e7", help="sizes measured with 20 ledgers per bucket too ('' for none)")
+    p.add_argument("--drain", type=float, default=2e6, help="positions timed per measurement (default 2e6)")
+    p.add_argument("--repeat", type=int, default=3, help="fresh processes per measurement (best is kept)")
+    p.add_argument("--baseline", default=None, help="a source tree of the code to compare with")
+    p.add_argument("--baseline-drain", type=float, default=None,
+                   help="positions timed per baseline measurement (default: --drain; the old code is slow)")
+    args = p.parse_args()
+    sizes = [int(float(s)) for s in args.sizes.split(",") if s] + ([100_000_000] if args.big else [])
+    merged = {int(float(s)) for s in args.merged.split(",") if s}
+    batches = [int(b) for b in args.batches.split(",")]
+    modes = args.modes.split(",")
+    codes = [("now", ROOT)] + ([("base", os.path.abspath(args.baseline))] if args.baseline else [])
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpus")
+    print("command: python tools/bench/bench_drain_scale.py " + " ".join(sys.argv[1:]))
+    print(f"timed: the first {int(args.drain):,} positions"
+          + (f" ({int(args.baseline_drain or args.drain):,} for the baseline)" if args.baseline else "")
+          + f", each measurement the best of {args.repeat} fresh processes")
+    print(f"{'store':>18} {'buckets':>7} {'mode':>7} {'batch':>6} {'code':>5} {'M pos/s':>8} "
+          f"{'us/call':>9} {'short':>6} {'M/cpu-s':>8}")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        for size in sizes:
+            shapes = [("", 1)] + ([(" merged", 20)] if size in merged else [])
+            for label, per in shapes:
+                store = os.path.join(tmp, "store")
+                shutil.rmtree(store, ignore_errors=True)
+                t0 = time.perf_counter()
+                buckets = generate_store(store, size, per)
+                print(f"# generated {size:,} positions in {buckets} buckets in {time.perf_counter() - t0:.1f} s",
+                      flush=True)
+                limits = {"now": min(size, int(args.drain)),
+                          "base": min(size, int(args.baseline_drain or args.drain))}
+                for mode in modes:
+                    for batch in batches:
+                        best: dict[str, dict] = {}
+                        for _ in range(args.repeat):
+                            for name, code in codes:  # alternate: load changes hit both alike
+                                r = measure(code, store, tmp, mode, batch, limits[name], size)
+                                if name not in best or r["rate"] > best[name]["rate"]:
+                                    best[name] = r
+                        for name, _code in codes:
+                            r = best[name]
+                            print(f"{f'{size:,}{label}':>18} {buckets:>7} {mode:>7} {batch:>6} {name:>5} "
+                                  f"{r['rate'] / 1e6:>8.2f} {r['us_per_call']:>9.0f} {r['short']:>6} {r['cpu_rate'] / 1e6:>8.2f}",
+                                  flush=True)
+                shutil.rmtree(store)
+
+
+if __name__ == "__main__":
+    main()
