@@ -195,7 +195,7 @@ def test_journal_mode_loses_nothing_and_never_redelivers_across_crashes(tmp_path
     path = tmp_path_factory.mktemp("j")
     clock = FakeClock(1000)
     oracle = Oracle()
-    store = bucketstore.open(path, durability="journal", delivery=delivery)
+    store = bucketstore.open(path, durability="journal", delivery=delivery, confirm_sync_ms=0)
     tracker = store.tracker("sub", cfg, clock)
     base = 0
     delivered: set[tuple[int, int]] = set()
@@ -226,7 +226,7 @@ def test_journal_mode_loses_nothing_and_never_redelivers_across_crashes(tmp_path
                     delivered.add(p)
         else:
             crash(store)
-            store = bucketstore.open(path, durability="journal", delivery=delivery)
+            store = bucketstore.open(path, durability="journal", delivery=delivery, confirm_sync_ms=0)
             tracker = store.tracker("sub", cfg, clock)
             for p, at in unconfirmed.items():  # not confirmed: delivered again
                 assert tracker.contains_message(*p), f"unconfirmed {p} lost"
