@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from .cutoff import Clock, system_clock
+from .cutoff import Clock, check_max, system_clock
 
 __all__ = ["Sleeper", "RealSleeper", "sleeper_for", "CancelToken", "DueWaiter", "timeout_ms"]
 
@@ -109,6 +109,14 @@ class CancelToken:
             self._cond = cond
 
 
+class Pollable(Protocol):
+    """What waiting needs from a tracker."""
+
+    def get_scheduled_messages(self, max_messages: int) -> Batch: ...
+
+    def next_delivery_time(self) -> int | None: ...
+
+
 class DueWaiter:
     """The waiting side of one tracker (its lock guards this object's state).
 
@@ -136,6 +144,20 @@ class DueWaiter:
         """Something changed for every waiter (clear, close): call under the lock."""
         if self._targets:
             self.cond.notify_all()
+
+    def wait_batch(self, tracker: Pollable, max_messages: object, timeout: float | None, lead_ms: int,
+                   cancel: CancelToken | None = None) -> Batch:
+        """A tracker's ``wait_scheduled``: check the arguments, then :meth:`wait` on its
+        ``get_scheduled_messages(max_messages)`` (``max_messages`` 0 only looks, as the poll does).
+
+        :param timeout: seconds of the tracker's clock, or None for no limit.
+        """
+        count = check_max(max_messages)
+        limit = timeout_ms(timeout)
+        if count == 0:
+            return tracker.get_scheduled_messages(0)
+        return self.wait(lambda: tracker.get_scheduled_messages(count), tracker.next_delivery_time, lead_ms,
+                         limit, cancel)
 
     def wait(self, poll: Callable[[], Batch], next_time: Callable[[], int | None], lead_ms: int,
              timeout: int | None, cancel: CancelToken | None = None) -> Batch:

@@ -36,7 +36,7 @@ import os
 import re
 import secrets
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,20 +207,15 @@ class Catalog:
     def buckets(self, name: str) -> dict[str, int]:
         """A tracker's cursor properties: bucket key -> ledger id."""
         prefix = validate_tracker_name(name) + b"\x00"
-        out: dict[str, int] = {}
-        with self._env.begin() as txn:
-            cur = txn.cursor(db=self._buckets)
-            if cur.set_range(prefix):
-                for k, v in cur:
-                    if not k.startswith(prefix):
-                        break
-                    key = k[len(prefix):].decode("utf-8", "replace")
-                    try:
-                        out[key] = int(v.decode("ascii"))
-                    except (UnicodeDecodeError, ValueError):
-                        raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {v!r}, "
-                                           "not a ledger id", path=self.path, key=key) from None
-        return out
+        with self._env.begin(buffers=False) as txn:
+            return {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
+
+    def _ledger_of(self, name: str, key: str, raw: bytes) -> int:
+        try:
+            return int(raw.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {raw!r}, "
+                               "not a ledger id", path=self.path, key=key) from None
 
     def all_buckets(self) -> dict[str, dict[str, int]]:
         """Every tracker's cursor properties."""
@@ -230,27 +225,10 @@ class Catalog:
         """A tracker's bucket keys (key -> ledger id) and their summaries (key -> encoded
         summary; keys without one are missing), read in one transaction."""
         prefix = validate_tracker_name(name) + b"\x00"
-        keys: dict[str, int] = {}
-        summaries: dict[str, bytes] = {}
         with self._env.begin(buffers=False) as txn:
-            cur = txn.cursor(db=self._buckets)
-            if cur.set_range(prefix):
-                for k, v in cur:
-                    if not k.startswith(prefix):
-                        break
-                    key = k[len(prefix):].decode("utf-8", "replace")
-                    try:
-                        keys[key] = int(v.decode("ascii"))
-                    except (UnicodeDecodeError, ValueError):
-                        raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {v!r}, "
-                                           "not a ledger id", path=self.path, key=key) from None
-            if self._summaries is not None:
-                cur = txn.cursor(db=self._summaries)
-                if cur.set_range(prefix):
-                    for k, v in cur:
-                        if not k.startswith(prefix):
-                            break
-                        summaries[k[len(prefix):].decode("utf-8", "replace")] = v
+            keys = {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
+            summaries = (dict(_under(txn.cursor(db=self._summaries), prefix))
+                         if self._summaries is not None else {})
         return keys, summaries
 
     def _snapshot(self) -> "CatalogSnapshot":
@@ -506,3 +484,12 @@ def _lockless_refusal(path: str) -> CatalogError:
     return CatalogError(f"{path}: cannot register as a reader in lock.mdb (no write access), and a writer "
                         "has the store open: a lock-less read could see a torn view; retry when it is closed "
                         "or with write access to lock.mdb", path=path)
+
+
+def _under(cur: lmdb.Cursor, prefix: bytes) -> Iterator[tuple[str, bytes]]:
+    """The (key after ``prefix``, value) pairs of the records whose key starts with ``prefix``."""
+    if cur.set_range(prefix):
+        for k, v in cur:
+            if not k.startswith(prefix):
+                break
+            yield k[len(prefix):].decode("utf-8", "replace"), v

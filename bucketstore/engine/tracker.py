@@ -46,7 +46,7 @@ from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, BucketMetadata, bucket_key, parse_bucket_key
 from .store_services import StoreServices
-from ..waiting import CancelToken, DueWaiter, timeout_ms
+from ..waiting import CancelToken, DueWaiter
 
 __all__ = ["BucketTracker"]
 
@@ -606,12 +606,7 @@ class BucketTracker:
             first (or ``max_messages`` is 0).
         :raises StoreClosedError: the tracker is closed, before or during the wait.
         """
-        max_messages = check_max(max_messages)
-        limit = timeout_ms(timeout)
-        if max_messages == 0:
-            return self.get_scheduled_messages(0)
-        return self._due.wait(lambda: self.get_scheduled_messages(max_messages), self.next_delivery_time,
-                              self._cutoff.lead_ms, limit, cancel)
+        return self._due.wait_batch(self, max_messages, timeout, self._cutoff.lead_ms, cancel)
 
     def confirm_delivered(self) -> None:
         """Confirm every position returned so far: once durable, a crash never brings them back.

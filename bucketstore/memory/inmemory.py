@@ -16,7 +16,7 @@ from typing import Any
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..errors import StoreClosedError
-from ..waiting import CancelToken, DueWaiter, timeout_ms
+from ..waiting import CancelToken, DueWaiter
 
 __all__ = ["InMemoryTracker"]
 
@@ -103,12 +103,7 @@ class InMemoryTracker:
         :meth:`bucketstore.BucketTracker.wait_scheduled`: woken early by an earlier add,
         ``clear`` and ``close``; ``timeout`` in seconds of the tracker's clock; ``[]`` on
         timeout or cancellation; ``StoreClosedError`` once closed)."""
-        max_messages = check_max(max_messages)
-        limit = timeout_ms(timeout)
-        if max_messages == 0:
-            return self.get_scheduled_messages(0)
-        return self._due.wait(lambda: self.get_scheduled_messages(max_messages), self.next_delivery_time,
-                              self._cutoff.lead_ms, limit, cancel)
+        return self._due.wait_batch(self, max_messages, timeout, self._cutoff.lead_ms, cancel)
 
     def has_message_available(self) -> bool:
         with self._lock:
