@@ -26,7 +26,6 @@ Run as a script for a manual soak::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 
 import bucketstore
 from bucketstore import TrackerConfig
+from bucketstore.cli.side_log import SideLog, read_side_log
 from bucketstore.format.ledger_file import ledger_file_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -44,43 +44,6 @@ from helpers import FakeClock  # noqa: E402
 NAME = "sub"
 CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=8, max_indexes_per_segment=4,
                        max_time_step_per_segment_ms=100)
-
-
-class SideLog:
-    """Append-only JSON lines, each made durable before :meth:`write` returns."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        # A SIGKILL can cut a write() that crosses a page boundary (the kernel checks for a
-        # fatal signal between pages): end such a torn line, so that this process's first
-        # record starts a line of its own instead of being glued to the fragment.
-        size = os.fstat(self._fd).st_size
-        if size and os.pread(self._fd, 1, size - 1) != b"\n":
-            os.write(self._fd, b"\n")
-            os.fsync(self._fd)
-
-    def write(self, record: dict[str, Any]) -> None:
-        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
-        os.fsync(self._fd)
-
-
-def read_side_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a side log; lines cut by a kill are skipped.
-
-    A torn line is a record whose write the kill interrupted, so the call it announces
-    never ran (records are written before the call, or after it returned). It need not be
-    the last line: the next writer appends after it (see :class:`SideLog`).
-    """
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
 
 
 def resume_point(records: list[dict[str, Any]]) -> tuple[int, int]:

@@ -37,7 +37,6 @@ every due message was delivered and the held count equals the oracle's.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import select
@@ -51,6 +50,7 @@ from typing import Any
 from ..config import TrackerConfig
 from ..engine.store import open_store
 from .progress import Progress
+from .side_log import SideLog, read_side_log
 
 __all__ = ["JournalSimulationConfig", "JournalSimulationReport", "run_journal_simulation", "format_journal_report"]
 
@@ -108,38 +108,6 @@ class JournalSimulationReport:
     def violations(self) -> int:
         return (self.lost + self.early + self.phantom + self.redelivered_confirmed + self.held_confirmed
                 + self.held_mismatch)
-
-
-class _SideLog:
-    """Append-only JSON lines, each durable before :meth:`write` returns."""
-
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        # A kill can tear a write; end the torn line so that the next record starts its own.
-        size = os.fstat(self._fd).st_size
-        if size and os.pread(self._fd, 1, size - 1) != b"\n":
-            os.write(self._fd, b"\n")
-            os.fsync(self._fd)
-
-    def write(self, record: dict[str, Any]) -> None:
-        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
-        os.fsync(self._fd)  # before the call it announces, or before the child goes on
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-def _read_side_log(path: str) -> list[dict[str, Any]]:
-    """The records; a line torn by a kill is skipped (the call it announced never ran)."""
-    records = []
-    if os.path.exists(path):
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return records
 
 
 def _deliver_at(cfg: JournalSimulationConfig, ledger: int, n: int, at: int) -> list[int]:
@@ -243,8 +211,8 @@ def _judge_batch(cfg: JournalSimulationConfig, s: _State, got: list[tuple[int, i
 
 # -- the child: the broker -------------------------------------------------------------------------
 def _child(path: str, log_path: str, cfg: JournalSimulationConfig, ready: int) -> None:
-    s = _replay(cfg, _read_side_log(log_path))
-    side = _SideLog(log_path)
+    s = _replay(cfg, read_side_log(log_path))
+    side = SideLog(log_path)
     now = [s.clock]
     # confirm_sync_ms=0: the side log records a confirmation as durable once its call returns,
     # so the broker pays one fsync per confirming poll (grouped confirmations would widen the
@@ -319,8 +287,8 @@ def _fork_child(path: str, log_path: str, cfg: JournalSimulationConfig) -> tuple
 def _check_store(path: str, log_path: str, cfg: JournalSimulationConfig, report: JournalSimulationReport,
                  *, final: bool) -> None:
     """Open the store as the next broker would and hold it to the side log; settle what was in doubt."""
-    s = _replay(cfg, _read_side_log(log_path))
-    side = _SideLog(log_path)
+    s = _replay(cfg, read_side_log(log_path))
+    side = SideLog(log_path)
     try:
         with open_store(path, durability="journal", background=False) as store:
             tracker = store.tracker(_NAME, cfg.tracker, lambda: s.clock)
@@ -407,8 +375,8 @@ def run_journal_simulation(path: str, cfg: JournalSimulationConfig, *,
             break
         _check_store(path, log_path, cfg, report, final=True)
         bar.update()
-        _replay(cfg, _read_side_log(log_path), report)
-        final = _replay(cfg, _read_side_log(log_path))
+        _replay(cfg, read_side_log(log_path), report)
+        final = _replay(cfg, read_side_log(log_path))
         report.acknowledged = final.acked_count
         report.dispatched_at_once = final.at_once
     report.journal_bytes = _journal_bytes(path)
