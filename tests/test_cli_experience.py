@@ -190,3 +190,79 @@ def test_stats_plot_of_a_store_without_buckets_says_so(tmp_path: Path) -> None:
     counts = write_due_plot(str(tmp_path / "empty"), str(tmp_path / "empty.png"))
     assert counts == {"indexes": 0, "buckets": 0}
     assert (tmp_path / "empty.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- clear refusals: a wrong path is one line and exit 2, and nothing is written -----------------
+TINY = ["--messages", "2000", "--rate", "2000", "--delay-window-ms", "5000", "--entries-per-ledger", "500",
+        "--deliver-for-ms", "1000", "--no-progress"]
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path below ``root`` with its size and mtime: what "nothing was written" compares."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        st = path.stat()
+        out[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def user_files(tmp_path: Path) -> Path:
+    mine = tmp_path / "mine"
+    (mine / "notes").mkdir(parents=True)
+    (mine / "todo.txt").write_text("buy milk\n")
+    (mine / "notes" / "a.md").write_text("# a\n")
+    return mine
+
+
+@pytest.mark.parametrize("argv", [["verify"], ["stats"], ["catalog"], ["dump"], ["repair", "--rebuild-catalog"],
+                                  ["upgrade"]])
+def test_store_commands_refuse_a_directory_that_is_not_a_store(user_files: Path, argv: list[str]) -> None:
+    before = _tree(user_files)
+    run = cli(*argv, str(user_files))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stdout == "" and len(run.stderr.splitlines()) == 1, run.stderr
+    assert "not a bucketstore store" in run.stderr and str(user_files) in run.stderr
+    assert _tree(user_files) == before  # repair used to write LOCK and catalog/ among them
+
+
+def test_verify_still_takes_a_directory_of_ledger_files(tmp_path: Path) -> None:
+    import shutil
+    golden = Path(__file__).resolve().parent.parent / "formats" / "golden"
+    shutil.copy(golden / "several_ledgers.ledger", tmp_path / "b.ledger")
+    run = cli("verify", str(tmp_path))
+    assert run.returncode == 0 and run.stdout.startswith("verified 1 file(s)"), run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("target", ["directory", "file"])
+def test_simulate_refuses_a_directory_of_other_files_or_a_file(user_files: Path, target: str) -> None:
+    path = user_files if target == "directory" else user_files / "todo.txt"
+    before = _tree(user_files)
+    run = cli("simulate", str(path), *TINY)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stdout == "" and len(run.stderr.splitlines()) == 1, run.stderr
+    assert str(path) in run.stderr and "unexpected" not in run.stderr
+    assert _tree(user_files) == before
+
+
+def test_simulate_reuses_its_own_store_and_refuses_one_with_other_trackers(tmp_path: Path) -> None:
+    import bucketstore
+
+    store = tmp_path / "demo"
+    store.mkdir()  # an empty directory is fine
+    first = cli("simulate", str(store), *TINY)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = cli("simulate", str(store), *TINY)  # an earlier run's store: starts afresh
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "violations      0" in again.stdout
+    with bucketstore.open(store, durability="sealed") as opened:
+        opened.tracker("orders").add_message(1, 1, 2**40)
+    # Reading the trackers registers in LMDB's reader table (catalog/lock.mdb), as every
+    # read-only command does; nothing else may change.
+    before = {k: v for k, v in _tree(store).items() if k != "catalog/lock.mdb"}
+    refused = cli("simulate", str(store), *TINY)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "'orders'" in refused.stderr
+    assert {k: v for k, v in _tree(store).items() if k != "catalog/lock.mdb"} == before
+    help_text = cli("simulate", "--help").stdout
+    assert "earlier simulate" in help_text and "refused" in help_text

@@ -26,8 +26,8 @@ from . import plot, repair
 from .dump import describe_file, render_text
 from .progress import Progress
 from .simulate import add_arguments, run_from_args
-from .store_check import describe_store, is_store, verify_store
-from .verify import verify_paths
+from .store_check import NOT_A_STORE, describe_store, is_store, verify_store
+from .verify import ledger_files_under, verify_paths
 
 __all__ = ["main", "EXIT_OK", "EXIT_DAMAGE", "EXIT_USAGE"]
 
@@ -49,7 +49,7 @@ def _existing_path(path: str) -> str:
 def _store_path(path: str) -> str:
     _existing_path(path)
     if not is_store(path):
-        raise UsageError(f"{path}: not a bucketstore store (no catalog/data.mdb)")
+        raise UsageError(f"{path}: {NOT_A_STORE}")
     return path
 
 
@@ -116,7 +116,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     path = _existing_path(args.file)
     if os.path.isdir(path):
         if not is_store(path):
-            raise UsageError(f"{path}: is a directory but not a store; dump takes a ledger file or a store")
+            raise UsageError(f"{path}: {NOT_A_STORE}; dump takes a ledger file or a store")
         args.store = path
         return _print_store(args, detail=True)
     doc = describe_file(path, indexes=args.indexes)
@@ -130,6 +130,10 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     for path in args.paths:
         _existing_path(path)
+        # A directory of ledger files (a store's ledgers/, a backup) is checked file by file;
+        # one with neither a store nor a ledger file in it is a wrong path, not "0 files: ok".
+        if os.path.isdir(path) and not is_store(path) and not ledger_files_under(path):
+            raise UsageError(f"{path}: {NOT_A_STORE}, and holds no *.ledger file")
     files = segments = indexes = in_flight = 0
     findings_all = []
     plain = []
@@ -260,9 +264,9 @@ def _add_repair(commands: argparse._SubParsersAction) -> None:
 
 
 def _checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Run a command whose refusals are typed errors: one line naming the reason, exit 1."""
+    """Run a command on a store whose refusals are typed errors: one line naming the reason, exit 1."""
     def wrapped(args: argparse.Namespace) -> int:
-        _existing_path(args.store)
+        _store_path(args.store)  # before anything is written: never a catalog among a user's files
         try:
             return run(args)
         except (BucketStoreError, OSError, ValueError) as exc:

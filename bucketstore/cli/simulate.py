@@ -28,14 +28,19 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import TrackerConfig
+from ..engine.catalog import read_catalog_snapshot
 from ..engine.store import open_store
 from ..engine.tracker import BucketTracker
 from .progress import Progress
+from .store_check import NOT_A_STORE, is_store
 from .simulate_journal import JournalSimulationConfig, format_journal_report, run_journal_simulation
 
-__all__ = ["SimulationConfig", "SimulationReport", "run_simulation", "add_arguments", "run_from_args"]
+__all__ = ["SimulationConfig", "SimulationReport", "run_simulation", "add_arguments", "run_from_args",
+           "refusal"]
 
 _EPOCH = 1_700_000_000_000
+#: The one tracker simulate writes (in both modes): a store holding others is not simulate's.
+_TRACKER = "simulate"
 
 
 @dataclass
@@ -146,7 +151,7 @@ def run_simulation(path: str, cfg: SimulationConfig, *, progress: bool = True) -
     publish_gap_ms = 1000.0 / cfg.rate_per_s
     crash_seq = int(cfg.messages * cfg.crash_at)
     store = open_store(path)
-    tracker = store.tracker("simulate", cfg.tracker, clock)
+    tracker = store.tracker(_TRACKER, cfg.tracker, clock)
     tracker.clear()  # a re-run starts from an empty tracker
     next_poll = now[0]
 
@@ -292,13 +297,40 @@ def next_steps(path: str) -> str:
     ])
 
 
+def refusal(path: str) -> str | None:
+    """Why simulate must not run at ``path`` (it would write among files that are not its
+    own), or None: a missing path, an empty directory, or a store whose only tracker is
+    simulate's (an earlier run, which starts afresh). Reads only; writes nothing."""
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isdir(path):
+        return f"{path}: not a directory; simulate creates its store in a new or empty directory"
+    if not is_store(path):
+        if os.listdir(path):
+            return (f"{path}: {NOT_A_STORE}, and not empty: simulate writes only into a new or empty "
+                    "directory, or a store an earlier simulate left")
+        return None
+    if not os.path.isfile(os.path.join(path, "catalog", "data.mdb")):
+        return None  # a store without its catalog: opening it says what is wrong, touching nothing
+    others = [name for name in read_catalog_snapshot(os.path.join(path, "catalog")).tracker_names()
+              if name != _TRACKER]
+    if others:
+        shown = ", ".join(repr(name) for name in others[:3]) + (", ..." if len(others) > 3 else "")
+        return (f"{path}: a store with trackers other than simulate's ({shown}): simulate reuses only a "
+                "store it made; give it a new or empty directory")
+    return None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d, j = SimulationConfig(), JournalSimulationConfig()
 
     def both(sealed: int, journal: int) -> str:
         return f"(default {sealed:,}; journal mode {journal:,})"
 
-    p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
+    p.add_argument("store", metavar="STORE",
+                   help="a new or empty directory (created if missing), or a store an earlier simulate left, "
+                        f"which starts afresh (its {_TRACKER!r} tracker is cleared); anything else (a file, a "
+                        "directory of other files, a store with other trackers) is refused and left untouched")
     p.add_argument("--durability", choices=["sealed", "journal"], default="sealed",
                    help="sealed (default): one crash half way and the broker replays its log; journal: the "
                         "broker is a child process SIGKILLed --kills times and checked after each")
@@ -341,6 +373,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     base.seed = args.seed
     path = os.fspath(args.store)
+    refused = refusal(path)
+    if refused is not None:
+        print(f"bucketstore: {refused}", file=sys.stderr)
+        return 2
     if journal:
         base.kills = args.kills
         jreport = run_journal_simulation(path, base, progress=not args.no_progress)

@@ -42,7 +42,7 @@ from ..format.ledger_file import ledger_file_name
 from ..format.snapshot import BucketFile, parse_bucket_key
 from .verify import FileReport, Finding, check_file
 
-__all__ = ["is_store", "describe_store", "verify_store"]
+__all__ = ["is_store", "NOT_A_STORE", "describe_store", "verify_store"]
 
 _LEDGER_NAME = re.compile(r"^(\d{20})\.ledger$")
 _JOURNAL_NAME = re.compile(r"^(\d{20})\.journal$")
@@ -54,11 +54,14 @@ Examine = Callable[[str, dict[str, Any]], bool]
 
 
 def is_store(path: str | os.PathLike[str]) -> bool:
-    """True if ``path`` looks like a store directory: it has ``catalog/data.mdb``, or a
-    ``catalog/`` or ``ledgers/`` directory (a store whose catalog is lost is still a store,
-    and a damaged one)."""
-    return os.path.isfile(os.path.join(path, "catalog", "data.mdb")) \
-        or os.path.isdir(os.path.join(path, "catalog")) or os.path.isdir(os.path.join(path, "ledgers"))
+    """True if ``path`` is a store directory: it has a ``catalog/`` or a ``ledgers/``
+    directory (``catalog/data.mdb`` normally; a store whose catalog is lost is still a
+    store, and a damaged one). The one definition every command uses."""
+    return os.path.isdir(os.path.join(path, "catalog")) or os.path.isdir(os.path.join(path, "ledgers"))
+
+
+#: What the commands say of a directory :func:`is_store` rejects.
+NOT_A_STORE = "not a bucketstore store (no catalog/ or ledgers/ directory)"
 
 
 def describe_store(path: str | os.PathLike[str], *, read_files: bool = True) -> dict[str, Any]:
