@@ -22,6 +22,7 @@ __all__ = [
     "StoreClosedError",
     "JournalError",
     "MaintenanceError",
+    "CheckpointError",
 ]
 
 
@@ -91,3 +92,14 @@ class MaintenanceError(BucketStoreError):
     synchronous seal) and the tracker remains usable. The original exception is
     ``__cause__``; ``stats()["maintenance"]`` keeps the count and the last error.
     """
+
+
+class CheckpointError(BucketStoreError):
+    """A checkpoint could not be made (nothing is left at its destination).
+
+    :ivar path: the checkpoint's destination.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = os.fspath(path)
+        super().__init__(f"{self.path}: {reason}")

@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from ..engine.checkpoint import check_destination, make_checkpoint
 from ..engine.upgrade import upgrade_store
 from .. import metrics
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
@@ -184,6 +185,18 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     return EXIT_DAMAGE if report.failed else EXIT_OK
 
 
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    source = _store_path(args.store)
+    try:
+        check_destination(args.dest, source)
+        report = make_checkpoint(source, args.dest)
+    except ValueError as exc:  # the destination: exists and is not empty, a file, inside the store
+        raise UsageError(str(exc)) from None
+    print(f"checkpoint {report.path}: {len(report.trackers)} tracker(s), {report.ledger_files} ledger file(s) "
+          f"({report.linked} hard-linked, {report.copied} copied), {report.journal_files} journal file(s)")
+    return EXIT_OK
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -245,6 +258,19 @@ def _add_upgrade(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cmd_upgrade)
 
 
+def _add_checkpoint(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("checkpoint", help="copy a store consistently, even while a writer uses it",
+                            description="Copy STORE into DEST (new, or an empty directory) as one consistent "
+                                        "state that opens as a store holding everything acknowledged before "
+                                        "the command started; the writer keeps working. Ledger files are "
+                                        "hard-linked where the file system allows (copied otherwise), the "
+                                        "catalog is copied in one read transaction and each journal up to its "
+                                        "last commit. DEST appears only once complete.")
+    p.add_argument("store", metavar="STORE", help="a store directory (open by a writer or not)")
+    p.add_argument("dest", metavar="DEST", help="where the copy goes: a new path or an empty directory")
+    p.set_defaults(run=_cmd_checkpoint)
+
+
 def _add_simulate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("simulate", help="run a realistic delayed-message workload against a store",
                             description="Producers with random delays, rolling ledgers, a simulated clock, "
@@ -277,7 +303,7 @@ def _checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 
 #: The subcommands, in the order ``--help`` lists them.
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats, _add_repair, _add_upgrade]
+    _add_simulate, _add_dump, _add_verify, _add_catalog, _add_stats, _add_checkpoint, _add_repair, _add_upgrade]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,7 @@ import os
 import re
 import secrets
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,7 @@ from ..errors import CatalogError
 from .lmdb_file import check_data_file
 from .store_lock import writer_pid
 
-__all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "new_store_id", "read_catalog_snapshot",
+__all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "copy_catalog", "new_store_id", "read_catalog_snapshot",
            "validate_tracker_name"]
 
 CATALOG_FORMAT = b"2"
@@ -84,6 +85,9 @@ class Catalog:
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False, must_exist: bool = False) -> None:
         self.path = os.fspath(path)
         self.readonly = readonly
+        #: Held while the map is resized and while :meth:`copy_to` reads: LMDB remaps the file
+        #: on a resize, under any read transaction of this process still using the old map.
+        self._map_lock = threading.Lock()
         #: A read-only catalog opened without LMDB's lock file (see :func:`read_catalog_snapshot`).
         self.lockless = False
         #: Called just before each write transaction commits (fault-injection seam).
@@ -233,13 +237,32 @@ class Catalog:
 
     def _snapshot(self) -> "CatalogSnapshot":
         """Every tracker's state and keys and the allocator, in one read transaction."""
+        with self._env.begin(buffers=False) as txn:
+            return self._snapshot_in(txn)
+
+    def copy_to(self, dest: str) -> "CatalogSnapshot":
+        """Write a compact copy of the catalog into the empty directory ``dest`` and return
+        what it holds: both from one read transaction, so the copy is one commit of the
+        writer and the snapshot describes exactly that commit (see
+        :mod:`~bucketstore.engine.checkpoint`). LMDB's copy does not fsync; the caller does.
+        """
+        try:
+            with self._map_lock, self._env.begin(buffers=False) as txn:
+                snapshot = self._snapshot_in(txn)
+                self._env.copy(dest, compact=True, txn=txn)
+        except lmdb.MapResizedError:
+            raise  # another process grew the map: copy_catalog opens the environment again
+        except lmdb.Error as exc:
+            raise CatalogError(f"{self.path}: cannot copy the LMDB catalog: {exc}", path=self.path) from None
+        return snapshot
+
+    def _snapshot_in(self, txn: lmdb.Transaction) -> "CatalogSnapshot":
         states: dict[str, dict[str, Any]] = {}
         keys: dict[str, dict[str, int]] = {}
-        with self._env.begin(buffers=False) as txn:
-            raw_next = txn.get(b"next_ledger_id", db=self._meta)
-            raw_states = list(txn.cursor(db=self._trackers))
-            raw_keys = list(txn.cursor(db=self._buckets))
-            raw_summaries = list(txn.cursor(db=self._summaries)) if self._summaries is not None else []
+        raw_next = txn.get(b"next_ledger_id", db=self._meta)
+        raw_states = list(txn.cursor(db=self._trackers))
+        raw_keys = list(txn.cursor(db=self._buckets))
+        raw_summaries = list(txn.cursor(db=self._summaries)) if self._summaries is not None else []
         if raw_next is not None and len(raw_next) != 8:
             raise CatalogError(f"{self.path}: next_ledger_id is {len(raw_next)} bytes, not 8", path=self.path)
         for raw_name, raw in raw_states:
@@ -350,7 +373,8 @@ class Catalog:
                 return
             except lmdb.MapFullError:
                 # The `with` block has aborted the transaction; grow the map and redo it.
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                with self._map_lock:
+                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
             except lmdb.Error as exc:
                 raise CatalogError(f"{self.path}: catalog write failed: {exc}", path=self.path) from None
 
@@ -478,6 +502,34 @@ def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) ->
         finally:
             catalog.close()
     raise CatalogError(f"{path}: the catalog map kept growing while being read ({attempts} attempts)", path=path)
+
+
+def copy_catalog(path: str | os.PathLike[str], dest: str, *, attempts: int = 5) -> CatalogSnapshot:
+    """Copy a catalog, possibly beside a live writer in another process, without its lock.
+
+    :meth:`Catalog.copy_to` on a read-only environment registered as a reader (the same
+    rules as :func:`read_catalog_snapshot`, lock-less refusal included): the copy in
+    ``dest`` (an empty directory) and the returned snapshot are one commit of the writer.
+    """
+    path = os.fspath(path)
+    store = os.path.dirname(os.path.abspath(path))
+    for _ in range(attempts):
+        catalog = Catalog(path, readonly=True)
+        try:
+            if catalog.lockless and (writer_pid(store) is not None):
+                raise _lockless_refusal(path)
+            try:
+                snapshot = catalog.copy_to(dest)
+            except lmdb.MapResizedError:
+                for name in os.listdir(dest):  # a partial copy: start the next one afresh
+                    os.unlink(os.path.join(dest, name))
+                continue
+            if catalog.lockless and (writer_pid(store) is not None):
+                raise _lockless_refusal(path)
+            return snapshot
+        finally:
+            catalog.close()
+    raise CatalogError(f"{path}: the catalog map kept growing while being copied ({attempts} attempts)", path=path)
 
 
 def _lockless_refusal(path: str) -> CatalogError:

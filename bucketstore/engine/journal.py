@@ -70,7 +70,7 @@ from ..format.fs import REAL_FS, FileSystem
 from ..format.ledger_file import masked_crc32c
 
 __all__ = ["Journal", "JournalState", "ParsedFile", "FdPool", "journal_directory", "has_journal", "parse_file",
-           "read_frontier", "read_identity"]
+           "read_frontier", "read_identity", "frame_group", "header_size", "list_files", "newest_checkpoint"]
 
 MAGIC = b"BKTJRNL\n"
 VERSION = 2
@@ -535,6 +535,16 @@ def read_identity(path: str) -> tuple[str, str] | None:
     return header[1]
 
 
+def list_files(directory: str) -> tuple[list[tuple[int, str]], list[str]]:
+    """The journal files of ``directory`` as sorted (number, path), and its ``*.journal.tmp`` leftovers."""
+    return _list_files(directory)
+
+
+def newest_checkpoint(files: list[list[tuple]]) -> int:
+    """Index of the newest file (of records per file) starting with a complete checkpoint; replay starts there."""
+    return _newest_checkpoint(files)
+
+
 def _list_files(directory: str) -> tuple[list[tuple[int, str]], list[str]]:
     """The journal files as sorted (number, path), and the ``*.journal.tmp`` leftovers of an interrupted checkpoint."""
     files: list[tuple[int, str]] = []
@@ -635,3 +645,15 @@ def _validate(rec: object, path: str, at: int) -> tuple:
     if kind in ("c", "e") and len(rec) == 1:
         return rec
     raise JournalError(path, at, f"malformed journal record of kind {kind!r}")
+
+
+def frame_group(number: int, body: bytes) -> bytes:
+    """One group of file ``number`` as :meth:`Journal.commit` writes it: length, CRC, body."""
+    return _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(number)))) + body
+
+
+def header_size(data: bytes, path: str, number: int) -> int:
+    """The size of a journal file's (intact) header: where its first group starts."""
+    header = _parse_header(data, path, number, last=False)
+    assert header is not None
+    return header[0]

@@ -32,6 +32,7 @@ import threading
 from typing import Any
 
 from .catalog import Catalog, validate_tracker_name
+from .checkpoint import CheckpointReport, check_destination, make_checkpoint
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
 from ..errors import CatalogError, CorruptLedgerError, StoreClosedError
@@ -332,6 +333,36 @@ class Store:
                 "orphans_kept": len(self.orphans_kept),
                 "next_ledger_id": self._services.next_ledger_id,
             }
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def checkpoint(self, dest: str | os.PathLike[str]) -> CheckpointReport:
+        """Copy the store into ``dest`` while it stays in use: a consistent crash image that
+        opens as a store holding every index acknowledged before the call.
+
+        Ledger files are hard-linked where the file system allows (copied otherwise), the
+        catalog is copied in one read transaction, each journal up to its last commit; the
+        order that makes them agree is argued in :mod:`bucketstore.engine.checkpoint`.
+        Adds waiting for their group commit (``sync_interval_ms > 0``) are committed first,
+        so that everything added before the call is in the copy. Trackers keep working
+        meanwhile (nothing is paused); nothing is written into this store's directory.
+
+        :param dest: a path that does not exist, or an empty directory. The copy is built
+            under a temporary name beside it and renamed at the end, so a crash never
+            leaves half a store at ``dest``.
+        :raises ValueError: ``dest`` exists and is not an empty directory, or lies inside
+            this store.
+        :raises CheckpointError: the store kept retiring files faster than they could be
+            pinned (see :data:`bucketstore.engine.checkpoint.ATTEMPTS`).
+        """
+        check_destination(dest, self.path)  # before committing anything
+        with self._lock:
+            self._check_open()
+            trackers = list(self._trackers.values())
+        for tracker in trackers:
+            tracker.commit_pending()
+        with self._lock:
+            self._check_open()
+        return make_checkpoint(self.path, dest, catalog=self.catalog, fs=self.fs)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:

@@ -755,6 +755,15 @@ class BucketTracker:
                 self._commit()
             self._ops.record("flush", time.perf_counter() - started, True)
 
+    def commit_pending(self) -> None:
+        """Commit the journal's pending group now, if any (a checkpoint's first step: the adds
+        waiting for their group commit are acknowledged, so the copy must hold them).
+        Nothing else of :meth:`flush`: no wait for seals, no confirmation."""
+        with self._lock:
+            if self._closed or self._journal is None or not self._journal.has_pending:
+                return
+            self._commit()
+
     def _sync(self) -> None:
         """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed
         (``confirm_sync_ms`` when only confirmations are pending: see ``handoff``)."""
