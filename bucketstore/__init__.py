@@ -11,8 +11,8 @@ queue) and goes beyond it. See README.md for the tour.
 from __future__ import annotations
 
 from .config import TrackerConfig
-from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, LedgerIdentityError,
-                     StoreClosedError, StoreLockedError)
+from .errors import (BucketStoreError, CatalogError, CheckpointError, CorruptLedgerError, JournalError,
+                     LedgerIdentityError, StoreClosedError, StoreLockedError)
 from .memory.dedup import Deduplicator
 from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
@@ -45,5 +45,6 @@ __all__ = [
     "StoreLockedError",
     "StoreClosedError",
     "JournalError",
+    "CheckpointError",
     "__version__",
 ]

@@ -216,10 +216,12 @@ def user_files(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("argv", [["verify"], ["stats"], ["catalog"], ["dump"], ["repair", "--rebuild-catalog"],
-                                  ["upgrade"]])
+                                  ["upgrade"], ["checkpoint"]])
 def test_store_commands_refuse_a_directory_that_is_not_a_store(user_files: Path, argv: list[str]) -> None:
     before = _tree(user_files)
-    run = cli(*argv, str(user_files))
+    extra = [str(user_files.parent / "copy")] if argv == ["checkpoint"] else []
+    run = cli(*argv, str(user_files), *extra)
+    assert not (user_files.parent / "copy").exists()
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stdout == "" and len(run.stderr.splitlines()) == 1, run.stderr
     assert "not a bucketstore store" in run.stderr and str(user_files) in run.stderr

@@ -192,7 +192,7 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         report = make_checkpoint(source, args.dest)
     except ValueError as exc:  # the destination: exists and is not empty, a file, inside the store
         raise UsageError(str(exc)) from None
-    print(f"checkpoint {report.path}: {len(report.trackers)} tracker(s), {report.ledger_files} ledger file(s) "
+    print(f"checkpoint {args.dest}: {len(report.trackers)} tracker(s), {report.ledger_files} ledger file(s) "
           f"({report.linked} hard-linked, {report.copied} copied), {report.journal_files} journal file(s)")
     return EXIT_OK
 
