@@ -271,3 +271,11 @@ def test_a_bad_destination_is_refused_and_nothing_is_left(tmp_path: Path) -> Non
     assert os.listdir(full) == ["mine.txt"] and a_file.read_text() == "keep"
     assert not (tmp_path / "src" / "inside").exists()
     assert os.listdir(empty / "ledgers")
+
+
+def test_adds_waiting_for_their_group_commit_are_in_an_in_process_checkpoint(tmp_path: Path) -> None:
+    with bucketstore.open(tmp_path / "src", durability="journal", background=False, sync_interval_ms=60_000) as store:
+        tracker = store.tracker("t", config=CONFIG, clock=FakeClock(5_000))
+        tracker.add_message(1, 1, 9_000)  # returned; durable within the minute, or at flush()
+        store.checkpoint(tmp_path / "cp")
+        assert _contents(tmp_path / "cp", "journal")[0] == 1

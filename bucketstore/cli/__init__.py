@@ -1,4 +1,4 @@
-"""The ``bucketstore`` command line: dump, verify, catalog, stats, repair and simulate.
+"""The ``bucketstore`` command line: dump, verify, catalog, stats, checkpoint, repair and simulate.
 
 ``commands`` parses arguments and maps errors to exit codes (0 ok, 1 damage, 2 usage), ``dump`` and
 ``verify`` read single files, ``store_check`` reads a whole store, ``repair`` rebuilds a lost

@@ -14,8 +14,9 @@ on the store's ``maintenance`` worker, the tracker's lock held only to freeze an
 gets only ``store_services`` from its store (catalog, ledger directory, id allocator), so
 ``store`` -> ``tracker`` -> ``store_services`` has no cycle. ``identity`` checks that a ledger
 file is the one its catalog entry names, ``lmdb_file`` checks ``data.mdb`` before LMDB maps it,
-``rebuild`` rebuilds a lost catalog from the files' headers, and ``store_lock`` owns ``STORE/LOCK``
-for the writer, the rebuild and the readers.
+``rebuild`` rebuilds a lost catalog from the files' headers, ``store_lock`` owns ``STORE/LOCK``
+for the writer, the rebuild and the readers, and ``checkpoint`` copies a live store (its
+journals through ``journal_copy``).
 
 May import: ``bucketstore.format``, ``bucketstore.memory`` and the root leaves. Never the CLI,
 Spark or ``bucketstore.testing``.

@@ -48,8 +48,8 @@ from ..errors import CatalogError
 from .lmdb_file import check_data_file
 from .store_lock import writer_pid
 
-__all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "copy_catalog", "new_store_id", "read_catalog_snapshot",
-           "validate_tracker_name"]
+__all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "copy_catalog", "new_store_id",
+           "read_catalog_snapshot", "validate_tracker_name"]
 
 CATALOG_FORMAT = b"2"
 #: Formats a catalog may have on disk: version 1 lacks the summaries (opened, then upgraded).

@@ -359,9 +359,7 @@ class Store:
             self._check_open()
             trackers = list(self._trackers.values())
         for tracker in trackers:
-            tracker.commit_pending()
-        with self._lock:
-            self._check_open()
+            tracker._commit_pending()
         return make_checkpoint(self.path, dest, catalog=self.catalog, fs=self.fs)
 
     # -- lifecycle ------------------------------------------------------------------------------

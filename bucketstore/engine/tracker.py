@@ -755,7 +755,7 @@ class BucketTracker:
                 self._commit()
             self._ops.record("flush", time.perf_counter() - started, True)
 
-    def commit_pending(self) -> None:
+    def _commit_pending(self) -> None:
         """Commit the journal's pending group now, if any (a checkpoint's first step: the adds
         waiting for their group commit are acknowledged, so the copy must hold them).
         Nothing else of :meth:`flush`: no wait for seals, no confirmation."""
