@@ -60,6 +60,13 @@ def _contents(path: Path, durability: str, name: str = "t") -> tuple[int, list[b
     return count, member, drained
 
 
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file below ``root`` with its size and mtime, but LMDB's reader table (``lock.mdb``),
+    where every reader of the catalog registers."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.name != "lock.mdb"}
+
+
 @pytest.mark.parametrize("durability", ["sealed", "journal"])
 def test_a_quiet_store_reopens_with_the_same_contents(tmp_path: Path, durability: str) -> None:
     src = tmp_path / "src"
@@ -76,9 +83,11 @@ def test_a_quiet_store_reopens_with_the_same_contents(tmp_path: Path, durability
         report = store.checkpoint(tmp_path / "online")
     assert report.ledger_files >= 1 and report.trackers == ["t"]
     assert (report.journal_files > 0) == (durability == "journal")
+    before = _tree(src)
     offline = subprocess.run([sys.executable, "-m", "bucketstore", "checkpoint", str(src), str(tmp_path / "cli")],
                              capture_output=True, text=True, timeout=120)
     assert offline.returncode == 0 and "hard-linked" in offline.stdout, offline.stderr
+    assert _tree(src) == before  # nothing written into the source
     expected = _contents(src, durability)
     assert expected[0] > 0 and expected[2]
     assert _contents(tmp_path / "online", durability) == expected

@@ -64,7 +64,9 @@ the middle of ``clear()``.
 The copy is written under a temporary name beside ``dest`` (``.<name>.checkpoint-*``),
 every file and directory fsynced, then renamed to ``dest`` and the parent fsynced:
 a crash leaves either nothing at ``dest`` or the whole checkpoint (and perhaps the
-temporary directory, which may be deleted). Nothing is ever written into the source.
+temporary directory, which may be deleted). Nothing is ever written into the source (but
+the reader slot LMDB takes in ``catalog/lock.mdb``, as every reader of the catalog does). The
+copy keeps the source's store id: its files carry it.
 """
 
 from __future__ import annotations
