@@ -328,3 +328,18 @@ def test_a_checkpoint_killed_midway_leaves_nothing_at_its_destination(tmp_path: 
         import shutil
         shutil.rmtree(parent, ignore_errors=True)
     print(f"\ncheckpoints killed at random: {sorted(outcomes)}")
+
+
+def test_a_journal_started_over_during_the_copy_is_refused_not_mixed(tmp_path: Path) -> None:
+    from bucketstore.engine.journal import journal_directory
+    from bucketstore.engine.journal_copy import combine, read_journal
+
+    with bucketstore.open(tmp_path / "a", durability="journal", background=False) as store:
+        _fill(store.tracker("t", config=CONFIG, clock=FakeClock(5_000)), range(1, 2))
+        first = read_journal(journal_directory(store.path, "t"))
+        store.delete_tracker("t")
+        _fill(store.tracker("t", config=CONFIG, clock=FakeClock(5_000)), range(7, 8))
+        later = read_journal(journal_directory(store.path, "t"))
+    assert first[-1].number == later[-1].number  # the same file name, another journal
+    with pytest.raises(bucketstore.CheckpointError, match="run the checkpoint again"):
+        combine(first, later)

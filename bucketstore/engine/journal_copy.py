@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from ..errors import JournalError
+from ..errors import CheckpointError, JournalError
 from .journal import frame_group, header_size, list_files, newest_checkpoint, parse_file
 
 __all__ = ["JournalFile", "read_journal", "combine"]
@@ -75,8 +75,9 @@ def read_journal(directory: str, *, attempts: int = 20) -> list[JournalFile]:
 def combine(first: list[JournalFile], later: list[JournalFile]) -> list[tuple[str, bytes]]:
     """The files of ``first`` with what ``later`` journaled beyond them appended, as (name, bytes).
 
-    :raises JournalError: the newest file of ``first`` is not a prefix of the same file in
-        ``later`` (a journal only grows between its checkpoints; anything else is damage).
+    :raises CheckpointError: the newest file of ``first`` is not a prefix of the same file in
+        ``later`` (a journal only grows between its checkpoints; it starts over only when its
+        tracker is deleted and created again).
     """
     if not first:
         return [(f.name, f.data) for f in later]
@@ -87,8 +88,11 @@ def combine(first: list[JournalFile], later: list[JournalFile]) -> list[tuple[st
             continue
         if f.number == newest.number:
             if not f.data.startswith(newest.data):
-                raise JournalError(os.path.join("journal", f.name), len(newest.data),
-                                   "the journal file changed under the copy instead of growing")
+                # Only a tracker deleted and created again during the copy starts its journal
+                # over: which incarnation the catalog copy belongs to is unknown, so refuse.
+                raise CheckpointError(os.path.join("journal", f.name), "the journal file was replaced instead of "
+                                      "growing while it was copied (its tracker deleted and created again?); "
+                                      "run the checkpoint again")
             bodies += [f.data[start:end] for start, end in f.groups if start >= len(newest.data)]
         else:
             bodies += [f.data[start:end] for start, end in f.groups]
