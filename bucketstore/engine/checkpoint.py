@@ -150,7 +150,7 @@ def make_checkpoint(source: str | os.PathLike[str], dest: str | os.PathLike[str]
     tmp = os.path.join(parent, f".{os.path.basename(path)}.checkpoint-{secrets.token_hex(4)}")
     os.mkdir(tmp)
     try:
-        report = _copy(source, tmp, catalog, fs)
+        report = _copy(source, tmp, catalog, fs, path)
         _sync_tree(tmp, fs)
         try:
             fs.rename(tmp, path)  # onto an empty directory too: rename(2) replaces it
@@ -166,7 +166,7 @@ def make_checkpoint(source: str | os.PathLike[str], dest: str | os.PathLike[str]
     return report
 
 
-def _copy(source: str, tmp: str, catalog: Catalog | None, fs: FileSystem) -> CheckpointReport:
+def _copy(source: str, tmp: str, catalog: Catalog | None, fs: FileSystem, dest: str) -> CheckpointReport:
     report = CheckpointReport(tmp)
     src_ledgers, src_journal = os.path.join(source, "ledgers"), os.path.join(source, "journal")
     ledgers, catalog_dir, journal = (os.path.join(tmp, d) for d in ("ledgers", "catalog", "journal"))
@@ -184,18 +184,18 @@ def _copy(source: str, tmp: str, catalog: Catalog | None, fs: FileSystem) -> Che
     # 3. The catalog in one read transaction; then the files it names that were sealed
     #    meanwhile. One unlinked before it was pinned: a later commit retired it, so copy
     #    the catalog again (the journal images stay valid for any later catalog).
-    for attempt in range(ATTEMPTS):
+    for _ in range(ATTEMPTS):
         report.catalog_copies += 1
         snapshot = catalog.copy_to(catalog_dir) if catalog is not None \
             else copy_catalog(os.path.join(source, "catalog"), catalog_dir)
         wanted = {ledger_file_name(lid) for lid in snapshot.referenced_ledgers()}
-        missing = [name for name in sorted(wanted) if name not in pin.pinned and not pin(name)]
+        missing = [name for name in sorted(wanted) if name not in pin.pinned and not pin(name)]  # pins the rest
         if not missing:
             break
         for name in os.listdir(catalog_dir):
             os.unlink(os.path.join(catalog_dir, name))
     else:
-        raise CheckpointError(tmp, f"the writer kept retiring ledger files faster than they could be pinned "
+        raise CheckpointError(dest, f"the writer kept retiring ledger files faster than they could be pinned "
                                    f"({ATTEMPTS} catalog copies)")
     for name in sorted(set(pin.pinned) - wanted):  # seen in the directory, not in this commit
         os.unlink(os.path.join(ledgers, name))
