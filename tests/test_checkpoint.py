@@ -343,3 +343,31 @@ def test_a_journal_started_over_during_the_copy_is_refused_not_mixed(tmp_path: P
     assert first[-1].number == later[-1].number  # the same file name, another journal
     with pytest.raises(bucketstore.CheckpointError, match="run the checkpoint again"):
         combine(first, later)
+
+
+class _Around:
+    """The writer's catalog; around its first copy, a seal just before (a file the first
+    directory listing missed) and a trim just after (which unlinks that file before it is pinned)."""
+
+    def __init__(self, store: bucketstore.Store, before, after) -> None:
+        self.store, self.before, self.after, self.copies = store, before, after, 0
+
+    def copy_to(self, dest: str):
+        self.copies += 1
+        if self.copies > 1:
+            return self.store.catalog.copy_to(dest)
+        self.before()
+        snapshot = self.store.catalog.copy_to(dest)
+        self.after()
+        return snapshot
+
+
+def test_a_file_the_catalog_copy_names_but_the_writer_unlinked_takes_the_catalog_again(tmp_path: Path) -> None:
+    store, tracker, _ = _journal_store(tmp_path / "src")
+    _fill(tracker, range(1, 6))
+    catalog = _Around(store, lambda: _fill(tracker, range(6, 7)), lambda: tracker.mark_delete(6, 0))
+    report = make_checkpoint(store.path, tmp_path / "cp", catalog=catalog)
+    count = tracker.number_of_delayed_messages
+    store.close()
+    assert report.catalog_copies == 2 and report.ledger_files == 0
+    assert count == 23 and _contents(tmp_path / "cp", "journal")[0] == count
