@@ -45,12 +45,18 @@ class CorruptLedgerError(BucketStoreError):
 
 
 class CatalogError(BucketStoreError):
-    """The LMDB catalog is damaged, inconsistent with the ledger files, or unusable."""
+    """The LMDB catalog is damaged, inconsistent with the ledger files, or unusable.
+
+    :ivar path: the file or directory concerned, when known.
+    :ivar key: the catalog key concerned, when known.
+    :ivar offset: the byte offset in ``path`` where the damage was found, when known.
+    """
 
     def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None,
-                 key: str | None = None) -> None:
+                 key: str | None = None, offset: int | None = None) -> None:
         self.path = os.fspath(path) if path is not None else None
         self.key = key
+        self.offset = offset
         super().__init__(message)
 
 
