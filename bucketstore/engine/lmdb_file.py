@@ -28,7 +28,7 @@ reference, so those are what must lie within the file:
 Extending a short file before mapping would hide a real truncation (zeros read
 as an empty page) and writes to a file that may only be inspected; opening
 without mapping is not something LMDB offers. The walk costs one ``pread``
-per referenced page: about 2 ms for a catalog of 4,000 bucket keys and
+per referenced page: 2 to 3 ms for a catalog of 4,000 bucket keys and
 summaries (``tests/test_lmdb_file.py`` measures it).
 
 The input may be hostile: every page number is range-checked before it is
