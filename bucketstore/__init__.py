@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .config import TrackerConfig
 from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, LedgerIdentityError,
-                     StoreClosedError, StoreLockedError)
+                     MaintenanceError, StoreClosedError, StoreLockedError)
 from .memory.dedup import Deduplicator
 from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
@@ -45,5 +45,6 @@ __all__ = [
     "StoreLockedError",
     "StoreClosedError",
     "JournalError",
+    "MaintenanceError",
     "__version__",
 ]
