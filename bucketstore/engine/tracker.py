@@ -270,12 +270,13 @@ class BucketTracker:
     def add_messages(self, indexes: Any) -> int:
         """Track a batch; the same outcome as calling :meth:`add_message` row by row, faster.
 
-        :param indexes: columns — a tuple of three 1-D numpy arrays
+        :param indexes: columns — a tuple of three lists or 1-D arrays
             ``(ledger_ids, entry_ids, deliver_at)`` or a mapping of ``"ledger_id"``,
             ``"entry_id"``, ``"deliver_at"`` to columns — or rows — an ``(n, 3)``
-            array or any iterable of ``(ledger_id, entry_id, deliver_at)`` triples
-            (see :func:`bucketstore.cutoff.as_columns`; an input that fits both
-            raises TypeError).
+            array or a list (any iterable but a tuple of three) of
+            ``(ledger_id, entry_id, deliver_at)`` triples (see
+            :func:`bucketstore.cutoff.as_columns`; a tuple of three tuples, which
+            could be either, raises TypeError).
         :return: how many rows are tracked after the call (rows for which
             :meth:`add_message` would have returned True).
         """
