@@ -96,8 +96,10 @@ _PAGES = struct.Struct("<I")  # an overflow page's page count, at offset 12
 _NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
 _DB = struct.Struct("<IHHQQQQQ")  # pad, flags, depth, branch, leaf, overflow pages, entries, root
 _PGNO = struct.Struct("<Q")
-#: Walks retried when the file changed under the walk (a live writer committed meanwhile).
-_ATTEMPTS = 3
+#: Walks tried while the file keeps changing under the walk. A read-only open beside a live
+#: writer reads pages this walk does not pin (it is no registered LMDB reader): two commits
+#: later the writer may reuse them, and the walk may see a page of another snapshot.
+_ATTEMPTS = 10
 
 
 def check_data_file(path: str) -> int:
