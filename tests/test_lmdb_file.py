@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import lmdb
@@ -268,3 +269,37 @@ def test_random_damage_is_accepted_or_a_catalog_error_never_anything_else(tmp_pa
             assert exc.path == str(data) and exc.offset is not None
     assert refused > FUZZ // 10
     assert time.perf_counter() - start < 0.1 * FUZZ  # no input makes the walk slow
+
+
+def test_a_live_writer_committing_meanwhile_is_never_refused(tmp_path):
+    """The walk reads pages no LMDB reader pins: a writer committing all along may reuse them
+    under it. A changed transaction id makes it look again, so a healthy file is never refused."""
+    data = _catalog_like(tmp_path, keys=3000, big=3)
+    env = lmdb.open(str(tmp_path), map_size=64 << 20, max_dbs=4)
+    db = env.open_db(b"buckets")
+    stop = threading.Event()
+    commits = [0]
+
+    def write():
+        rng = random.Random(3)
+        while not stop.is_set():
+            with env.begin(write=True) as txn:  # churn: deletes and re-puts reuse freed pages
+                for _ in range(50):
+                    i = rng.randrange(3000)
+                    txn.delete(_KEY % (i, i + 1), db=db)
+                    txn.put(_KEY % (i, i + 1), rng.randbytes(rng.randrange(1, 300)), db=db)
+            commits[0] += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        checks = 0
+        while time.monotonic() < deadline or checks < 50:
+            check_data_file(str(data))
+            checks += 1
+    finally:
+        stop.set()
+        writer.join()
+        env.close()
+    assert commits[0] > 10, "the writer did not commit meanwhile"
