@@ -11,6 +11,7 @@ succeed and every tracker must hold exactly what it held before.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import struct
 import time
@@ -43,6 +44,19 @@ def _build(path, config) -> dict[str, set[tuple[int, int]]]:
                 t.add_messages([row for row in _rows(base) if row[0] == ledger])
             t.wait_for_maintenance()
     return {name: {(l, e) for l, e, _ in _rows(0)} for name in ("a", "b")}
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """One built store, copied by each test (a closed store's directory is a whole store)."""
+    path = tmp_path_factory.mktemp("bulk") / "template"
+    return path, _build(path, CONFIG)
+
+
+def _copy(template, path) -> dict[str, set[tuple[int, int]]]:
+    source, expected = template
+    shutil.copytree(source, path)
+    return {name: set(rows) for name, rows in expected.items()}
 
 
 def _clear(store):
@@ -134,10 +148,10 @@ def _run_and_kill(path, op) -> None:
 
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize("ending", ["close", "sigkill"])
-def test_a_bulk_deletion_leaves_an_openable_store_with_exact_contents(tmp_path, op, ending):
+def test_a_bulk_deletion_leaves_an_openable_store_with_exact_contents(tmp_path, template, op, ending):
     path = tmp_path / "s"
     act, expect = OPS[op]
-    expected = expect(_build(path, CONFIG))
+    expected = expect(_copy(template, path))
     if ending == "close":
         with bucketstore.open(path, "journal") as store:
             act(store)
