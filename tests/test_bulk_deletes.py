@@ -123,15 +123,15 @@ def _ends_before_last_page(path) -> bool:
     return len(raw) < (last_page + 1) * page_size
 
 
-def _run_and_kill(path, op) -> None:
-    """Do ``op`` in a forked child process, then SIGKILL it once the deletion has committed."""
+def _run_and_kill(path, act, durability="journal") -> None:
+    """Run ``act(store)`` in a forked child process, then SIGKILL it once that has committed."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns into pytest
         try:
             os.close(r)
-            store = bucketstore.open(path, "journal")
-            OPS[op][0](store)
+            store = bucketstore.open(path, durability)
+            act(store)
             os.write(w, b"r")
             time.sleep(30)
         finally:
@@ -156,7 +156,7 @@ def test_a_bulk_deletion_leaves_an_openable_store_with_exact_contents(tmp_path, 
         with bucketstore.open(path, "journal") as store:
             act(store)
     else:
-        _run_and_kill(path, op)
+        _run_and_kill(path, act)
     if op in ("clear", "mark_delete", "deliver"):
         # What makes these cases test the bug: LMDB left the file shorter than its meta page says.
         assert _ends_before_last_page(path)
@@ -166,9 +166,15 @@ def test_a_bulk_deletion_leaves_an_openable_store_with_exact_contents(tmp_path, 
     assert _contents(path, MERGING if op == "merge" else CONFIG) == expected
 
 
-def test_recovery_dropping_buckets_then_reopen(tmp_path):
-    """A sealed-mode open long after everything was due recovers (and may drop buckets): the
-    next open must still succeed, and see what the first one left."""
+def _recover_all(store):
+    return {name: store.tracker(name, CONFIG, FakeClock(FAR)).number_of_delayed_messages
+            for name in store.trackers()}
+
+
+@pytest.mark.parametrize("ending", ["close", "sigkill"])
+def test_recovery_dropping_buckets_then_reopen(tmp_path, ending):
+    """A sealed-mode open long after everything was due recovers (and may drop buckets), then
+    closes or is killed: the next open must still succeed, and see what that one left."""
     path = tmp_path / "s"
     with bucketstore.open(path, "sealed") as store:
         for name in ("a", "b"):
@@ -176,11 +182,13 @@ def test_recovery_dropping_buckets_then_reopen(tmp_path):
             for ledger in range(LEDGERS + 1):  # the last ledger only rolls the one before it
                 t.add_messages([row for row in _rows(0) if row[0] == ledger] or [(ledger, 0, 10**6)])
             t.wait_for_maintenance()
+    if ending == "close":
+        with bucketstore.open(path, "sealed") as store:
+            first = _recover_all(store)
+    else:
+        _run_and_kill(path, _recover_all, durability="sealed")
+        with bucketstore.open(path, "sealed") as store:
+            first = _recover_all(store)
     with bucketstore.open(path, "sealed") as store:
-        first = {name: store.tracker(name, CONFIG, FakeClock(FAR)).number_of_delayed_messages
-                 for name in store.trackers()}
-    with bucketstore.open(path, "sealed") as store:
-        again = {name: store.tracker(name, CONFIG, FakeClock(FAR)).number_of_delayed_messages
-                 for name in store.trackers()}
-    assert again == first
+        assert _recover_all(store) == first
     assert main(["verify", str(path)]) == 0
