@@ -6,6 +6,9 @@ pages past the end of a healthy ``data.mdb``. Each case here does such a
 deletion on a real store with two trackers of many buckets, then closes it
 cleanly or SIGKILLs the real process that did it, and reopens: the open must
 succeed and every tracker must hold exactly what it held before.
+
+``BUCKETSTORE_BULK_LEDGERS`` (default 150 buckets per tracker; below about 150 LMDB may
+write every page it allocated, and the cases stop reproducing the bug: a test says so).
 """
 
 from __future__ import annotations
