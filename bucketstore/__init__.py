@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .config import TrackerConfig
 from .errors import (BucketStoreError, CatalogError, CheckpointError, CorruptLedgerError, JournalError,
-                     LedgerIdentityError, StoreClosedError, StoreLockedError)
+                     LedgerIdentityError, MaintenanceError, StoreClosedError, StoreLockedError)
 from .memory.dedup import Deduplicator
 from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
@@ -46,5 +46,6 @@ __all__ = [
     "StoreClosedError",
     "JournalError",
     "CheckpointError",
+    "MaintenanceError",
     "__version__",
 ]

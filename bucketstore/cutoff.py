@@ -105,28 +105,39 @@ _U64 = np.dtype("<u8")
 
 
 _COLUMN_NAMES = ("ledger_id", "entry_id", "deliver_at")
-_BATCH_RULE = ("a batch is three numpy columns (ledger_ids, entry_ids, deliver_at) as a tuple of 1-D arrays, "
-               "a mapping of 'ledger_id', 'entry_id', 'deliver_at' to columns, an (n, 3) array, or an iterable "
-               "of (ledger_id, entry_id, deliver_at) triples")
+_BATCH_RULE = ("a batch is columns (ledger_ids, entry_ids, deliver_at) as a tuple of three lists or 1-D arrays, "
+               "or a mapping of 'ledger_id', 'entry_id', 'deliver_at' to columns; or rows as an (n, 3) array or "
+               "a list (any iterable but a tuple of three) of (ledger_id, entry_id, deliver_at) triples")
+_EITHER = ("ambiguous batch: a tuple of three could be three rows (ledger_id, entry_id, deliver_at) or three "
+           "columns (ledger_ids, entry_ids, deliver_at); pass rows as a list of tuples, columns as a tuple of "
+           "three lists or 1-D arrays")
+
+
+def _column_like(value: object) -> bool:
+    """A container a batch's column may come in: a list, a range, an array (never a tuple: rows are)."""
+    return isinstance(value, (list, range, np.ndarray)) or (
+        hasattr(value, "__array__") and not isinstance(value, (tuple, str, bytes)))
 
 
 def as_columns(indexes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Normalise a batch to columns: ``ledger_ids`` and ``entry_ids`` as uint64, ``deliver_at`` as given (signed allowed).
 
-    The forms, told apart by type, never by length:
+    The forms, told apart by the types of the containers, never by how many indexes there are:
 
-    * **columns**: a tuple of exactly three one-dimensional numpy arrays
-      ``(ledger_ids, entry_ids, deliver_at)``, or a mapping with the keys
-      ``"ledger_id"``, ``"entry_id"`` and ``"deliver_at"`` (any array-likes);
-    * **rows**: a two-dimensional numpy array of shape ``(n, 3)``, or any
-      other iterable of ``(ledger_id, entry_id, deliver_at)`` triples (tuples,
-      lists) — so a tuple of three triples is three rows.
+    * **columns**: a tuple of exactly three lists or one-dimensional arrays
+      (numpy arrays, ranges, anything with ``__array__``)
+      ``(ledger_ids, entry_ids, deliver_at)``, of any (equal) length, three
+      included: ``([1, 1, 1], [0, 1, 2], [t, t, t])`` is three indexes of ledger 1;
+      or a mapping with the keys ``"ledger_id"``, ``"entry_id"`` and
+      ``"deliver_at"``;
+    * **rows**: a two-dimensional numpy array of shape ``(n, 3)``, or any other
+      iterable of ``(ledger_id, entry_id, deliver_at)`` triples (a list of tuples,
+      a generator, a tuple of n triples when n is not 3).
 
-    A tuple of three plain sequences of another length (columns as lists) is
-    not a batch; wrap the columns with ``np.asarray``. Input that fits both
-    forms — a tuple mixing numpy arrays with other values, or a sequence of
-    exactly three 1-D numpy arrays of length 3 — raises TypeError rather than
-    guess.
+    A tuple of exactly three tuples could be three rows or three columns (what
+    ``zip(*rows)`` gives), and a tuple of three mixing tuples with lists or
+    arrays could be either too: both raise TypeError naming the two readings
+    rather than guess. So does a list of exactly three numpy arrays of length 3.
     """
     if isinstance(indexes, Mapping):
         if set(indexes) != set(_COLUMN_NAMES):
@@ -139,10 +150,14 @@ def as_columns(indexes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if indexes.ndim != 2 or indexes.shape[1] != 3:
             raise TypeError(f"a batch as one numpy array has shape (n, 3), not {indexes.shape}; " + _BATCH_RULE)
         cols = [indexes[:, 0], indexes[:, 1], indexes[:, 2]]
-    elif isinstance(indexes, tuple) and len(indexes) == 3 and any(isinstance(c, np.ndarray) for c in indexes):
-        if not all(isinstance(c, np.ndarray) and c.ndim == 1 for c in indexes):
-            raise TypeError("a tuple mixing numpy arrays with other values is ambiguous; " + _BATCH_RULE)
-        cols = list(indexes)
+    elif isinstance(indexes, tuple) and len(indexes) == 3 and any(map(_column_like, indexes)):
+        if not all(map(_column_like, indexes)):
+            raise TypeError(_EITHER + "; it mixes tuples or values with lists or arrays")
+        cols = [np.asarray(c) for c in indexes]
+        if any(c.ndim != 1 for c in cols):
+            raise TypeError("the three columns of a batch must be one-dimensional; " + _BATCH_RULE)
+    elif isinstance(indexes, tuple) and len(indexes) == 3 and all(isinstance(c, tuple) for c in indexes):
+        raise TypeError(_EITHER + "; it holds three tuples")
     else:
         if isinstance(indexes, (str, bytes)) or not isinstance(indexes, Iterable):
             raise TypeError(_BATCH_RULE + f", not {type(indexes).__name__}")

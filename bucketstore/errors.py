@@ -46,12 +46,18 @@ class CorruptLedgerError(BucketStoreError):
 
 
 class CatalogError(BucketStoreError):
-    """The LMDB catalog is damaged, inconsistent with the ledger files, or unusable."""
+    """The LMDB catalog is damaged, inconsistent with the ledger files, or unusable.
+
+    :ivar path: the file or directory concerned, when known.
+    :ivar key: the catalog key concerned, when known.
+    :ivar offset: the byte offset in ``path`` where the damage was found, when known.
+    """
 
     def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None,
-                 key: str | None = None) -> None:
+                 key: str | None = None, offset: int | None = None) -> None:
         self.path = os.fspath(path) if path is not None else None
         self.key = key
+        self.offset = offset
         super().__init__(message)
 
 
@@ -87,10 +93,14 @@ class JournalError(BucketStoreError):
 class MaintenanceError(BucketStoreError):
     """A background seal or merge of this tracker failed (I/O error, ENOSPC, damage).
 
-    Raised once, by the first call on the tracker after the failure; that call did
-    nothing. The indexes the failed step held stay in memory (as after a failed
-    synchronous seal) and the tracker remains usable. The original exception is
-    ``__cause__``; ``stats()["maintenance"]`` keeps the count and the last error.
+    Raised once, by the first write-side call on the tracker after the failure (an
+    add, a delivery, ``mark_delete``, ``clear``, ``flush``, ``wait_for_maintenance``;
+    ``close`` raises it once closed); that call did nothing. Reads (``stats()``,
+    counts, ``contains_message``, ``next_delivery_time``, metrics) never raise it.
+    The indexes the failed step held stay in memory (as after a failed synchronous
+    seal) and the tracker remains usable. The original exception is ``__cause__``;
+    ``stats()`` shows it as ``maintenance_failure`` until raised, and
+    ``stats()["maintenance"]`` keeps the count and the last error.
     """
 
 

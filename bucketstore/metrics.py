@@ -26,6 +26,7 @@ from typing import Any
 from .engine.journal import journal_directory
 from .engine.op_stats import LATENCY_BUCKETS
 from .engine.store import Store
+from .errors import StoreClosedError
 
 __all__ = ["METRICS", "MetricInfo", "collect", "from_description", "render", "prometheus_text"]
 
@@ -120,8 +121,8 @@ def collect(store: Store) -> dict[str, Any]:
         try:
             st = tracker.stats()
             ops = tracker.operation_metrics()
-        except Exception:  # noqa: BLE001 - closed (or failed) between the listing and now: not reported
-            continue
+        except StoreClosedError:  # closed between the listing and now: not reported
+            continue  # (reads never raise a background failure: that is the writer's to see)
         maint = st["maintenance"]
         trackers[tracker.name] = {
             "delayed_indexes": st["number_of_delayed_messages"],

@@ -35,7 +35,7 @@ from .catalog import Catalog, validate_tracker_name
 from .checkpoint import CheckpointReport, check_destination, make_checkpoint
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
-from ..errors import CatalogError, CorruptLedgerError, StoreClosedError
+from ..errors import CatalogError, CorruptLedgerError, MaintenanceError, StoreClosedError
 from ..format.fs import REAL_FS, FileSystem
 from .handoff import DELIVERY_MODES
 from .journal import FdPool, journal_directory
@@ -364,24 +364,38 @@ class Store:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close every open tracker, the catalog and the lock. Idempotent."""
+        """Close every open tracker, the catalog and the lock. Idempotent.
+
+        :raises MaintenanceError: the first background failure no call had raised yet,
+            once everything is closed (see :meth:`BucketTracker.close`).
+        """
+        failure: MaintenanceError | None = None
         with self._lock:
             if self._closed:
                 return
             for tracker in list(self._trackers.values()):
-                tracker.close()  # drains its seals and merges
+                try:
+                    tracker.close()  # drains its seals and merges
+                except MaintenanceError as exc:
+                    failure = failure or exc  # the other trackers, and the store, still close
             self.maintenance.stop()
             if self.segment_reader is not None:
                 self.segment_reader.stop()
             self.catalog.close()
             os.close(self._lock_fd)
             self._closed = True
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> "Store":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.close()
+        except MaintenanceError:
+            if exc_type is None:  # never hide the error the block is already raising (this one was logged)
+                raise
 
 
 def _holds_files(store_path: str) -> bool:

@@ -74,7 +74,8 @@ class BucketTracker:
         self._merging: list[MergeJob] = []
         self._sealing_end = -1              # the newest frozen range's end, -1 when none
         self._maint = MaintenanceCounters()
-        self._failure: BaseException | None = None  # a background failure not yet raised
+        self._failure: BaseException | None = None  # the first background failure not yet raised
+        self._unraised = 0  # how many failures _failure stands for
         self._submitted = 0
         self._finished = 0
         self._cutoff = Cutoff(config, clock)
@@ -121,13 +122,41 @@ class BucketTracker:
 
     # -- helpers --------------------------------------------------------------------------------
     def _check_open(self) -> None:
+        """The gate of every call that changes the tracker, and of those waiting for its work.
+
+        Background failures (a seal, merge or journal checkpoint that failed on the
+        maintenance thread) reach the application here, and only here: each is raised
+        once, as :class:`MaintenanceError`, by the next of ``add_message``,
+        ``add_messages``, ``get_scheduled_messages``, ``wait_scheduled``,
+        ``confirm_delivered``, ``mark_delete``, ``clear``, ``flush``,
+        ``wait_for_maintenance`` or ``close``; the call that raises it has changed
+        nothing, so retrying it goes on. Once, not until a reopen: the failed job's
+        indexes stay in memory and the tracker keeps working (a later seal may well
+        succeed), so a transient ENOSPC must not become an outage; ``stats()`` keeps
+        the count and the last error for monitoring. Reads (``stats``, counts,
+        ``contains_message``, ``next_delivery_time``, ``has_message_available``,
+        metrics) never raise it: a metrics thread must not take the writer's error.
+        """
+        self._check_alive()
+        self._raise_failure()
+
+    def _check_alive(self) -> None:
+        """The gate of reads: a closed tracker knows nothing; background failures are not theirs."""
         if self._closed:
             raise StoreClosedError(f"tracker {self.name!r} is closed")
-        failure = self._failure
+
+    def _record_failure(self, error: BaseException) -> None:
+        if self._failure is None:
+            self._failure = error
+        self._unraised += 1
+
+    def _raise_failure(self) -> None:
+        failure, count = self._failure, self._unraised
         if failure is not None:
-            self._failure = None
+            self._failure, self._unraised = None, 0
+            more = f" (and {count - 1} later failure(s): see stats()['maintenance'])" if count > 1 else ""
             raise MaintenanceError(f"tracker {self.name!r}: background maintenance failed: "
-                                   f"{type(failure).__name__}: {failure}") from failure
+                                   f"{type(failure).__name__}: {failure}{more}") from failure
 
     def _covering(self, ledger_id: int) -> SealedBucket | None:
         return self._buckets.covering(ledger_id)
@@ -241,12 +270,13 @@ class BucketTracker:
     def add_messages(self, indexes: Any) -> int:
         """Track a batch; the same outcome as calling :meth:`add_message` row by row, faster.
 
-        :param indexes: columns — a tuple of three 1-D numpy arrays
+        :param indexes: columns — a tuple of three lists or 1-D arrays
             ``(ledger_ids, entry_ids, deliver_at)`` or a mapping of ``"ledger_id"``,
             ``"entry_id"``, ``"deliver_at"`` to columns — or rows — an ``(n, 3)``
-            array or any iterable of ``(ledger_id, entry_id, deliver_at)`` triples
-            (see :func:`bucketstore.cutoff.as_columns`; an input that fits both
-            raises TypeError).
+            array or a list (any iterable but a tuple of three) of
+            ``(ledger_id, entry_id, deliver_at)`` triples (see
+            :func:`bucketstore.cutoff.as_columns`; a tuple of three tuples, which
+            could be either, raises TypeError).
         :return: how many rows are tracked after the call (rows for which
             :meth:`add_message` would have returned True).
         """
@@ -444,7 +474,7 @@ class BucketTracker:
             if self._background:
                 log.error("tracker %r: background %s failed, keeping its indexes in memory: %s",
                           self.name, job.kind, m.last_error)
-                self._failure = error
+                self._record_failure(error)
             else:
                 log.warning("tracker %r: %s failed, keeping its indexes in memory: %s",
                             self.name, job.kind, m.last_error)
@@ -462,7 +492,7 @@ class BucketTracker:
             self._maint.failed += 1
             self._maint.last_error = f"journal checkpoint: {type(exc).__name__}: {exc}"
             log.error("tracker %r: %s", self.name, self._maint.last_error)
-            self._failure = exc
+            self._record_failure(exc)
 
     def _delete_source_files(self, paths: list[str]) -> None:
         for path in paths:
@@ -637,7 +667,7 @@ class BucketTracker:
     def has_message_available(self) -> bool:
         """True when at least one tracked index is due."""
         with self._lock:
-            self._check_open()
+            self._check_alive()
             cutoff = self._cutoff.advance()
             if not self._count():
                 return False
@@ -648,7 +678,7 @@ class BucketTracker:
     def next_delivery_time(self) -> int | None:
         """The earliest delivery time among tracked indexes, or None when nothing is tracked."""
         with self._lock:
-            self._check_open()
+            self._check_alive()
             if not self._count():
                 return None
             nxt = self._next_time()
@@ -665,7 +695,7 @@ class BucketTracker:
         """True if the position is tracked and not yet delivered."""
         check_position(ledger_id, entry_id)
         with self._lock:
-            self._check_open()
+            self._check_alive()
             if self._unopened and ledger_id <= self._buckets.newest_end:
                 self._open_covering(ledger_id)
             return self._index.contains(ledger_id, entry_id)
@@ -675,7 +705,7 @@ class BucketTracker:
         """How many positions are tracked and undelivered (O(1)).
 
         :raises StoreClosedError: the tracker is closed (a closed tracker knows nothing)."""
-        self._check_open()
+        self._check_alive()
         return self._count()
 
     def _count(self) -> int:
@@ -871,6 +901,9 @@ class BucketTracker:
         :meth:`get_scheduled_messages` is delivered again after the next open.
         :return: True if every pending seal and merge finished; False if the close
             gave up on some (also logged).
+        :raises MaintenanceError: once the tracker is closed, a background failure no call
+            has raised yet (the last seals' included: in ``sealed`` mode their indexes,
+            kept in memory, are gone with the close).
         """
         with self._lock:
             if self._closed:
@@ -895,18 +928,29 @@ class BucketTracker:
             self._index.clear()
             self._unopened = self._unopened_rows = 0
         self._store.tracker_closed(self)
+        with self._lock:
+            self._raise_failure()
         return drained
 
     def __enter__(self) -> "BucketTracker":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.close()
+        except MaintenanceError:
+            if exc_type is None:  # never hide the error the block is already raising (this one was logged)
+                raise
 
     def stats(self) -> dict[str, Any]:
-        """Counters: buckets, indexes, loaded indexes, bytes on disk and in memory, op counts/latencies."""
+        """Counters: buckets, indexes, loaded indexes, bytes on disk and in memory, op counts/latencies.
+
+        ``maintenance_failure`` is the background failure not yet raised to a writer (see
+        :meth:`_check_open`), as text, or None; ``maintenance_failures`` counts every
+        failure so far. Never raises a background failure itself.
+        """
         with self._lock:
-            self._check_open()
+            self._check_alive()
             loaded = self._queue.loaded_indexes() + len(self._direct)
             ahead = ReadAhead.held_rows(self._buckets.values())  # read, not yet in the queue
             stats: dict[str, Any] = {
@@ -923,6 +967,9 @@ class BucketTracker:
                 "cutoff": self._cutoff.value,
                 "mark_delete": list(self._mark_delete) if self._mark_delete else None,
                 "recovery_seconds": round(self.recovery_seconds, 6),
+                "maintenance_failure": (None if self._failure is None else
+                                        f"{type(self._failure).__name__}: {self._failure}"),
+                "maintenance_failures": self._maint.failed,
             }
             stats.update(self._ops.as_dict())
             stats["maintenance"] = {**self._maint.as_dict(), "background": self._store.background,
@@ -935,7 +982,7 @@ class BucketTracker:
         its calls and latency histogram (see :meth:`~bucketstore.engine.op_stats.OpStats.histograms`),
         and the positions delivered so far: what :mod:`bucketstore.metrics` exports."""
         with self._lock:
-            self._check_open()
+            self._check_alive()
             return {"operations": self._ops.histograms(), "delivered": self._ops.delivered}
 
     def buckets(self) -> list[SealedBucket]:
