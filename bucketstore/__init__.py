@@ -12,17 +12,19 @@ from __future__ import annotations
 
 from .config import TrackerConfig
 from .errors import (BucketStoreError, CatalogError, CorruptLedgerError, JournalError, LedgerIdentityError,
-                     StoreClosedError, StoreLockedError)
+                     ReadOnlyError, StaleSnapshotError, StoreClosedError, StoreLockedError)
 from .memory.dedup import Deduplicator
 from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
+from .engine.read_only import ReadOnlyStore, ReadOnlyTracker
 from .engine.store import Store, open_store
 from .memory.timebucket import TimeBucketIndex
 from .memory.timebucket_tracker import TimeBucketTracker
 from .engine.tracker import BucketTracker
 from . import metrics  # bucketstore.metrics.prometheus_text(store)
 
-#: ``bucketstore.open(path, durability="sealed")``: open or create a store.
+#: ``bucketstore.open(path, durability="sealed")``: open or create a store;
+#: ``bucketstore.open(path, read_only=True)``: look inside one without changing it.
 open = open_store  # noqa: A001 - the public name MISSION.md fixes
 
 __version__ = "0.1.0"
@@ -30,6 +32,8 @@ __version__ = "0.1.0"
 __all__ = [
     "open",
     "Store",
+    "ReadOnlyStore",
+    "ReadOnlyTracker",
     "TrackerConfig",
     "BucketTracker",
     "InMemoryTracker",
@@ -45,5 +49,7 @@ __all__ = [
     "StoreLockedError",
     "StoreClosedError",
     "JournalError",
+    "ReadOnlyError",
+    "StaleSnapshotError",
     "__version__",
 ]

@@ -22,6 +22,8 @@ __all__ = [
     "StoreClosedError",
     "JournalError",
     "MaintenanceError",
+    "ReadOnlyError",
+    "StaleSnapshotError",
 ]
 
 
@@ -91,3 +93,23 @@ class MaintenanceError(BucketStoreError):
     synchronous seal) and the tracker remains usable. The original exception is
     ``__cause__``; ``stats()["maintenance"]`` keeps the count and the last error.
     """
+
+
+class ReadOnlyError(BucketStoreError):
+    """A change was asked of a store opened with ``read_only=True`` (or of one of its
+    trackers), or a tracker it does not hold was asked for: a read-only handle never
+    writes, deletes or creates anything."""
+
+
+class StaleSnapshotError(BucketStoreError):
+    """A read-only handle needs a ledger file that its snapshot names, but the store's live
+    writer has deleted it since the snapshot was taken (a merge, a delivery or a mark-delete
+    retired the bucket). Nothing is wrong with the store: open it read-only again to look at
+    a newer snapshot.
+
+    :ivar path: the ledger file that is gone.
+    """
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        super().__init__(message)

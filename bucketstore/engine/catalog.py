@@ -38,7 +38,7 @@ import secrets
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 import msgpack
@@ -47,8 +47,8 @@ from ..errors import CatalogError
 from .lmdb_file import check_data_file
 from .store_lock import writer_pid
 
-__all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "new_store_id", "read_catalog_snapshot",
-           "validate_tracker_name"]
+__all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "new_store_id", "read_catalog_quietly",
+           "read_catalog_snapshot", "validate_tracker_name"]
 
 CATALOG_FORMAT = b"2"
 #: Formats a catalog may have on disk: version 1 lacks the summaries (opened, then upgraded).
@@ -79,9 +79,13 @@ class Catalog:
 
     :param path: the ``catalog/`` directory (created if missing unless ``readonly``).
     :param readonly: open for inspection only (the CLI).
+    :param lockless: (with ``readonly``) open without LMDB's ``lock.mdb``: nothing is
+        written or created, and nothing protects a read from a concurrent writer (see
+        :func:`read_catalog_quietly`, which checks there is none).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False, must_exist: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False, must_exist: bool = False,
+                 lockless: bool = False) -> None:
         self.path = os.fspath(path)
         self.readonly = readonly
         #: A read-only catalog opened without LMDB's lock file (see :func:`read_catalog_snapshot`).
@@ -107,7 +111,10 @@ class Catalog:
         if size > 0:
             check_data_file(data)  # a truncated file would kill the process with SIGBUS once mapped
         try:
-            if readonly:
+            if readonly and lockless:
+                self._env, self.lockless = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=True,
+                                                     lock=False, subdir=True, create=False), True
+            elif readonly:
                 self._env, self.lockless = _open_readonly_environment(self.path)
             else:
                 self._env = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, subdir=True)
@@ -230,6 +237,26 @@ class Catalog:
             summaries = (dict(_under(txn.cursor(db=self._summaries), prefix))
                          if self._summaries is not None else {})
         return keys, summaries
+
+    def last_txnid(self) -> int:
+        """The id of the last committed write transaction (it moves with every commit)."""
+        return int(self._env.info()["last_txnid"])
+
+    def tracker_snapshot(self, name: str) -> "CatalogSnapshot":
+        """One tracker's state, keys and summaries, with the allocator, in one read transaction."""
+        raw_name = validate_tracker_name(name)
+        prefix = raw_name + b"\x00"
+        with self._env.begin(buffers=False) as txn:
+            raw_next = txn.get(b"next_ledger_id", db=self._meta)
+            raw_state = txn.get(raw_name, db=self._trackers)
+            keys = {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
+            summaries = (dict(_under(txn.cursor(db=self._summaries), prefix))
+                         if self._summaries is not None else {})
+        if raw_next is not None and len(raw_next) != 8:
+            raise CatalogError(f"{self.path}: next_ledger_id is {len(raw_next)} bytes, not 8", path=self.path)
+        return CatalogSnapshot(self.path, _U64.unpack(raw_next)[0] if raw_next is not None else 0,
+                               {} if raw_state is None else {name: self._decode_state(name, raw_state)},
+                               {name: keys} if keys else {}, self.store_id, {name: summaries} if summaries else {})
 
     def _snapshot(self) -> "CatalogSnapshot":
         """Every tracker's state and keys and the allocator, in one read transaction."""
@@ -478,6 +505,48 @@ def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) ->
         finally:
             catalog.close()
     raise CatalogError(f"{path}: the catalog map kept growing while being read ({attempts} attempts)", path=path)
+
+
+_T = TypeVar("_T")
+
+
+def read_catalog_quietly(path: str | os.PathLike[str], read: Callable[[Catalog], _T], *, attempts: int = 5) -> _T:
+    """Run ``read`` (one read transaction) on a catalog, writing as little as LMDB allows.
+
+    What ``bucketstore.open(path, read_only=True)`` uses. With no writer holding the
+    store, the environment is opened without ``lock.mdb``: not a byte is written, not
+    even a reader slot, and no file is created. Nothing then protects the pages being
+    read, so the read is checked afterwards: the store's write lock must still be free
+    and LMDB's last transaction id unchanged, else it is done again. Beside a live
+    writer the read registers in ``lock.mdb``'s reader table (that writer's environment
+    has the file open already; the slot is the only byte written), which is what keeps
+    the writer from reusing the snapshot's pages mid-read.
+
+    :param path: the ``catalog/`` directory.
+    :raises CatalogError: no catalog, a damaged one, or no way to read it safely
+        beside a writer (no write access to ``lock.mdb``).
+    """
+    path = os.fspath(path)
+    store = os.path.dirname(os.path.abspath(path))
+    for _ in range(attempts):
+        quiet = writer_pid(store) is None
+        catalog = Catalog(path, readonly=True, lockless=quiet)
+        try:
+            if catalog.lockless and not quiet:
+                raise _lockless_refusal(path)
+            try:
+                before = catalog.last_txnid() if quiet else None
+                result = read(catalog)
+                if quiet and (writer_pid(store) is not None or catalog.last_txnid() != before):
+                    continue  # a writer came up meanwhile: read again, registered as a reader
+            except lmdb.MapResizedError:
+                continue  # the writer grew the map after we opened: open again and re-read
+            except lmdb.Error as exc:
+                raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
+            return result
+        finally:
+            catalog.close()
+    raise CatalogError(f"{path}: the catalog kept changing while being read ({attempts} attempts)", path=path)
 
 
 def _lockless_refusal(path: str) -> CatalogError:

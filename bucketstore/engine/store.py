@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import threading
-from typing import Any
+from typing import Any, Literal, overload
 
 from .catalog import Catalog, validate_tracker_name
 from ..config import TrackerConfig, config_or_default
@@ -40,6 +40,7 @@ from .handoff import DELIVERY_MODES
 from .journal import FdPool, journal_directory
 from .maintenance import MaintenanceWorker
 from .read_ahead import SegmentReader
+from .read_only import ReadOnlyStore
 from .store_lock import acquire_write_lock
 from .store_services import StoreServices
 from ..format.ledger_file import LedgerReader
@@ -369,10 +370,24 @@ def _holds_files(store_path: str) -> bool:
     return False
 
 
+@overload
+def open_store(path: str | os.PathLike[str], durability: str = ..., *, repair: bool = ...,
+               sync_interval_ms: int = ..., delivery: str = ..., background: bool = ...,
+               max_pending_maintenance: int = ..., read_ahead: bool | None = ...,
+               confirm_sync_ms: int = ..., read_only: Literal[False] = ...) -> Store: ...
+
+
+@overload
+def open_store(path: str | os.PathLike[str], durability: str = ..., *, repair: bool = ...,
+               sync_interval_ms: int = ..., delivery: str = ..., background: bool = ...,
+               max_pending_maintenance: int = ..., read_ahead: bool | None = ...,
+               confirm_sync_ms: int = ..., read_only: Literal[True]) -> ReadOnlyStore: ...
+
+
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
                sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = True,
                max_pending_maintenance: int = 2, read_ahead: bool | None = None,
-               confirm_sync_ms: int = CONFIRM_SYNC_MS) -> Store:
+               confirm_sync_ms: int = CONFIRM_SYNC_MS, read_only: bool = False) -> Store | ReadOnlyStore:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
@@ -401,7 +416,20 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
         before adds wait for the worker (bounds the frozen rows held in memory).
     :param read_ahead: read a sealed bucket's next segment on the store's reader thread
         once its loaded segment runs low (None, the default: on when ``background``).
+    :param read_only: look without changing anything (see
+        :mod:`~bucketstore.engine.read_only`): no lock is taken, nothing in the store
+        directory is created, written or deleted, a missing store is a
+        :class:`CatalogError`, and it works beside the live writer. Returns a
+        :class:`~bucketstore.engine.read_only.ReadOnlyStore`, whose trackers answer
+        questions (and ``peek_scheduled``) and raise :class:`~bucketstore.ReadOnlyError`
+        on every change. Each tracker is replayed by the durability it has on disk (a
+        journal directory: journal mode), so ``durability`` and the writer's tuning
+        arguments are not used; ``repair=True`` (which drops keys) is refused.
     :raises StoreLockedError: another process or handle has the store open.
     """
+    if read_only:
+        if repair:
+            raise ValueError("repair=True drops damaged catalog keys: it cannot be combined with read_only=True")
+        return ReadOnlyStore(path)
     return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, delivery=delivery,
                  confirm_sync_ms=confirm_sync_ms, background=background, max_pending_maintenance=max_pending_maintenance, read_ahead=read_ahead)
