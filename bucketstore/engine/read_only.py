@@ -205,12 +205,11 @@ class ReadOnlyTracker(BucketTracker):
             cutoff = self._cutoff.advance()
             if max_messages == 0:
                 return []
-            self._sync_queue()
+            self._sync_queue()  # what is in memory and due is in the queue now (as for a delivery)
             found = _DueRows(cutoff, max_messages, self._index)
             for item in self._queue.items():
                 if isinstance(item, Run) and not item.dead and item.remaining:
                     found.add(*item.rest())
-            found.add(*self._mutable.rows())
             # The segments still on disk, earliest first; a segment whose first timestamp is
             # after the max_messages-th due index found so far cannot contribute.
             pending: list[tuple[int, int, int, SealedBucket]] = []
@@ -251,11 +250,8 @@ class _DueRows:
     def add(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> None:
         due = ts <= np.uint64(max(self._cutoff, 0)) if self._cutoff >= 0 else np.zeros(len(ts), bool)
         if due.any():
-            ts, ledgers, entries = ts[due], ledgers[due], entries[due]
-            live = self._index.present_mask(ledgers, entries, ts)
-            if live.any():
-                self._parts.append((ts[live], ledgers[live], entries[live]))
-                self._stale = True
+            self._parts.append((ts[due], ledgers[due], entries[due]))
+            self._stale = True
 
     def _rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The deliverable rows in delivery order (one per position: the first live row)."""
