@@ -142,6 +142,25 @@ def test_looking_changes_no_byte_no_mtime_no_listing(tmp_path, kind):
     assert seen["trackers"] == ["t"] and seen["stats"]["read_only"] is True
 
 
+def test_a_journal_replay_that_would_seal_seals_nothing(tmp_path):
+    """Opened with a smaller bucket size than it was written with, a writable open's replay
+    seals the journal's indexes into ledger files; a read-only one keeps them in memory."""
+    path = str(tmp_path / "store")
+    clock = FakeClock(1_000)
+    with bucketstore.open(path, durability="journal") as store:
+        t = store.tracker("t", config=TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10_000), clock=clock)
+        for ledger in range(6):
+            t.add_messages([(ledger, e, 5_000 + e) for e in range(30)])
+    before = _fingerprint(path)
+    with bucketstore.open(path, read_only=True) as ro:
+        t = ro.tracker("t", config=CFG, clock=clock)
+        assert t.number_of_delayed_messages == 180 and t.stats()["immutable_buckets"] == 0
+        assert t.peek_scheduled(3) == [] and t.next_delivery_time() == 5_000
+    assert _fingerprint(path) == before
+    with bucketstore.open(path, durability="journal", background=False) as rw:
+        assert rw.tracker("t", config=CFG, clock=clock).stats()["immutable_buckets"] >= 1  # the twin seals
+
+
 @pytest.mark.parametrize("durability", ["journal", "sealed"])
 @pytest.mark.parametrize("now", [2_600, 3_500, 10_000])
 def test_answers_equal_a_writable_open_of_a_copy(tmp_path, durability, now):
