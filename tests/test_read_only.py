@@ -382,3 +382,15 @@ def test_random_histories_peek_what_a_writable_copy_delivers(tmp_path, seed):
                 peeked = r.peek_scheduled(n)
                 assert peeked == w.get_scheduled_messages(n), (now, n)
                 assert r.peek_scheduled(n) == peeked
+
+
+def test_the_spark_reader_plans_a_store_without_writing_to_it(tmp_path):
+    """The Spark reader reads the catalog as a read-only open does: no lock.mdb slot, none created."""
+    pytest.importorskip("pyarrow")
+    from bucketstore.spark.scan import plan_scan
+    path = str(tmp_path / "store")
+    _fill(path, "journal")
+    _no_lock_mdb(path)
+    before = _fingerprint(path)
+    parts = plan_scan(path)
+    assert parts and _fingerprint(path) == before

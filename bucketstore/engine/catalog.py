@@ -472,7 +472,7 @@ class CatalogSnapshot:
         pass
 
 
-def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) -> CatalogSnapshot:
+def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5, quiet: bool = False) -> CatalogSnapshot:
     """Read a catalog, possibly beside a live writer, in one read transaction.
 
     Normally the read registers in ``lock.mdb`` (see
@@ -484,8 +484,12 @@ def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) ->
 
     :param path: the ``catalog/`` directory.
     :param attempts: re-opens when the writer grew the map under the reader.
+    :param quiet: write nothing when no writer runs (see :func:`read_catalog_quietly`):
+        ``lock.mdb`` is then neither registered in nor created.
     :raises CatalogError: no catalog, an unreadable or damaged one, or the lock-less case beside a writer.
     """
+    if quiet:
+        return read_catalog_quietly(path, Catalog._snapshot, attempts=attempts)
     path = os.fspath(path)
     store = os.path.dirname(os.path.abspath(path))
     for _ in range(attempts):

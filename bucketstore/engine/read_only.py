@@ -47,7 +47,7 @@ from ..cutoff import Clock, check_max
 from ..errors import CatalogError, ReadOnlyError, StaleSnapshotError, StoreClosedError
 from ..format.fs import REAL_FS
 from ..format.ledger_file import ledger_file_name
-from .catalog import CatalogSnapshot, read_catalog_quietly, validate_tracker_name
+from .catalog import CatalogSnapshot, read_catalog_quietly, read_catalog_snapshot, validate_tracker_name
 from .journal import FdPool, JournalState, read_journal
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run
@@ -308,7 +308,7 @@ class ReadOnlyStore:
             raise CatalogError(f"{self.path} is not a bucketstore store (it has no catalog/ directory)",
                                path=self.path)
         #: The catalog as of the open (tracker names, allocator, identity).
-        self.snapshot: CatalogSnapshot = read_catalog_quietly(self._catalog_dir, lambda c: c._snapshot())
+        self.snapshot: CatalogSnapshot = read_catalog_snapshot(self._catalog_dir, quiet=True)
         self.store_id = self.snapshot.store_id
         self.durability = "journal" if os.path.isdir(os.path.join(self.path, "journal")) else "sealed"
         self.ledgers_dir = os.path.join(self.path, "ledgers")
