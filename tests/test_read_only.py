@@ -323,6 +323,7 @@ def test_beside_a_live_writer(tmp_path, durability):
                 with bucketstore.open(store, read_only=True) as ro:
                     seen = {name: (t.number_of_delayed_messages, t.peek_scheduled(30), t.next_delivery_time())
                             for name in ("live-a", "live-b") for t in [ro.tracker(name)]}
+                    assert all(t.recovery_report["snapshot"] == "one" for t in ro.open_trackers())
             finally:
                 writer.send_signal(signal.SIGCONT)
             os.unlink(os.path.join(twin, "LOCK"))  # the copy's lock file records the writer's pid

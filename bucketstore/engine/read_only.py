@@ -81,6 +81,14 @@ class ReadOnlyTracker(BucketTracker):
     :meth:`next_delivery_time`, :meth:`has_message_available`, :meth:`stats` and
     :meth:`peek_scheduled`; every call that would change the tracker raises
     :class:`~bucketstore.ReadOnlyError`. :meth:`close` releases it.
+
+    ``recovery_report`` is a writable open's, where ``deleted_due``, ``enclosed_removed``
+    and ``summaries_backfilled`` count what that open would delete or write and this one
+    only leaves out of its view (or keeps in memory), plus ``read_only`` (True) and
+    ``snapshot``: ``"one"`` when the catalog entries and the journal were read as one
+    moment of the writer, ``"journal first"`` when the writer changed the entries during
+    every attempt (the journal was then read before the entries: every index tracked
+    when it was read is seen, unless the writer delivered it meanwhile).
     """
 
     _read_only = True
@@ -352,25 +360,32 @@ class ReadOnlyStore:
             snapshot = self._tracker_snapshot(name)
             identity = (snapshot.store_id, name) if snapshot.store_id else None
             journal = read_journal(self.path, name, identity=identity)
+            moment = "one"
             if journal is not None:
                 # The journal and the catalog must describe one moment: entries unchanged
                 # across the journal's read. (If the writer keeps changing them, the last
                 # try reads journal first, catalog second: every index tracked when the
                 # journal was read is seen unless the writer delivered it meanwhile.)
                 after = self._tracker_snapshot(name)
-                if after != snapshot and not last:
-                    continue
+                if after != snapshot:
+                    if not last:
+                        continue
+                    moment = "journal first"
                 snapshot = after
             services = StoreServices(
                 path=self.path, durability="sealed" if journal is None else "journal", repair=False,
-                sync_interval_ms=0, fs=REAL_FS, catalog=snapshot, ledgers_dir=self.ledgers_dir,  # type: ignore[arg-type]
-                next_ledger_id=snapshot.next_ledger_id(), store_id=snapshot.store_id or "", journal_fds=FdPool(1),
-                tracker_closed=self._forget, background=False, segment_reader=None)
+                sync_interval_ms=0, fs=REAL_FS, catalog=snapshot,  # type: ignore[arg-type]
+                ledgers_dir=self.ledgers_dir, next_ledger_id=snapshot.next_ledger_id(),
+                store_id=snapshot.store_id or "", journal_fds=FdPool(1), tracker_closed=self._forget,
+                background=False, segment_reader=None)
             try:
-                return ReadOnlyTracker(services, name, config or _recorded_config(snapshot, name), clock, journal)
+                tracker = ReadOnlyTracker(services, name, config or _recorded_config(snapshot, name), clock, journal)
             except StaleSnapshotError:
                 if last:
                     raise
+                continue
+            tracker.recovery_report["snapshot"] = moment
+            return tracker
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _tracker_snapshot(self, name: str) -> CatalogSnapshot:
