@@ -395,3 +395,24 @@ def test_the_spark_reader_plans_a_store_without_writing_to_it(tmp_path):
     before = _fingerprint(path)
     parts = plan_scan(path)
     assert parts and _fingerprint(path) == before
+
+
+def test_beside_a_writer_in_the_same_process(tmp_path):
+    """LMDB allows one open of an environment per process: a read-only open beside a writable
+    store of this process reads the catalog through that store's environment."""
+    path = str(tmp_path / "store")
+    _fill(path, "journal", deliver=0, ack=None)
+    clock = FakeClock(1_500)
+    with bucketstore.open(path, durability="journal") as rw:
+        w = rw.tracker("t", config=CFG, clock=clock)
+        w.add_messages([(9, e, 4_000 + e) for e in range(5)])
+        with bucketstore.open(path, read_only=True) as ro:
+            assert ro.stats()["writer_pid"] == str(os.getpid())
+            r = ro.tracker("t", clock=clock)
+            assert r.number_of_delayed_messages == w.number_of_delayed_messages
+            assert r.contains_message(9, 4) and r.recovery_report["snapshot"] == "one"
+            w.mark_delete(6, 0)  # retires the buckets below ledger 6 while the reader looks
+            with pytest.raises(StaleSnapshotError):
+                r.contains_message(0, 3)
+        with bucketstore.open(path, read_only=True) as ro:
+            assert ro.tracker("t", clock=clock).number_of_delayed_messages == w.number_of_delayed_messages

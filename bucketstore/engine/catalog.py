@@ -36,6 +36,7 @@ import os
 import re
 import secrets
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -57,6 +58,10 @@ _INITIAL_MAP_SIZE = 64 << 20
 _U64 = struct.Struct("<Q")
 _MAX_NAME_BYTES = 200
 _STORE_ID = re.compile(r"^[0-9a-f]{32}$")
+#: Catalogs open for writing in this process, by real path. LMDB refuses a second open of
+#: one environment in a process, so a read-only open beside one of them reads through it.
+_WRITERS: dict[str, "Catalog"] = {}
+_WRITERS_LOCK = threading.Lock()
 
 
 def new_store_id() -> str:
@@ -94,6 +99,9 @@ class Catalog:
         self.before_commit: Callable[[], None] | None = None
         #: The store's identity (None only for a read-only catalog written before store ids existed).
         self.store_id: str | None = None
+        #: Held by a read-only open of this process reading through this (writable) catalog, and
+        #: by this catalog while it resizes its map or closes: neither is allowed under a read.
+        self._sharing = threading.Lock()
         data = os.path.join(self.path, "data.mdb")
         try:
             size = os.path.getsize(data)
@@ -167,6 +175,9 @@ class Catalog:
         except BaseException:
             self.close()
             raise
+        if not readonly:
+            with _WRITERS_LOCK:
+                _WRITERS[os.path.realpath(self.path)] = self
 
     def _decode_store_id(self, raw: bytes | None) -> str | None:
         if raw is None:
@@ -377,13 +388,18 @@ class Catalog:
                 return
             except lmdb.MapFullError:
                 # The `with` block has aborted the transaction; grow the map and redo it.
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                with self._sharing:
+                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
             except lmdb.Error as exc:
                 raise CatalogError(f"{self.path}: catalog write failed: {exc}", path=self.path) from None
 
     def close(self) -> None:
         """Close the environment. Idempotent."""
-        env, self._env = getattr(self, "_env", None), None
+        with _WRITERS_LOCK:
+            if _WRITERS.get(os.path.realpath(self.path)) is self:
+                del _WRITERS[os.path.realpath(self.path)]
+        with self._sharing:
+            env, self._env = getattr(self, "_env", None), None
         if env is not None:
             env.close()
 
@@ -524,13 +540,24 @@ def read_catalog_quietly(path: str | os.PathLike[str], read: Callable[[Catalog],
     and LMDB's last transaction id unchanged, else it is done again. Beside a live
     writer the read registers in ``lock.mdb``'s reader table (that writer's environment
     has the file open already; the slot is the only byte written), which is what keeps
-    the writer from reusing the snapshot's pages mid-read.
+    the writer from reusing the snapshot's pages mid-read. Beside a writer in this same
+    process (LMDB allows one open of an environment per process), the read goes through
+    that writer's environment.
 
     :param path: the ``catalog/`` directory.
     :raises CatalogError: no catalog, a damaged one, or no way to read it safely
         beside a writer (no write access to ``lock.mdb``).
     """
     path = os.fspath(path)
+    with _WRITERS_LOCK:
+        writer = _WRITERS.get(os.path.realpath(path))
+    if writer is not None:  # this process writes the store: read through its environment
+        with writer._sharing:
+            if writer._env is not None:
+                try:
+                    return read(writer)
+                except lmdb.Error as exc:
+                    raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
     store = os.path.dirname(os.path.abspath(path))
     for _ in range(attempts):
         quiet = writer_pid(store) is None
