@@ -245,7 +245,8 @@ class ReadOnlyTracker(BucketTracker):
 
 
 class _DueRows:
-    """The due rows met so far, from which the first ``need`` deliverable ones are taken."""
+    """The due rows met so far, from which the first ``need`` deliverable ones are taken
+    (at most ``need`` are kept between reads, so a peek's memory is bounded by it and one segment)."""
 
     def __init__(self, cutoff: int, need: int, index: Any) -> None:
         self._cutoff = cutoff
@@ -269,7 +270,9 @@ class _DueRows:
         ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*self._parts))
         order = np.lexsort((entries, ledgers, ts))
         ts, ledgers, entries = ts[order], ledgers[order], entries[order]
-        keep = self._index.claimable_mask(ledgers, entries, ts)
+        keep = np.flatnonzero(self._index.claimable_mask(ledgers, entries, ts))[:self._need]
+        # Rows past the need-th can no longer be in the answer: a row found later either
+        # sorts after them too or takes the place of one that sorts before them.
         self._parts = [(ts[keep], ledgers[keep], entries[keep])]
         return self._parts[0]
 

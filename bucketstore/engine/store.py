@@ -428,6 +428,8 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
     :raises StoreLockedError: another process or handle has the store open.
     """
     if read_only:
+        if durability not in DURABILITY_MODES:
+            raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         if repair:
             raise ValueError("repair=True drops damaged catalog keys: it cannot be combined with read_only=True")
         return ReadOnlyStore(path)
