@@ -260,6 +260,9 @@ def test_a_bucket_the_writer_retires_after_the_snapshot_is_a_typed_error(tmp_pat
         with pytest.raises(StaleSnapshotError, match="open the store read_only again") as info:
             t.contains_message(0, 3)
         assert info.value.path.endswith(".ledger")
+        with pytest.raises(StaleSnapshotError):  # the view is incomplete now: no answer from the rest
+            _ = t.number_of_delayed_messages
+        t.close()
     with bucketstore.open(path, read_only=True) as ro:
         t = ro.tracker("t", clock=clock)
         assert not t.contains_message(0, 3)

@@ -97,6 +97,9 @@ class ReadOnlyTracker(BucketTracker):
                  journal: JournalState | None) -> None:
         self._journal_state = journal
         self._skipped_due = 0
+        #: Set once a file of the snapshot turned out retired: the view is then incomplete,
+        #: so every later question raises it again rather than answer from what is left.
+        self._gone: StaleSnapshotError | None = None
         self._recovering = True
         super().__init__(store, name, config, clock)
         self._recovering = False
@@ -105,6 +108,11 @@ class ReadOnlyTracker(BucketTracker):
             # Leading segments recovery skipped as due: still in the files, left out of the view.
             self._skipped_due += sum(int(b.counts[:b.current].sum()) for b in self._buckets.values() if b.current)
         self.recovery_report["read_only"] = True
+
+    def _check_open(self) -> None:
+        super()._check_open()
+        if self._gone is not None:
+            raise StaleSnapshotError(str(self._gone), path=self._gone.path)
 
     # -- recovery without writing ---------------------------------------------------------------
     def _open_journal(self) -> Any:
@@ -160,10 +168,11 @@ class ReadOnlyTracker(BucketTracker):
         now = read_catalog_quietly(os.path.join(store.path, "catalog"), lambda c: c.tracker_snapshot(self.name))
         if now.buckets(self.name).get(bucket.key) == bucket.ledger_id:
             return
-        raise StaleSnapshotError(
+        self._gone = StaleSnapshotError(
             f"{bucket.path}: tracker {self.name!r} bucket {bucket.key} (ledger {bucket.ledger_id}) was retired by "
             "the store's writer after this read-only snapshot was taken; open the store read_only again to look "
-            "at a newer snapshot", path=bucket.path) from exc
+            "at a newer snapshot", path=bucket.path)
+        raise self._gone from exc
 
     # -- refusals -------------------------------------------------------------------------------
     def _refuse(self, what: str) -> NoReturn:

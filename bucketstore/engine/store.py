@@ -11,7 +11,9 @@
 Opening a store removes what a crash can leave behind: temporary ledger files
 (``*.ledger.tmp``) and ledger files no catalog key references (a seal that
 crashed between the file's rename and the catalog commit, or a delete that
-crashed between the key's removal and the unlink).
+crashed between the key's removal and the unlink). A read-only open
+(``bucketstore.open(path, read_only=True)``, :mod:`~bucketstore.engine.read_only`)
+removes, writes and locks nothing.
 
 Deleting is the dangerous part, so it happens only when it is proven safe:
 the catalog must be this store's healthy catalog (a missing, empty, new or
