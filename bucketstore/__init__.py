@@ -12,17 +12,20 @@ from __future__ import annotations
 
 from .config import TrackerConfig
 from .errors import (BucketStoreError, CatalogError, CheckpointError, CorruptLedgerError, JournalError,
-                     LedgerIdentityError, MaintenanceError, StoreClosedError, StoreLockedError)
+                     LedgerIdentityError, MaintenanceError, ReadOnlyError, StaleSnapshotError, StoreClosedError,
+                     StoreLockedError)
 from .memory.dedup import Deduplicator
 from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
+from .engine.read_only import ReadOnlyStore, ReadOnlyTracker
 from .engine.store import Store, open_store
 from .memory.timebucket import TimeBucketIndex
 from .memory.timebucket_tracker import TimeBucketTracker
 from .engine.tracker import BucketTracker
 from . import metrics  # bucketstore.metrics.prometheus_text(store)
 
-#: ``bucketstore.open(path, durability="sealed")``: open or create a store.
+#: ``bucketstore.open(path, durability="sealed")``: open or create a store;
+#: ``bucketstore.open(path, read_only=True)``: look inside one without changing it.
 open = open_store  # noqa: A001 - the public name MISSION.md fixes
 
 __version__ = "0.1.0"
@@ -30,6 +33,8 @@ __version__ = "0.1.0"
 __all__ = [
     "open",
     "Store",
+    "ReadOnlyStore",
+    "ReadOnlyTracker",
     "TrackerConfig",
     "BucketTracker",
     "InMemoryTracker",
@@ -47,5 +52,7 @@ __all__ = [
     "JournalError",
     "CheckpointError",
     "MaintenanceError",
+    "ReadOnlyError",
+    "StaleSnapshotError",
     "__version__",
 ]

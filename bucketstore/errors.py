@@ -23,6 +23,8 @@ __all__ = [
     "JournalError",
     "MaintenanceError",
     "CheckpointError",
+    "ReadOnlyError",
+    "StaleSnapshotError",
 ]
 
 
@@ -113,3 +115,21 @@ class CheckpointError(BucketStoreError):
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
         self.path = os.fspath(path)
         super().__init__(f"{self.path}: {reason}")
+class ReadOnlyError(BucketStoreError):
+    """A change was asked of a store opened with ``read_only=True`` (or of one of its
+    trackers), or a tracker it does not hold was asked for: a read-only handle never
+    writes, deletes or creates anything."""
+
+
+class StaleSnapshotError(BucketStoreError):
+    """A read-only handle needs a ledger file that its snapshot names, but the store's live
+    writer has deleted it since the snapshot was taken (a merge, a delivery or a mark-delete
+    retired the bucket). Nothing is wrong with the store: open it read-only again to look at
+    a newer snapshot.
+
+    :ivar path: the ledger file that is gone.
+    """
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        super().__init__(message)

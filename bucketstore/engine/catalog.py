@@ -39,7 +39,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 import msgpack
@@ -49,6 +49,7 @@ from .lmdb_file import check_data_file
 from .store_lock import writer_pid
 
 __all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "copy_catalog", "new_store_id",
+           "read_catalog_quietly",
            "read_catalog_snapshot", "validate_tracker_name"]
 
 CATALOG_FORMAT = b"2"
@@ -58,6 +59,10 @@ _INITIAL_MAP_SIZE = 64 << 20
 _U64 = struct.Struct("<Q")
 _MAX_NAME_BYTES = 200
 _STORE_ID = re.compile(r"^[0-9a-f]{32}$")
+#: Catalogs open for writing in this process, by real path. LMDB refuses a second open of
+#: one environment in a process, so a read-only open beside one of them reads through it.
+_WRITERS: dict[str, "Catalog"] = {}
+_WRITERS_LOCK = threading.Lock()
 
 
 def new_store_id() -> str:
@@ -80,20 +85,25 @@ class Catalog:
 
     :param path: the ``catalog/`` directory (created if missing unless ``readonly``).
     :param readonly: open for inspection only (the CLI).
+    :param lockless: (with ``readonly``) open without LMDB's ``lock.mdb``: nothing is
+        written or created, and nothing protects a read from a concurrent writer (see
+        :func:`read_catalog_quietly`, which checks there is none).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False, must_exist: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False, must_exist: bool = False,
+                 lockless: bool = False) -> None:
         self.path = os.fspath(path)
         self.readonly = readonly
-        #: Held while the map is resized and while :meth:`copy_to` reads: LMDB remaps the file
-        #: on a resize, under any read transaction of this process still using the old map.
-        self._map_lock = threading.Lock()
         #: A read-only catalog opened without LMDB's lock file (see :func:`read_catalog_snapshot`).
         self.lockless = False
         #: Called just before each write transaction commits (fault-injection seam).
         self.before_commit: Callable[[], None] | None = None
         #: The store's identity (None only for a read-only catalog written before store ids existed).
         self.store_id: str | None = None
+        #: Held by a read-only open of this process reading through this (writable) catalog, by
+        #: :meth:`copy_to`, and by this catalog while it resizes its map or closes: LMDB remaps the
+        #: file on a resize, under any read transaction of this process still using the old map.
+        self._sharing = threading.Lock()
         data = os.path.join(self.path, "data.mdb")
         try:
             size = os.path.getsize(data)
@@ -111,7 +121,10 @@ class Catalog:
         if size > 0:
             check_data_file(data)  # a truncated file would kill the process with SIGBUS once mapped
         try:
-            if readonly:
+            if readonly and lockless:
+                self._env, self.lockless = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, readonly=True,
+                                                     lock=False, subdir=True, create=False), True
+            elif readonly:
                 self._env, self.lockless = _open_readonly_environment(self.path)
             else:
                 self._env = lmdb.open(self.path, map_size=_INITIAL_MAP_SIZE, max_dbs=4, subdir=True)
@@ -164,6 +177,9 @@ class Catalog:
         except BaseException:
             self.close()
             raise
+        if not readonly:
+            with _WRITERS_LOCK:
+                _WRITERS[os.path.realpath(self.path)] = self
 
     def _decode_store_id(self, raw: bytes | None) -> str | None:
         if raw is None:
@@ -235,6 +251,26 @@ class Catalog:
                          if self._summaries is not None else {})
         return keys, summaries
 
+    def last_txnid(self) -> int:
+        """The id of the last committed write transaction (it moves with every commit)."""
+        return int(self._env.info()["last_txnid"])
+
+    def tracker_snapshot(self, name: str) -> "CatalogSnapshot":
+        """One tracker's state, keys and summaries, with the allocator, in one read transaction."""
+        raw_name = validate_tracker_name(name)
+        prefix = raw_name + b"\x00"
+        with self._env.begin(buffers=False) as txn:
+            raw_next = txn.get(b"next_ledger_id", db=self._meta)
+            raw_state = txn.get(raw_name, db=self._trackers)
+            keys = {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
+            summaries = (dict(_under(txn.cursor(db=self._summaries), prefix))
+                         if self._summaries is not None else {})
+        if raw_next is not None and len(raw_next) != 8:
+            raise CatalogError(f"{self.path}: next_ledger_id is {len(raw_next)} bytes, not 8", path=self.path)
+        return CatalogSnapshot(self.path, _U64.unpack(raw_next)[0] if raw_next is not None else 0,
+                               {} if raw_state is None else {name: self._decode_state(name, raw_state)},
+                               {name: keys} if keys else {}, self.store_id, {name: summaries} if summaries else {})
+
     def _snapshot(self) -> "CatalogSnapshot":
         """Every tracker's state and keys and the allocator, in one read transaction."""
         with self._env.begin(buffers=False) as txn:
@@ -247,7 +283,7 @@ class Catalog:
         :mod:`~bucketstore.engine.checkpoint`). LMDB's copy does not fsync; the caller does.
         """
         try:
-            with self._map_lock, self._env.begin(buffers=False) as txn:
+            with self._sharing, self._env.begin(buffers=False) as txn:
                 snapshot = self._snapshot_in(txn)
                 self._env.copy(dest, compact=True, txn=txn)
         except lmdb.MapResizedError:
@@ -373,14 +409,18 @@ class Catalog:
                 return
             except lmdb.MapFullError:
                 # The `with` block has aborted the transaction; grow the map and redo it.
-                with self._map_lock:
+                with self._sharing:
                     self._env.set_mapsize(self._env.info()["map_size"] * 2)
             except lmdb.Error as exc:
                 raise CatalogError(f"{self.path}: catalog write failed: {exc}", path=self.path) from None
 
     def close(self) -> None:
         """Close the environment. Idempotent."""
-        env, self._env = getattr(self, "_env", None), None
+        with _WRITERS_LOCK:
+            if _WRITERS.get(os.path.realpath(self.path)) is self:
+                del _WRITERS[os.path.realpath(self.path)]
+        with self._sharing:
+            env, self._env = getattr(self, "_env", None), None
         if env is not None:
             env.close()
 
@@ -469,7 +509,7 @@ class CatalogSnapshot:
         pass
 
 
-def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) -> CatalogSnapshot:
+def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5, quiet: bool = False) -> CatalogSnapshot:
     """Read a catalog, possibly beside a live writer, in one read transaction.
 
     Normally the read registers in ``lock.mdb`` (see
@@ -481,8 +521,12 @@ def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5) ->
 
     :param path: the ``catalog/`` directory.
     :param attempts: re-opens when the writer grew the map under the reader.
+    :param quiet: write nothing when no writer runs (see :func:`read_catalog_quietly`):
+        ``lock.mdb`` is then neither registered in nor created.
     :raises CatalogError: no catalog, an unreadable or damaged one, or the lock-less case beside a writer.
     """
+    if quiet:
+        return read_catalog_quietly(path, Catalog._snapshot, attempts=attempts)
     path = os.fspath(path)
     store = os.path.dirname(os.path.abspath(path))
     for _ in range(attempts):
@@ -530,6 +574,59 @@ def copy_catalog(path: str | os.PathLike[str], dest: str, *, attempts: int = 5) 
         finally:
             catalog.close()
     raise CatalogError(f"{path}: the catalog map kept growing while being copied ({attempts} attempts)", path=path)
+
+
+_T = TypeVar("_T")
+
+
+def read_catalog_quietly(path: str | os.PathLike[str], read: Callable[[Catalog], _T], *, attempts: int = 5) -> _T:
+    """Run ``read`` (one read transaction) on a catalog, writing as little as LMDB allows.
+
+    What ``bucketstore.open(path, read_only=True)`` uses. With no writer holding the
+    store, the environment is opened without ``lock.mdb``: not a byte is written, not
+    even a reader slot, and no file is created. Nothing then protects the pages being
+    read, so the read is checked afterwards: the store's write lock must still be free
+    and LMDB's last transaction id unchanged, else it is done again. Beside a live
+    writer the read registers in ``lock.mdb``'s reader table (that writer's environment
+    has the file open already; the slot is the only byte written), which is what keeps
+    the writer from reusing the snapshot's pages mid-read. Beside a writer in this same
+    process (LMDB allows one open of an environment per process), the read goes through
+    that writer's environment.
+
+    :param path: the ``catalog/`` directory.
+    :raises CatalogError: no catalog, a damaged one, or no way to read it safely
+        beside a writer (no write access to ``lock.mdb``).
+    """
+    path = os.fspath(path)
+    with _WRITERS_LOCK:
+        writer = _WRITERS.get(os.path.realpath(path))
+    if writer is not None:  # this process writes the store: read through its environment
+        with writer._sharing:
+            if writer._env is not None:
+                try:
+                    return read(writer)
+                except lmdb.Error as exc:
+                    raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
+    store = os.path.dirname(os.path.abspath(path))
+    for _ in range(attempts):
+        quiet = writer_pid(store) is None
+        catalog = Catalog(path, readonly=True, lockless=quiet)
+        try:
+            if catalog.lockless and not quiet:
+                raise _lockless_refusal(path)
+            try:
+                before = catalog.last_txnid() if quiet else None
+                result = read(catalog)
+                if quiet and (writer_pid(store) is not None or catalog.last_txnid() != before):
+                    continue  # a writer came up meanwhile: read again, registered as a reader
+            except lmdb.MapResizedError:
+                continue  # the writer grew the map after we opened: open again and re-read
+            except lmdb.Error as exc:
+                raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
+            return result
+        finally:
+            catalog.close()
+    raise CatalogError(f"{path}: the catalog kept changing while being read ({attempts} attempts)", path=path)
 
 
 def _lockless_refusal(path: str) -> CatalogError:

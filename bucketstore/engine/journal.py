@@ -46,8 +46,9 @@ Records (msgpack arrays):
 ``["c"]``
     the start of a checkpoint (first record of a file); ``["e"]`` its end
 
-:func:`read_frontier` reads the frontier from another process (the Spark
-reader) with replay's parsing (:func:`parse_file`) but none of its repairs.
+:func:`read_journal` reads a journal from another process or a read-only handle (and
+:func:`read_frontier` its frontier, for the Spark reader) with replay's parsing
+(:func:`parse_file`) but none of its repairs.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ from ..format.fs import REAL_FS, FileSystem
 from ..format.ledger_file import masked_crc32c
 
 __all__ = ["Journal", "JournalState", "ParsedFile", "FdPool", "journal_directory", "has_journal", "parse_file",
-           "read_frontier", "read_identity", "frame_group", "header_size", "list_files", "newest_checkpoint"]
+           "read_frontier", "read_identity", "read_journal", "frame_group", "header_size", "list_files",
+           "newest_checkpoint"]
 
 MAGIC = b"BKTJRNL\n"
 VERSION = 2
@@ -586,19 +588,34 @@ def has_journal(store_path: str, tracker: str) -> bool:
 
 
 def read_frontier(store_path: str, tracker: str, *, attempts: int = 5) -> tuple[int, int, int] | None:
-    """The tracker's durable delivery frontier, read without modifying anything.
-
-    Replay's rules, without its repairs: files before the newest complete
-    checkpoint are ignored (not removed), a torn tail of the last file is
-    ignored (not cut), ``*.journal.tmp`` files are ignored (not removed). So a
-    store in use, or one left by a crash, can be read by another process
-    without the store lock, and its writer later repairs it as usual.
+    """The tracker's durable delivery frontier, read without modifying anything (see :func:`read_journal`).
 
     :returns: the largest durable ``(timestamp, ledger_id, entry_id)`` delivered,
         or None when the tracker has no journal (sealed mode; see
         :func:`has_journal`) or its journal records no delivery yet.
-    :param attempts: listings to try when a file vanishes while being read.
     :raises JournalError: damage that is not a torn tail, or files that keep vanishing.
+    """
+    state = read_journal(store_path, tracker, attempts=attempts)
+    return state.frontier if state is not None else None
+
+
+def read_journal(store_path: str, tracker: str, *, identity: tuple[str, str] | None = None,
+                 attempts: int = 5) -> JournalState | None:
+    """What a replay would recover from the tracker's journal, read without modifying anything.
+
+    Replay's rules, without its repairs: files before the newest complete
+    checkpoint are ignored (not removed), a torn tail of the last file is
+    ignored (not cut: it may be a group its live writer is writing right now),
+    ``*.journal.tmp`` files are ignored (not removed). So a store in use, or one
+    left by a crash, can be read by another process without the store lock, and
+    its writer later repairs it as usual.
+
+    :param identity: ``(store id, tracker name)`` every file must carry (see :func:`parse_file`).
+    :param attempts: listings to try when a file vanishes while being read (a live
+        writer's checkpoint removes the files it supersedes).
+    :returns: the frontier and the ordered add/untrack records (``cut_bytes``: the torn
+        tail left out), or None when the tracker has no journal directory.
+    :raises JournalError: damage that is not a torn tail, a foreign file, or files that keep vanishing.
     """
     directory = journal_directory(store_path, tracker)
     for _ in range(attempts):
@@ -607,17 +624,22 @@ def read_frontier(store_path: str, tracker: str, *, attempts: int = 5) -> tuple[
         except FileNotFoundError:
             return None  # no journal: sealed mode (or the tracker was deleted meanwhile)
         parsed: list[list[tuple]] = []
+        torn = 0
         try:
             for i, (number, path) in enumerate(files):
                 with open(path, "rb") as f:
                     data = f.read()
-                parsed.append(parse_file(data, path, number, last=(i == len(files) - 1)).records)
+                result = parse_file(data, path, number, last=(i == len(files) - 1), identity=identity)
+                parsed.append(result.records)
+                if result.torn_at is not None:
+                    torn += len(data) - result.torn_at
         except FileNotFoundError:
             # A live writer checkpointed between the listing and the read and removed
-            # the superseded files: list again, the new checkpoint holds the frontier.
+            # the superseded files: list again, the new checkpoint holds the state.
             continue
-        frontier, _ = _fold(parsed[_newest_checkpoint(parsed):])
-        return frontier
+        start = _newest_checkpoint(parsed)
+        frontier, records = _fold(parsed[start:])
+        return JournalState(frontier, records, len(parsed) - start, torn)
     raise JournalError(directory, 0, f"journal files kept vanishing while being read ({attempts} attempts)")
 
 

@@ -11,7 +11,9 @@
 Opening a store removes what a crash can leave behind: temporary ledger files
 (``*.ledger.tmp``) and ledger files no catalog key references (a seal that
 crashed between the file's rename and the catalog commit, or a delete that
-crashed between the key's removal and the unlink).
+crashed between the key's removal and the unlink). A read-only open
+(``bucketstore.open(path, read_only=True)``, :mod:`~bucketstore.engine.read_only`)
+removes, writes and locks nothing.
 
 Deleting is the dangerous part, so it happens only when it is proven safe:
 the catalog must be this store's healthy catalog (a missing, empty, new or
@@ -29,7 +31,7 @@ import logging
 import os
 import re
 import threading
-from typing import Any
+from typing import Any, Literal, overload
 
 from .catalog import Catalog, validate_tracker_name
 from .checkpoint import CheckpointReport, check_destination, make_checkpoint
@@ -41,6 +43,7 @@ from .handoff import DELIVERY_MODES
 from .journal import FdPool, journal_directory
 from .maintenance import MaintenanceWorker
 from .read_ahead import SegmentReader
+from .read_only import ReadOnlyStore
 from .store_lock import acquire_write_lock
 from .store_services import StoreServices
 from ..format.ledger_file import LedgerReader
@@ -412,10 +415,24 @@ def _holds_files(store_path: str) -> bool:
     return False
 
 
+@overload
+def open_store(path: str | os.PathLike[str], durability: str = ..., *, repair: bool = ...,
+               sync_interval_ms: int = ..., delivery: str = ..., background: bool = ...,
+               max_pending_maintenance: int = ..., read_ahead: bool | None = ...,
+               confirm_sync_ms: int = ..., read_only: Literal[False] = ...) -> Store: ...
+
+
+@overload
+def open_store(path: str | os.PathLike[str], durability: str = ..., *, repair: bool = ...,
+               sync_interval_ms: int = ..., delivery: str = ..., background: bool = ...,
+               max_pending_maintenance: int = ..., read_ahead: bool | None = ...,
+               confirm_sync_ms: int = ..., read_only: Literal[True]) -> ReadOnlyStore: ...
+
+
 def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
                sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = True,
                max_pending_maintenance: int = 2, read_ahead: bool | None = None,
-               confirm_sync_ms: int = CONFIRM_SYNC_MS) -> Store:
+               confirm_sync_ms: int = CONFIRM_SYNC_MS, read_only: bool = False) -> Store | ReadOnlyStore:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
@@ -444,7 +461,22 @@ def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repa
         before adds wait for the worker (bounds the frozen rows held in memory).
     :param read_ahead: read a sealed bucket's next segment on the store's reader thread
         once its loaded segment runs low (None, the default: on when ``background``).
+    :param read_only: look without changing anything (see
+        :mod:`~bucketstore.engine.read_only`): no lock is taken, nothing in the store
+        directory is created, written or deleted, a missing store is a
+        :class:`CatalogError`, and it works beside the live writer. Returns a
+        :class:`~bucketstore.engine.read_only.ReadOnlyStore`, whose trackers answer
+        questions (and ``peek_scheduled``) and raise :class:`~bucketstore.ReadOnlyError`
+        on every change. Each tracker is replayed by the durability it has on disk (a
+        journal directory: journal mode), so ``durability`` and the writer's tuning
+        arguments are not used; ``repair=True`` (which drops keys) is refused.
     :raises StoreLockedError: another process or handle has the store open.
     """
+    if read_only:
+        if durability not in DURABILITY_MODES:
+            raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
+        if repair:
+            raise ValueError("repair=True drops damaged catalog keys: it cannot be combined with read_only=True")
+        return ReadOnlyStore(path)
     return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, delivery=delivery,
                  confirm_sync_ms=confirm_sync_ms, background=background, max_pending_maintenance=max_pending_maintenance, read_ahead=read_ahead)

@@ -114,13 +114,20 @@ class BucketTracker:
         self._replaying = False
         self._last_sync = time.monotonic()
         if store.durability == "journal":
-            self._journal = Journal(journal_directory(store.path, name), store.fs, tracker=name,
-                                    store_id=store.store_id, pool=store.journal_fds)
+            self._journal = self._open_journal()
         self.recovery_seconds = 0.0
         self.recovery_report: dict[str, Any] = {}
         self._recover()
 
+    #: A read-only tracker (:mod:`~bucketstore.engine.read_only`) recovers without writing.
+    _read_only = False
+
     # -- helpers --------------------------------------------------------------------------------
+    def _open_journal(self) -> Journal:
+        store = self._store
+        return Journal(journal_directory(store.path, self.name), store.fs, tracker=self.name,
+                       store_id=store.store_id, pool=store.journal_fds)
+
     def _check_open(self) -> None:
         """The gate of every call that changes the tracker, and of those waiting for its work.
 
@@ -1100,7 +1107,7 @@ class BucketTracker:
                     self._forget_unopened(bucket)
                     continue
             self._queue.push(Slot(bucket))
-        if stale_keys or backfill:
+        if (stale_keys or backfill) and not self._read_only:
             # Summaries of keys written before summaries existed, in one transaction with
             # the stale keys' removal; a crash before it only means reading entry 0 again.
             store.catalog.commit(self.name, remove=stale_keys, summaries=backfill)

@@ -3,8 +3,10 @@
 The Spark processes never open a :class:`bucketstore.Store`: that would take
 the write lock and delete files other processes are working with. They only
 need the catalog (read-only) and the file names. The catalog is read as one
-snapshot (one LMDB read transaction, registered as a reader in ``lock.mdb``),
-so a plan never mixes two commits of a live writer.
+snapshot (one LMDB read transaction), so a plan never mixes two commits of a
+live writer; as ``bucketstore.open(path, read_only=True)`` reads it, registered
+as a reader in ``lock.mdb`` only beside a live writer, so reading a store no one
+writes writes nothing into it (see :func:`~bucketstore.engine.catalog.read_catalog_quietly`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def open_catalog_readonly(store: str) -> CatalogSnapshot:
     if not os.path.isdir(ledgers_dir(store)) or not os.path.isdir(catalog_dir(store)):
         raise CatalogError(f"{store} is not a bucketstore store: it has no catalog/ and ledgers/ directories",
                            path=store)
-    return read_catalog_snapshot(catalog_dir(store))
+    return read_catalog_snapshot(catalog_dir(store), quiet=True)
 
 
 def first_free_ledger_id(store: str, catalog: CatalogSnapshot) -> int:
