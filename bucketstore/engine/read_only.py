@@ -111,6 +111,14 @@ class ReadOnlyTracker(BucketTracker):
 
     def _check_open(self) -> None:
         super()._check_open()
+        self._check_snapshot()
+
+    def _check_alive(self) -> None:
+        super()._check_alive()
+        self._check_snapshot()
+
+    def _check_snapshot(self) -> None:
+        """Once a file of the snapshot is found gone, the view is incomplete: no answer at all."""
         if self._gone is not None:
             raise StaleSnapshotError(str(self._gone), path=self._gone.path)
 
