@@ -22,7 +22,7 @@ from .memory.timebucket_tracker import TimeBucketTracker
 from .engine.tracker import BucketTracker
 from . import metrics  # bucketstore.metrics.prometheus_text(store)
 
-#: ``bucketstore.open(path, durability="sealed")``: open or create a store.
+#: ``bucketstore.open(path, durability="journal")``: open or create a store (see :func:`open_store`).
 open = open_store  # noqa: A001 - the public name MISSION.md fixes
 
 __version__ = "0.1.0"
