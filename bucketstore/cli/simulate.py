@@ -313,8 +313,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
     p.add_argument("--durability", choices=["sealed", "journal"], default="sealed",
-                   help="sealed (default): one crash half way and the broker replays its log; journal: the "
-                        "broker is a child process SIGKILLed --kills times and checked after each")
+                   help="sealed (default here; Pulsar's mode): one crash half way, the broker replays its log "
+                        "and calls replay_done(); journal (the library's default): the broker is a child "
+                        "process SIGKILLed --kills times and checked after each")
     p.add_argument("--messages", type=int, help=f"messages to publish {both(d.messages, j.messages)}")
     p.add_argument("--rate", type=int, help=f"messages per simulated second {both(d.rate_per_s, j.rate_per_s)}")
     p.add_argument("--delay-window-ms", type=int,
