@@ -57,8 +57,11 @@ def test_a_clock_stepped_forward_deletes_nothing_until_replay_done(tmp_path, cap
     files = _ledger_files(path)
     clock.now = 10_000_000  # every sealed index is due: recovery skips them all
     for _ in range(2):  # a reopen before replay_done skips again, the same way
-        with bucketstore.open(path, durability="sealed", background=False) as store:
+        with bucketstore.open(path, durability="sealed", background=False) as store, \
+                caplog.at_level(logging.INFO, logger="bucketstore"):
             t = store.tracker("t", CFG, clock)
+            assert any(f"recovery skipped {sealed} due indexes in 3 bucket(s)" in r.getMessage()
+                       for r in caplog.records)
             assert t.number_of_delayed_messages == 0
             st = t.stats()
             assert (st["held_for_replay_buckets"], st["held_for_replay_indexes"]) == (3, sealed)
@@ -72,7 +75,7 @@ def test_a_clock_stepped_forward_deletes_nothing_until_replay_done(tmp_path, cap
         assert t.stats()["held_for_replay_buckets"] == 0
         assert not t.buckets()
     assert _ledger_files(path) == []
-    logged = [r.getMessage() for r in caplog.records if "replay_done" in r.getMessage()]
+    logged = [r.getMessage() for r in caplog.records if "deleting bucket" in r.getMessage()]
     assert len(logged) == 3 and all("rows skipped at open" in m and ".ledger" in m for m in logged), logged
 
 
@@ -167,3 +170,28 @@ def test_a_bucket_holding_skipped_rows_is_not_merged(tmp_path) -> None:
         for entry in range(12):
             t.add_message(5, entry, 2_000 + entry)
         assert t.stats()["merge"]["succeeded"] >= 1
+
+
+def test_what_an_open_deletes_is_logged_with_what_and_why(tmp_path, caplog) -> None:
+    """A bucket a committed mark-delete passed (its delete cut by a crash) and an orphan file
+    (its key gone, its unlink cut): both deleted at open, both logged with ledger, file and rows."""
+    path = tmp_path / "s"
+    clock = FakeClock(0)
+    _seal_buckets(path, clock)
+    with bucketstore.open(path, durability="sealed", background=False) as store:
+        keys = store.catalog.buckets("t")
+        first, second = sorted(keys, key=lambda k: keys[k])[:2]
+        # What a crash leaves: the mark-delete state committed before its bucket's delete ran,
+        # and a key removed whose file's unlink never happened.
+        store.catalog.commit("t", state={"mark_delete": [1, 0]})
+        store.catalog.commit("t", remove=[second])
+    with caplog.at_level(logging.INFO, logger="bucketstore"):
+        with bucketstore.open(path, durability="sealed", background=False) as store:
+            store.tracker("t", CFG, clock)
+    messages = [r.getMessage() for r in caplog.records]
+    acked = [m for m in messages if f"deletes bucket {first}" in m]
+    assert len(acked) == 1 and "acknowledged" in acked[0] and f"ledger {keys[first]}," in acked[0] \
+        and "12 rows" in acked[0], messages
+    orphan = [m for m in messages if "no catalog key names it" in m]
+    assert len(orphan) == 1 and f"ledger {keys[second]}," in orphan[0] and "12 rows" in orphan[0], messages
+    assert len(_ledger_files(path)) == 1

@@ -1125,6 +1125,13 @@ class BucketTracker:
         self._open_ahead()
         self.recovery_seconds = time.perf_counter() - started
         held = [b for b in self._buckets.values() if b.held_rows]
+        if held:
+            log.info("tracker %r: recovery skipped %d due indexes in %d bucket(s) (sealed mode: the embedder's "
+                     "replay re-adds them); their files are kept until replay_done() or a mark-delete past them",
+                     self.name, sum(b.held_rows for b in held), len(held))
+        #: What recovery did: ``deleted_due`` counts the buckets it deleted (mark-delete passed them,
+        #: or, in journal mode, the confirmed delivery frontier); ``held_for_replay_*`` what sealed
+        #: mode skipped and keeps until :meth:`replay_done`.
         self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
                                 "enclosed_removed": len(enclosed), "dropped": dropped,
                                 "unopened": self._unopened, "summaries_backfilled": len(backfill),
