@@ -195,3 +195,15 @@ def test_what_an_open_deletes_is_logged_with_what_and_why(tmp_path, caplog) -> N
     orphan = [m for m in messages if "no catalog key names it" in m]
     assert len(orphan) == 1 and f"ledger {keys[second]}," in orphan[0] and "12 rows" in orphan[0], messages
     assert len(_ledger_files(path)) == 1
+
+
+def test_every_tracker_takes_replay_done_and_keeps_what_it_tracks(make_tracker, clock) -> None:
+    """The in-memory trackers hold nothing for a replay; the call is there so that an embedder
+    calls every tracker the same way. On a journal store it holds nothing either."""
+    t = make_tracker(CFG, clock)
+    for entry in range(5):
+        t.add_message(1, entry, clock.now + 100 + entry)
+    t.replay_done()
+    assert t.number_of_delayed_messages == 5
+    clock.advance(1_000)
+    assert t.get_scheduled_messages(10) == [(1, e) for e in range(5)]
