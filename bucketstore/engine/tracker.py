@@ -119,6 +119,10 @@ class BucketTracker:
             self._journal = Journal(journal_directory(store.path, name), store.fs, tracker=name,
                                     store_id=store.store_id, pool=store.journal_fds)
         self.recovery_seconds = 0.0
+        #: What recovery did: ``deleted_due`` counts the buckets it deleted (mark-delete passed
+        #: them, or in journal mode the confirmed delivery frontier), ``enclosed_removed`` a crashed
+        #: merge's leftovers, ``dropped`` repair's drops, ``held_for_replay_buckets`` and
+        #: ``held_for_replay_indexes`` what sealed mode skipped and keeps until :meth:`replay_done`.
         self.recovery_report: dict[str, Any] = {}
         self._recover()
 
@@ -1129,9 +1133,6 @@ class BucketTracker:
             log.info("tracker %r: recovery skipped %d due indexes in %d bucket(s) (sealed mode: the embedder's "
                      "replay re-adds them); their files are kept until replay_done() or a mark-delete past them",
                      self.name, sum(b.held_rows for b in held), len(held))
-        #: What recovery did: ``deleted_due`` counts the buckets it deleted (mark-delete passed them,
-        #: or, in journal mode, the confirmed delivery frontier); ``held_for_replay_*`` what sealed
-        #: mode skipped and keeps until :meth:`replay_done`.
         self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
                                 "enclosed_removed": len(enclosed), "dropped": dropped,
                                 "unopened": self._unopened, "summaries_backfilled": len(backfill),
