@@ -207,3 +207,27 @@ def test_every_tracker_takes_replay_done_and_keeps_what_it_tracks(make_tracker, 
     assert t.number_of_delayed_messages == 5
     clock.advance(1_000)
     assert t.get_scheduled_messages(10) == [(1, e) for e in range(5)]
+
+
+def test_a_long_stop_of_a_default_store_deletes_nothing_undelivered(tmp_path) -> None:
+    """Journal mode skips only what its confirmed frontier says was delivered: after a stop
+    longer than every delay, every sealed index is still there, due, and delivered once."""
+    path = tmp_path / "s"
+    clock = FakeClock(0)
+    with bucketstore.open(path, background=False) as store:
+        t = store.tracker("t", CFG, clock)
+        for ledger in range(4):
+            for entry in range(12):
+                t.add_message(ledger, entry, 1_000 + 10 * entry)
+        clock.now = 1_015
+        first = t.get_scheduled_messages(100)  # the first two times of each ledger
+        t.confirm_delivered()
+        assert len(first) == 8 and len(t.buckets()) == 3
+    files = _ledger_files(path)
+    clock.now = 10_000_000
+    with bucketstore.open(path, background=False) as store:
+        t = store.tracker("t", CFG, clock)
+        assert t.recovery_report["deleted_due"] == 0 and _ledger_files(path) == files
+        assert t.number_of_delayed_messages == 48 - 8
+        got = t.get_scheduled_messages(100)
+        assert len(got) == 40 and not set(got) & set(first)
