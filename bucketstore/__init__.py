@@ -24,8 +24,8 @@ from .memory.timebucket_tracker import TimeBucketTracker
 from .engine.tracker import BucketTracker
 from . import metrics  # bucketstore.metrics.prometheus_text(store)
 
-#: ``bucketstore.open(path, durability="sealed")``: open or create a store;
-#: ``bucketstore.open(path, read_only=True)``: look inside one without changing it.
+#: ``bucketstore.open(path)``: open or create a store (journal durability unless told
+#: ``durability="sealed"``); ``bucketstore.open(path, read_only=True)``: look inside one without changing it.
 open = open_store  # noqa: A001 - the public name MISSION.md fixes
 
 __version__ = "0.1.0"

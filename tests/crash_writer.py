@@ -70,7 +70,8 @@ def run_writer(store_path: str | os.PathLike[str], log_path: str | os.PathLike[s
     ledger, now = resume_point(read_side_log(log_path))
     side = SideLog(log_path)
     clock = FakeClock(now)
-    store = bucketstore.open(store_path, background=background)  # explicit: the test runs both designs
+    # Sealed mode (the journal writer is below); background explicit: the test runs both designs.
+    store = bucketstore.open(store_path, durability="sealed", background=background)
     tracker = store.tracker(NAME, CONFIG, clock)
     known = set(store.catalog.buckets(NAME))
     if ready is not None:

@@ -64,7 +64,7 @@ WORKLOADS = [
 
 def _reopen_and_check(path: Path, workload: Workload, clock: FakeClock, exp: Expectation,
                       universe: set[tuple[int, int]], context: str) -> None:
-    with bucketstore.open(path) as store:
+    with bucketstore.open(path, durability="sealed") as store:
         tracker = store.tracker(TRACKER, workload.config, clock)
         check_recovered(tracker, exp, universe, context)
         check_files(store, TRACKER, context)
@@ -152,16 +152,16 @@ def test_old_ledger_after_recovery_does_not_widen_the_mutable_bucket_over_a_seal
     next seal registered [1, 4], and the following recovery took [2, 2] for a
     merge leftover enclosed by [1, 4] and deleted it: six durable indexes lost."""
     clock = FakeClock(1_000)
-    with bucketstore.open(tmp_path) as store:
+    with bucketstore.open(tmp_path, durability="sealed") as store:
         tracker = store.tracker(TRACKER, SMALL, clock)
         tracker.add_messages([(2, e, 5_000 + e) for e in range(6)])
         tracker.add_messages([(3, e, 5_000 + e) for e in range(6)])  # seals [2, 2]
-    with bucketstore.open(tmp_path) as store:
+    with bucketstore.open(tmp_path, durability="sealed") as store:
         tracker = store.tracker(TRACKER, SMALL, clock)
         tracker.add_message(1, 0, 5_000)  # an old ledger, below the sealed bucket
         tracker.add_messages([(4, e, 5_000 + e) for e in range(3)])
         tracker.add_message(5, 0, 5_000)  # rolls over: seals the mutable bucket
         tracker._check()
-    with bucketstore.open(tmp_path) as store:
+    with bucketstore.open(tmp_path, durability="sealed") as store:
         tracker = store.tracker(TRACKER, SMALL, clock)
         assert all(tracker.contains_message(2, e) for e in range(6)), "the sealed bucket [2, 2] was lost"

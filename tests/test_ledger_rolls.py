@@ -42,7 +42,7 @@ def test_pending_counter_matches_a_scan(ops):
 
 def _seal_gate_store(tmp_path, mode):
     clock = FakeClock(0)
-    store = bucketstore.open(tmp_path / mode)
+    store = bucketstore.open(tmp_path / mode, durability="sealed")  # the seal gate; no fsync per add
     return store, store.tracker("t", TrackerConfig(min_index_count_per_bucket=100, tick_time_ms=1), clock=clock), clock
 
 

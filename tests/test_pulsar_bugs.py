@@ -39,7 +39,7 @@ def _drain(tracker, clock):
 def test_26251_merge_keeps_loaded_segment_and_never_delivers_twice(tmp_path):
     """#26251: a merge skipped the loaded segment 1 (lost), or re-merged it (delivered twice)."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4,
                                                max_indexes_per_segment=2, max_num_buckets=1), clock)
         _seal_ledgers(t, [1, 2, 3])
@@ -52,7 +52,7 @@ def test_26251_merge_keeps_loaded_segment_and_never_delivers_twice(tmp_path):
 def test_26230_expired_readd_of_unloaded_position_is_dispatched_now(tmp_path):
     """#26230: contains was checked before expiry, so an expired, unloaded position was skipped."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         _seal_ledgers(t, [1])  # (1, 3) sits in segment 2, not loaded
         clock.now = 5000
@@ -65,7 +65,7 @@ def test_26239_failed_create_during_merge_keeps_the_sources(tmp_path):
     """#26239: a failed merge create still deleted the source snapshots."""
     clock = FakeClock(0)
     fs = FaultyFileSystem()
-    store = Store(tmp_path / "s", fs=fs)
+    store = Store(tmp_path / "s", durability="sealed", fs=fs)
     t = store.tracker("sub", TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4,
                                            max_indexes_per_segment=2, max_num_buckets=2), clock)
     _seal_ledgers(t, [1, 2])
@@ -77,7 +77,7 @@ def test_26239_failed_create_during_merge_keeps_the_sources(tmp_path):
     fs.rules.remove(rule)
     assert len(store.catalog.buckets("sub")) >= 2  # sources kept
     store.close()
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         held = {(l, e) for l in (1, 2) for e in range(4)}
         assert all(t.contains_message(*p) for p in held)
@@ -86,7 +86,7 @@ def test_26239_failed_create_during_merge_keeps_the_sources(tmp_path):
 def test_26240_trim_never_deletes_a_bucket_overlapping_the_first_live_ledger(tmp_path):
     """#26240: trim used a clipped range and deleted a bucket that overlapped the first live ledger."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=8,
                                                max_indexes_per_segment=2), clock)
         for ledger in (1, 2):  # one bucket [1, 2]
@@ -104,7 +104,7 @@ def test_26280_loading_does_not_hang_on_a_removed_sentinel(tmp_path):
     """#26280: the next segment loaded only when the last index of the current one was popped;
     when that index was removed (expired re-add, trim), the bucket never loaded again."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         _seal_ledgers(t, [1])  # segments {(1,0),(1,1)} and {(1,2),(1,3)}
         clock.now = 1005
@@ -116,10 +116,10 @@ def test_26280_loading_does_not_hang_on_a_removed_sentinel(tmp_path):
 def test_pending_load_never_returns_short(tmp_path):
     """Pulsar returns nothing while a segment load is pending; here the load happens in the call."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         _seal_ledgers(t, [1, 2])
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)  # nothing loaded yet
         clock.now = 10**6
         assert len(t.get_scheduled_messages(100)) == 8
@@ -130,7 +130,7 @@ def test_26238_failed_catalog_write_after_create_leaves_no_orphan_and_loses_noth
     orphaned and could not be recovered. Here the file is removed and the indexes stay in memory."""
     clock = FakeClock(0)
     fs = FaultyFileSystem()
-    store = Store(tmp_path / "s", fs=fs)
+    store = Store(tmp_path / "s", durability="sealed", fs=fs)
     fs.attach(store.catalog)
     t = store.tracker("sub", SMALL, clock)
     rule = fs.fail(ops=["catalog_commit"], times=None)
@@ -147,7 +147,7 @@ def test_22802_no_key_ever_points_at_a_missing_ledger(tmp_path):
     """#22802: the property was removed before the ledger was deleted (or the other way round)
     and leaked; here the key goes first, the file second, and open removes orphans."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         _seal_ledgers(t, [1])
         _drain(t, clock)  # exhausts the bucket: key removed, then file
@@ -179,7 +179,7 @@ def test_20638_journal_mode_redelivers_nothing_after_a_restart(tmp_path):
 def test_25371_ledger_inside_the_mutable_range_is_accepted(tmp_path):
     """#25371: a ledger strictly inside [start, end) of the mutable bucket raised an error."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", TrackerConfig(tick_time_ms=0), clock)
         t.add_message(1, 0, 1000)
         t.add_message(5, 0, 1000)
@@ -190,11 +190,11 @@ def test_25371_ledger_inside_the_mutable_range_is_accepted(tmp_path):
 def test_26080_next_delivery_time_on_empty_queues(tmp_path):
     """#26080: nextDeliveryTime threw when the queues were empty (segments not loaded)."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         assert t.next_delivery_time() is None
         _seal_ledgers(t, [1])
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)  # segments on disk, nothing in memory
         assert t.next_delivery_time() == 1001
 
@@ -203,7 +203,7 @@ def test_26080_next_delivery_time_on_empty_queues(tmp_path):
 def test_26241_max_num_buckets_1_to_3_merge(tmp_path, max_buckets):
     """#26241 / #26242: merging threw for maxNumBuckets 1..3."""
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4,
                                                max_indexes_per_segment=2, max_num_buckets=max_buckets), clock)
         _seal_ledgers(t, list(range(1, 8)))
@@ -216,12 +216,12 @@ def test_entry_ids_beyond_32_bits_are_sealed_and_recovered(tmp_path):
     """Pulsar's 32-bit bitmaps cannot hold entry ids >= 2**32."""
     clock = FakeClock(0)
     big = (1 << 40) + 7
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         for e in range(4):
             t.add_message(1, big + e, 1000 + e)
         t.add_message(2, 0, 2000)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         assert t.contains_message(1, big + 3)
         assert _drain(t, clock) == [(1, big + e) for e in range(4)]

@@ -85,7 +85,7 @@ def _kill_after(pid: int, ready: int, delay: float) -> bool:
 def _recover(store_path: Path, now: int, ready: int) -> None:
     """Child body: open the store and recover the tracker, then report and linger."""
     os.write(ready, b"r")  # report first: the kill is meant to land inside the recovery
-    with bucketstore.open(store_path) as store:
+    with bucketstore.open(store_path, durability="sealed") as store:
         store.tracker(NAME, CONFIG, FakeClock(now))
     time.sleep(10)
 
@@ -99,7 +99,7 @@ def check_store(store_path: Path, log_path: Path) -> int:
     cutoff = now + CONFIG.tick_time_ms
     must = {(l, e) for r in records if "sealed" in r for t, l, e in r["rows"]
             if t > cutoff and (ack is None or (l, e) > ack)}
-    with bucketstore.open(store_path) as store:
+    with bucketstore.open(store_path, durability="sealed") as store:
         tracker = store.tracker(NAME, CONFIG, FakeClock(now))
         tracker._check()
         check_files(store, NAME, f"after kill ({store_path})")

@@ -239,7 +239,7 @@ def tracker_store(tmp_path):
     path = str(tmp_path / "store")
     clock = FakeClock(0)
     big = 2**63 + 7
-    with bucketstore.open(path) as store:
+    with bucketstore.open(path, durability="sealed") as store:  # no journal: delivered is unknown
         a = store.tracker("alpha", CFG, clock)
         a.add_messages({"ledger_id": [l for l in range(6) for _ in range(150)],
                         "entry_id": [e for _ in range(6) for e in range(150)],
@@ -290,7 +290,7 @@ def test_delivered_marks_exactly_the_rows_at_or_before_the_durable_frontier(spar
     """Sealed and journal trackers side by side: null, exact prefix, no rows (a journal, no bucket)."""
     path = str(tmp_path / "store")
     clock = FakeClock(0)
-    with bucketstore.open(path) as store:  # sealed mode: this tracker never gets a journal
+    with bucketstore.open(path, durability="sealed") as store:  # this tracker never gets a journal
         s = store.tracker("sealed", CFG, clock)
         s.add_messages([(5, e, 10_000 + e) for e in range(250)])
         s.add_message(6, 0, 90_000)

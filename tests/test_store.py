@@ -45,13 +45,13 @@ def test_second_process_is_refused_and_lock_dies_with_holder(tmp_path):
 
 def test_sealed_buckets_survive_reopen(tmp_path):
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         fill_and_seal(t)
         sealed = t.stats()["immutable_buckets"]
         assert sealed >= 1
         held = t.number_of_delayed_messages
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", SMALL, clock)
         assert t.stats()["immutable_buckets"] == sealed
         # the mutable bucket (the last ledger) is gone in sealed mode, as in Pulsar
@@ -61,7 +61,7 @@ def test_sealed_buckets_survive_reopen(tmp_path):
 
 def test_damaged_bucket_file_is_a_typed_error_and_repair_drops_it(tmp_path):
     clock = FakeClock(0)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:  # the last ledger is not kept
         t = store.tracker("sub", SMALL, clock)
         fill_and_seal(t)
         sealed = t.stats()["immutable_buckets"]

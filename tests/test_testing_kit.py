@@ -132,5 +132,5 @@ def test_a_nondeterministic_workload_is_refused(tmp_path: Path) -> None:
             tracker.add_messages([(ledger, e, 5_000) for e in range(4)])
 
     with pytest.raises(AssertionError, match="not deterministic"):
-        for _ in crash_each_point(workload, tmp_path):
+        for _ in crash_each_point(workload, tmp_path, durability="sealed"):
             pass

@@ -187,7 +187,7 @@ def test_recovery_in_sealed_mode_keeps_sealed_undue_indexes(tmp_path_factory, op
     path = tmp_path_factory.mktemp("s")
     clock = FakeClock(1_000)
     model = SortedListModel(CONFIG.tick_time_ms, clock)
-    with bucketstore.open(path) as store:
+    with bucketstore.open(path, durability="sealed") as store:
         tracker = store.tracker("sub", config, clock)
         for op in ops_list:
             if op[0] == "pop":
@@ -201,7 +201,7 @@ def test_recovery_in_sealed_mode_keeps_sealed_undue_indexes(tmp_path_factory, op
         before = {(at, l, e) for (l, e), at in model.where.items()}
         sealed = _sealed_contents(path, store.catalog.buckets("sub"))
     clock.advance(pause)
-    with bucketstore.open(path) as store:
+    with bucketstore.open(path, durability="sealed") as store:
         tracker = store.tracker("sub", config, clock)
         tracker._check()
         cutoff = clock.now + CONFIG.tick_time_ms

@@ -239,14 +239,14 @@ def test_old_ledger_in_a_gap_never_stretches_the_mutable_bucket_over_sealed_rang
     overlap that range, and recovery would delete the enclosed bucket as a merge leftover."""
     clock = FakeClock(0)
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=2, max_indexes_per_segment=2)
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", cfg, clock)
         for ledger in (10, 12):  # seals [10, 10] when ledger 12 arrives
             for entry in range(3):
                 t.add_message(ledger, entry, 1000 + entry)
         t.add_message(20, 0, 1000)  # seals [12, 12]
         sealed = {(12, e) for e in range(3)}
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", cfg, clock)
         t.add_message(11, 0, 1000)  # replay: an old ledger in the gap between [10, 10] and [12, 12]
         for entry in range(3):
@@ -255,7 +255,7 @@ def test_old_ledger_in_a_gap_never_stretches_the_mutable_bucket_over_sealed_rang
         t._check()
         ranges = [(b.start_ledger, b.end_ledger) for b in t.buckets()]
         assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), ranges
-    with bucketstore.open(tmp_path / "s") as store:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
         t = store.tracker("sub", cfg, clock)
         t._check()
         assert all(t.contains_message(*p) for p in sealed), "a sealed bucket was lost"

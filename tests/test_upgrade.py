@@ -30,7 +30,7 @@ def _store_with_buckets(path: str, seed: int = 3) -> list[tuple[int, int, int]]:
     """Seal three buckets of random-delay indexes; return every (ts, ledger, entry) held."""
     rng = np.random.default_rng(seed)
     rows = []
-    with bucketstore.open(path) as store:
+    with bucketstore.open(path, durability="sealed") as store:  # the last ledger is never sealed: not kept
         t = store.tracker("t", TrackerConfig(max_indexes_per_segment=300, min_index_count_per_bucket=1),
                           lambda: EPOCH)
         for ledger in range(4):

@@ -165,7 +165,7 @@ def shared_store():
     """A sealed store."""
     top = tempfile.mkdtemp(prefix="bucketstore-ro-")
     path = os.path.join(top, "s")
-    with bucketstore.open(path) as store:
+    with bucketstore.open(path, durability="sealed") as store:
         tracker = store.tracker("t", config=bucketstore.TrackerConfig(min_index_count_per_bucket=3),
                                 clock=lambda: 1_000)
         tracker.add_messages([(1, e, 10_000 + e) for e in range(5)])

@@ -34,7 +34,9 @@ def choose_merge_window(buckets: Sequence[SealedBucket]) -> list[SealedBucket] |
     a bucket whose last segment is in memory would save nothing). Windows of
     :data:`MAX_MERGE_NUM` are tried first, then smaller ones down to 2; among
     qualifying windows of one size the one holding the fewest pending indexes
-    wins, ties going to the one whose next segment is due earliest. (Pulsar's
+    wins, ties going to the one whose next segment is due earliest. A bucket holding rows
+    skipped at open for the embedder's replay is never merged: the merge keeps only what
+    the index tracks, so those rows, which exist nowhere else, would be lost. (Pulsar's
     selector only replaces its pick on a strictly earlier timestamp, which can
     prefer a larger window; this one orders by the two keys plainly.)
     """
@@ -43,7 +45,7 @@ def choose_merge_window(buckets: Sequence[SealedBucket]) -> list[SealedBucket] |
         best: tuple[int, int, int] | None = None
         for i in range(len(ordered) - size + 1):
             window = ordered[i:i + size]
-            if not all(b.has_next_segment() and not b.merging for b in window):
+            if not all(b.has_next_segment() and not b.merging and not b.held_rows for b in window):
                 continue
             key = (sum(b.pending_indexes for b in window), min(b.next_segment_min_ts() for b in window), i)
             if best is None or key < best:

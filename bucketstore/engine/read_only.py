@@ -210,6 +210,9 @@ class ReadOnlyTracker(BucketTracker):
     def clear(self) -> None:
         self._refuse("clear")
 
+    def replay_done(self) -> None:
+        self._refuse("replay_done")
+
     def flush(self) -> None:
         self._refuse("flush")
 

@@ -35,10 +35,14 @@ class SealedBucket:
         ignores its runs and slots.
     :ivar ahead: the read-ahead of a later segment, if one was asked for
         (:class:`~bucketstore.engine.read_ahead.SegmentRead`; see ``read_ahead``).
+    :ivar held_rows: rows of segments that ``sealed`` recovery skipped as already due
+        and that no one has received: the file is their only copy until the embedder's
+        replay is done or mark-delete passes the bucket, so it is neither deleted nor
+        merged before then (0: nothing held).
     """
 
     __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
-                 "current", "dead", "merging", "ahead", "_on_load", "summary")
+                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows")
 
     def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
                  first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> None:
@@ -54,6 +58,7 @@ class SealedBucket:
         self.dead = False
         self.merging = False
         self.ahead = None
+        self.held_rows = 0
         self._on_load = on_load
         #: The catalog's summary while entry 0 is unread (the bucket is *unopened*: its
         #: positions are not in the tracker's index yet); None once opened.
@@ -70,6 +75,7 @@ class SealedBucket:
         b.current = first_segment - 1
         b.dead = b.merging = False
         b.ahead = None
+        b.held_rows = 0
         b._on_load = on_load
         b.summary = summary
         return b

@@ -47,6 +47,7 @@ from .read_only import ReadOnlyStore
 from .store_lock import acquire_write_lock
 from .store_services import StoreServices
 from ..format.ledger_file import LedgerReader
+from ..format.snapshot import BucketFile
 from .tracker import BucketTracker
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]
@@ -97,7 +98,7 @@ class Store:
         when a test says so, which makes their I/O order deterministic.
     """
 
-    def __init__(self, path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
+    def __init__(self, path: str | os.PathLike[str], durability: str = "journal", *, repair: bool = False,
                  sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS,
                  confirm_sync_ms: int = CONFIRM_SYNC_MS, background: bool = True, max_pending_maintenance: int = 2,
                  read_ahead: bool | None = None, maintenance: MaintenanceWorker | None = None) -> None:
@@ -189,10 +190,15 @@ class Store:
                 path = os.path.join(self.ledgers_dir, name)
                 if not self._provably_garbage(path, lid):
                     continue
+                log.info("store %s: deleting ledger file %s (ledger %d, %s rows): no catalog key names it "
+                         "(a seal that crashed before its commit, a delete or merge that crashed before "
+                         "its unlink, or a key repair dropped)", self.path, path, lid, _rows_in(path))
             elif not name.endswith(".ledger.tmp"):
                 continue  # not ours: leave it alone
             else:
                 path = os.path.join(self.ledgers_dir, name)
+                log.info("store %s: deleting %s: the temporary file of a seal or merge that did not finish",
+                         self.path, path)
             self.fs.unlink(path)
             removed += 1
         if removed:
@@ -401,6 +407,15 @@ class Store:
                 raise
 
 
+def _rows_in(path: str) -> int | str:
+    """How many rows a bucket file's entry 0 records (``"?"`` when it cannot be read): for the log."""
+    try:
+        with BucketFile(path) as bf:
+            return sum(s.count for s in bf.metadata.segments)
+    except (CorruptLedgerError, OSError, ValueError):
+        return "?"
+
+
 def _holds_files(store_path: str) -> bool:
     """Whether the store directory holds any sealed ledger file or journal file."""
     ledgers = os.path.join(store_path, "ledgers")
@@ -429,16 +444,18 @@ def open_store(path: str | os.PathLike[str], durability: str = ..., *, repair: b
                confirm_sync_ms: int = ..., read_only: Literal[True]) -> ReadOnlyStore: ...
 
 
-def open_store(path: str | os.PathLike[str], durability: str = "sealed", *, repair: bool = False,
+def open_store(path: str | os.PathLike[str], durability: str = "journal", *, repair: bool = False,
                sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = True,
                max_pending_maintenance: int = 2, read_ahead: bool | None = None,
                confirm_sync_ms: int = CONFIRM_SYNC_MS, read_only: bool = False) -> Store | ReadOnlyStore:
     """Open (creating if missing) the store at ``path``.
 
-    :param durability: ``"sealed"`` — an index is durable once its bucket is sealed
-        (Pulsar's model; the embedder replays its log after a crash); ``"journal"`` —
-        every add, untrack and delivery is written to a write-ahead journal, durable
-        when the call returns (or within ``sync_interval_ms``, and at ``flush()``).
+    :param durability: ``"journal"`` (the default) — every add, untrack and delivery is
+        written to a write-ahead journal, durable when the call returns (or within
+        ``sync_interval_ms``, and at ``flush()``): an acknowledged add survives a restart.
+        ``"sealed"`` — Pulsar's mode, for embedders that replay their log: an index is
+        durable once its bucket is sealed, and recovery skips what is already due (the
+        replay re-adds it; see :meth:`BucketTracker.replay_done`).
     :param sync_interval_ms: journal group-commit interval (0: every call is durable).
     :param confirm_sync_ms: (journal mode, at-least-once) the group-commit interval of
         delivery confirmations alone (default 100): a crash may bring back the batches

@@ -110,12 +110,19 @@ class BucketTracker:
         self._handoff = DeliveryHandoff(store.delivery, None)
         #: Buckets read to their end during a call, deleted when the call's batch is recorded.
         self._exhausted: list[SealedBucket] = []
+        #: Buckets holding rows skipped at open (``held_rows``) with nothing left to deliver:
+        #: deleted by :meth:`replay_done`, or by a mark-delete past them.
+        self._held_drained: list[SealedBucket] = []
         self._journal: Journal | None = None
         self._replaying = False
         self._last_sync = time.monotonic()
         if store.durability == "journal":
             self._journal = self._open_journal()
         self.recovery_seconds = 0.0
+        #: What recovery did: ``deleted_due`` counts the buckets it deleted (mark-delete passed
+        #: them, or in journal mode the confirmed delivery frontier), ``enclosed_removed`` a crashed
+        #: merge's leftovers, ``dropped`` repair's drops, ``held_for_replay_buckets`` and
+        #: ``held_for_replay_indexes`` what sealed mode skipped and keeps until :meth:`replay_done`.
         self.recovery_report: dict[str, Any] = {}
         self._recover()
 
@@ -542,6 +549,10 @@ class BucketTracker:
         """
         buckets = [b for b in self._exhausted if not b.dead]
         self._exhausted = []
+        if any(b.held_rows for b in buckets):
+            # Their skipped rows exist nowhere else until the embedder's replay is done.
+            self._held_drained.extend(b for b in buckets if b.held_rows)
+            buckets = [b for b in buckets if not b.held_rows]
         if not buckets:
             return
         journal = self._journal
@@ -744,12 +755,44 @@ class BucketTracker:
         # Only buckets whose *whole* range is before the first live ledger go
         # (never one that overlaps it: Pulsar #26240).
         dead = [b for b in self._buckets.values() if b.end_ledger < ledger_id]
+        for b in dead:
+            if b.held_rows:
+                _log_held_removal(self.name, b, f"mark-delete ({ledger_id}, {entry_id}) passed it")
         self._delete_buckets(dead)
+        if self._held_drained:
+            self._held_drained = [b for b in self._held_drained if not b.dead]
         if self._unopened:
             self._open_covering(ledger_id)  # the one bucket the trim cuts through
         self._index.drop_ledgers_below(ledger_id)
         self._index.drop_through(ledger_id, entry_id)
         self._mutable.drop_through(ledger_id, entry_id)
+
+    def replay_done(self) -> None:
+        """I have replayed my log from the mark-delete position; buckets skipped at open may go.
+
+        ``durability="sealed"`` follows PIP-195 §3.9: recovery skips the segments already
+        due at open, because the embedder replays its log from the mark-delete position and
+        re-adds their indexes (:meth:`add_message` returns False: dispatch now). Until the
+        embedder says so by this call, the buckets holding skipped rows are kept (file and
+        catalog key), even once their other segments are delivered: a newcomer who only
+        looks, or a broker that restarts again before replaying, loses nothing (the next
+        open skips the same segments again). Call it once the replay's re-adds have been
+        made; the buckets that hold nothing else are then deleted (and logged), and the
+        others once their remaining segments are delivered. A mark-delete past a bucket
+        deletes it too. In ``journal`` mode nothing is skipped that was not delivered, so
+        nothing is held and the call does nothing.
+
+        ``stats()`` counts what is held: ``held_for_replay_buckets``, ``held_for_replay_indexes``.
+        """
+        with self._lock:
+            self._check_open()
+            drained = [b for b in self._held_drained if not b.dead]
+            self._held_drained = []
+            for b in drained:
+                _log_held_removal(self.name, b, "the embedder's replay is done (replay_done)")
+            for b in self._buckets.values():
+                b.held_rows = 0  # what is still to deliver goes when it is delivered, as usual
+            self._delete_buckets(drained)
 
     # -- durability and lifecycle ---------------------------------------------------------------
     def wait_for_maintenance(self, timeout: float | None = None) -> bool:
@@ -879,6 +922,7 @@ class BucketTracker:
             self._index.clear()
             self._handoff.forget()  # nothing is tracked any more, delivered or not
             self._exhausted = []
+            self._held_drained = []
             if self._journal is not None:
                 self._checkpoint()
             self._due.wake_all()
@@ -933,6 +977,7 @@ class BucketTracker:
             self._queue.clear()
             self._mutable.clear()
             self._index.clear()
+            self._held_drained = []
             self._unopened = self._unopened_rows = 0
         self._store.tracker_closed(self)
         with self._lock:
@@ -977,6 +1022,8 @@ class BucketTracker:
                 "maintenance_failure": (None if self._failure is None else
                                         f"{type(self._failure).__name__}: {self._failure}"),
                 "maintenance_failures": self._maint.failed,
+                "held_for_replay_buckets": sum(1 for b in self._buckets.values() if b.held_rows),
+                "held_for_replay_indexes": sum(b.held_rows for b in self._buckets.values()),
             }
             stats.update(self._ops.as_dict())
             stats["maintenance"] = {**self._maint.as_dict(), "background": self._store.background,
@@ -1004,8 +1051,14 @@ class BucketTracker:
         ``sealed`` mode follows PIP-195 §3.9: leading segments that are already
         due are skipped, because the embedder replays its log from the
         mark-delete position and re-adds them (add_message returns False and
-        they are dispatched). ``journal`` mode skips only what the durable
-        delivery frontier says was delivered, and replays the journal.
+        they are dispatched). Unlike Pulsar, their buckets are kept (``held_rows``)
+        until :meth:`replay_done` or a mark-delete past them: no one has received
+        those rows, and a clock stepped forward, a long stop or a newcomer who only
+        looks must not delete them. ``journal`` mode skips only what the durable
+        delivery frontier says was delivered (and confirmed), and replays the journal.
+        What opening deletes (buckets mark-delete passed, journal-mode buckets wholly
+        behind the frontier, the sources of a merge that committed, repair's drops) is
+        logged with its key, ledger, file, rows and reason.
 
         Each bucket's catalog summary (segment table and count) is enough to
         decide the skip, to count its indexes and to queue it by its first live
@@ -1067,6 +1120,7 @@ class BucketTracker:
                     raise
                 dropped.append(f"{key}: {exc}")
                 stale_keys.append(key)
+                _log_repair_drop(self.name, key, ledger_id, path, exc)
                 continue
             n = summary.segments
             # The first segment's max timestamp (in the summary's header) settles the common
@@ -1081,16 +1135,23 @@ class BucketTracker:
                         raise
                     dropped.append(f"{key}: {exc}")
                     stale_keys.append(key)
+                    _log_repair_drop(self.name, key, ledger_id, path, exc)
                     continue
                 while skip < n and int(max_ts[skip]) < bound:
                     skip += 1
             bucket = SealedBucket.unopened(path, ledger_id, start, end, summary, first_segment=skip + 1,
                                            on_load=self._record_load)
-            if skip == n or end < first_live:
+            fate = _fate_at_open(skip, n, end, first_live, sealed=replayed is None)
+            if fate is not None:
                 _ = bucket.counts  # the table, before the summary goes
                 bucket.summary = None  # deleted unread: never counted among the unopened
                 doomed.append(bucket)
+                _log_removal_at_open(self.name, key, ledger_id, path, int(bucket.counts.sum()), fate)
                 continue
+            if skip and replayed is None:
+                # Sealed mode: the due segments are skipped, not delivered (PIP-195 §3.9), and
+                # the file stays their only copy until the embedder's replay is done.
+                bucket.held_rows = int(bucket.counts[:skip].sum())
             self._buckets.add(bucket)
             self._unopened += 1
             self._unopened_rows += bucket.pending_indexes
@@ -1103,15 +1164,22 @@ class BucketTracker:
                         raise
                     dropped.append(f"{key}: {exc}")
                     stale_keys.append(key)
+                    _log_repair_drop(self.name, key, ledger_id, path, exc)
                     self._buckets.remove(bucket)
                     self._forget_unopened(bucket)
                     continue
-            self._queue.push(Slot(bucket))
+            if bucket.has_next_segment():
+                self._queue.push(Slot(bucket))
+            else:
+                self._held_drained.append(bucket)  # every segment skipped: nothing to deliver
         if (stale_keys or backfill) and not self._read_only:
             # Summaries of keys written before summaries existed, in one transaction with
             # the stale keys' removal; a crash before it only means reading entry 0 again.
             store.catalog.commit(self.name, remove=stale_keys, summaries=backfill)
             for key in enclosed:  # key first, then file: a crash here leaves only orphans
+                _log_removal_at_open(self.name, key, keys[key], os.path.join(
+                    store.ledgers_dir, ledger_file_name(keys[key])), _summary_count(summaries.get(key)),
+                    "enclosed by a wider bucket (a merge committed before the crash removed its sources)")
                 store.remove_ledger_file(os.path.join(store.ledgers_dir, ledger_file_name(keys[key])))
         self._delete_buckets(doomed)
         if replayed is not None:
@@ -1123,9 +1191,16 @@ class BucketTracker:
             self._checkpoint()  # compact: one file holding exactly the recovered memory-only state
         self._open_ahead()
         self.recovery_seconds = time.perf_counter() - started
+        held = [b for b in self._buckets.values() if b.held_rows]
+        if held:
+            log.info("tracker %r: recovery skipped %d due indexes in %d bucket(s) (sealed mode: the embedder's "
+                     "replay re-adds them); their files are kept until replay_done() or a mark-delete past them",
+                     self.name, sum(b.held_rows for b in held), len(held))
         self.recovery_report = {"buckets": len(self._buckets), "deleted_due": len(doomed),
                                 "enclosed_removed": len(enclosed), "dropped": dropped,
-                                "unopened": self._unopened, "summaries_backfilled": len(backfill)}
+                                "unopened": self._unopened, "summaries_backfilled": len(backfill),
+                                "held_for_replay_buckets": len(held),
+                                "held_for_replay_indexes": sum(b.held_rows for b in held)}
 
     # -- opening buckets lazily -----------------------------------------------------------------
     def _read_entry0(self, path: str, ledger_id: int, key: str, summary: BucketSummary | None
@@ -1256,6 +1331,47 @@ class BucketTracker:
         unopened = [b for b in self._buckets.values() if not b.opened]
         assert self._unopened == len(unopened), (self._unopened, len(unopened))
         assert self._unopened_rows == sum(b.pending_indexes for b in unopened), "unopened count is stale"
+
+
+def _fate_at_open(skip: int, segments: int, end: int, first_live: int, *, sealed: bool) -> str | None:
+    """Why recovery deletes a bucket now, or None when it keeps it.
+
+    Only what someone received goes: a bucket mark-delete passed (acknowledged), or in
+    journal mode one whose every segment lies behind the durable (confirmed) delivery
+    frontier. Sealed mode's skipped segments were never delivered: kept for the replay.
+    """
+    if end < first_live:
+        return f"acknowledged: its ledgers end before the mark-delete position's ledger {first_live}"
+    if segments == 0:
+        return "empty: it holds no segment"
+    if skip == segments and not sealed:
+        return "delivered: every segment is behind the journal's confirmed delivery frontier"
+    return None
+
+
+def _summary_count(raw: bytes | None) -> int | None:
+    """The row count a catalog summary records (None when there is none or it does not decode)."""
+    if raw is None:
+        return None
+    try:
+        return decode_summary(raw, path="", key="").count
+    except (CatalogError, ValueError):
+        return None
+
+
+def _log_removal_at_open(tracker: str, key: str, ledger_id: int, path: str, rows: int | None, why: str) -> None:
+    log.info("tracker %r: recovery deletes bucket %s (ledger %d, %s, %s rows): %s",
+             tracker, key, ledger_id, path, "?" if rows is None else rows, why)
+
+
+def _log_repair_drop(tracker: str, key: str, ledger_id: int, path: str, exc: BaseException) -> None:
+    log.warning("tracker %r: repair drops bucket %s (ledger %d, %s): damaged: %s; its rows are lost, and the "
+                "file goes at the next open if no key names it", tracker, key, ledger_id, path, exc)
+
+
+def _log_held_removal(tracker: str, bucket: SealedBucket, why: str) -> None:
+    log.info("tracker %r: deleting bucket %s (ledger %d, %s) holding %d rows skipped at open: %s",
+             tracker, bucket.key, bucket.ledger_id, bucket.path, bucket.held_rows, why)
 
 
 def _resolve_ranges(keys: dict[str, int], tracker: str) -> tuple[list[tuple[tuple[int, int], int]], list[str]]:

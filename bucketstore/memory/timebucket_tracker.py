@@ -180,6 +180,13 @@ class TimeBucketTracker:
         with self._lock:
             self._check_open()
 
+    def replay_done(self) -> None:
+        """The embedder has replayed its log (see :meth:`bucketstore.BucketTracker.replay_done`).
+        Nothing is kept across a restart here, so nothing is held for a replay; present so
+        that embedders call every tracker the same way."""
+        with self._lock:
+            self._check_open()
+
     def clear(self) -> None:
         """Untrack everything."""
         with self._lock:

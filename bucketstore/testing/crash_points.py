@@ -460,7 +460,7 @@ def _run_workload(workload: Callable[[Store, list[Any]], object], path: Path, fs
 
 
 def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str | Path, *,
-                     durability: str = "sealed", sync_interval_ms: int = 0,
+                     durability: str = "journal", sync_interval_ms: int = 0,
                      damages: Sequence[Damage] = DAMAGES, seed: int = 0,
                      background: bool = False, confirm_sync_ms: int = 0) -> Iterator[CrashState]:
     """Crash ``workload`` before each of its numbered I/O calls; yield each crash image, reopened.
@@ -496,7 +496,8 @@ def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str |
 
     :param workload: ``workload(store, acknowledged)``, run once per crash point.
     :param root: a directory for the runs' stores (each removed after use).
-    :param durability: the store's durability mode, ``"sealed"`` or ``"journal"``.
+    :param durability: the store's durability mode, ``"journal"`` (the default, as for
+        :func:`bucketstore.open`) or ``"sealed"``.
     :param sync_interval_ms: the store's journal group-commit interval.
     :param confirm_sync_ms: the store's confirmation window. 0 here (not the store's
         default): a wall-clock window would make the numbered calls differ between runs;

@@ -122,6 +122,18 @@ def expect(state: CatalogState, ledgers_dir: Path, cutoff: int) -> Expectation:
     return out
 
 
+def check_nothing_unreceived_deleted(store: Any, tracker_name: str, state: CatalogState, context: str) -> None:
+    """``sealed`` mode: recovery deleted no bucket of ``state`` but a merge's leftovers and those
+    whose whole range lies before the mark-delete position's ledger. The segments it skips as
+    due were never delivered: their buckets stay until the embedder's ``replay_done()``."""
+    first_live = state.mark_delete[0] if state.mark_delete else 0
+    kept = store.catalog.buckets(tracker_name)
+    for key, lid in live_keys(state):
+        if parse_bucket_key(key)[1] >= first_live:
+            assert kept.get(key) == lid, f"{context}: recovery deleted bucket {key} (ledger {lid}), " \
+                                         f"which mark-delete {state.mark_delete} had not passed"
+
+
 def check_recovered(tracker: Any, exp: Expectation, universe: set[Position], context: str) -> set[Position]:
     """Assert the recovered tracker meets ``exp``; return the positions it tracks.
 

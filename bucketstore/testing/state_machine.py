@@ -63,7 +63,8 @@ from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, Simula
 from bucketstore.testing.stepped_worker import SteppedWorker
 from bucketstore.testing.oracle import (CatalogState, JournalBounds, Model, WindowBounds, check_files,
                                         check_journal_files,
-                                        check_journal_recovered, check_recovered, expect, reseed)
+                                        check_journal_recovered, check_nothing_unreceived_deleted, check_recovered,
+                                        expect, reseed)
 
 T = TypeVar("T")
 NAME = "sub"
@@ -154,6 +155,8 @@ class CrashMachine(RuleBasedStateMachine):
         cutoff = self.clock.now + CONFIG.tick_time_ms
         exp = expect(committed, self.path / "ledgers", cutoff)
         context = self._die_and_reopen(crashed)
+        if self.DURABILITY == "sealed":
+            check_nothing_unreceived_deleted(self.store, NAME, committed, context)
         got = check_recovered(self.tracker, exp, self.universe, context)
         times = {(ledger, entry): ts for ts, ledger, entry in exp.triples}
         self.model = Model(self.clock, CONFIG.tick_time_ms, {p: times[p] for p in got}, committed.mark_delete)
@@ -288,6 +291,11 @@ class CrashMachine(RuleBasedStateMachine):
         ok, _ = self._step(self.tracker.clear, lambda m: m.clear())
         if ok:
             self.delivered.clear()
+
+    @rule()
+    def replay_done(self) -> None:
+        """The embedder's replay is done: buckets held for it may go (tracked indexes do not change)."""
+        self._step(self.tracker.replay_done, lambda m: None)
 
     @rule()
     def confirm_delivered(self) -> None:

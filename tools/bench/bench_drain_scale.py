@@ -52,7 +52,7 @@ ENTRIES_PER_LEDGER = 50_000
 def generate_store(path: str, total: int, ledgers_per_bucket: int) -> int:
     """A store of ``total`` sealed positions; returns the number of buckets."""
     rng = np.random.default_rng(18)
-    store = bucketstore.open(path)
+    store = bucketstore.open(path, durability="sealed")
     store.tracker("t", TrackerConfig())
     cfg = TrackerConfig()
     per_bucket = ENTRIES_PER_LEDGER * ledgers_per_bucket

@@ -67,7 +67,7 @@ def bench_small_ledgers(n: int, tmp: str, background: bool) -> dict[str, float]:
     out: dict[str, float] = {"background": background}
     for mode in ("batch", "single"):
         path = os.path.join(tmp, f"ledgers-{mode}-{background}")
-        with bucketstore.open(path, background=background) as store:
+        with bucketstore.open(path, durability="sealed", background=background) as store:
             tracker = store.tracker("t", TrackerConfig(), clock=lambda: EPOCH)
             started = time.perf_counter()
             if mode == "batch":
@@ -120,7 +120,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
     latencies: list[float] = []
     stop = threading.Event()
     current = [1]  # the writer's ledger: the other thread adds to it too (entry ids past the writer's)
-    with bucketstore.open(path, background=background, max_pending_maintenance=max_pending) as store:
+    with bucketstore.open(path, durability="sealed", background=background, max_pending_maintenance=max_pending) as store:
         tracker = store.tracker("t", cfg, clock=clock)
 
         def other() -> None:
@@ -186,7 +186,7 @@ def bench_rates(tmp: str, n: int, background: bool) -> dict[str, float]:
     out: dict[str, float] = {"background": background}
     clock = Clock(EPOCH)
     path = os.path.join(tmp, f"rates-{background}")
-    with bucketstore.open(path, background=background) as store:
+    with bucketstore.open(path, durability="sealed", background=background) as store:
         t = store.tracker("t", TrackerConfig(), clock)
         add = t.add_message
 
@@ -210,7 +210,7 @@ def bench_rates(tmp: str, n: int, background: bool) -> dict[str, float]:
         assert got[0] == n, got
     shutil.rmtree(path)
     clock.now = EPOCH
-    with bucketstore.open(path, background=background) as store:
+    with bucketstore.open(path, durability="sealed", background=background) as store:
         t = store.tracker("t", TrackerConfig(), clock)
 
         def batches() -> None:
@@ -246,7 +246,7 @@ def _segment_config(segment: int) -> TrackerConfig:
 def make_sealed_store(path: str, n: int, segment: int) -> None:
     """A store holding ``n`` sealed indexes of the ``rates`` workload."""
     ledgers, entries, at = _workload(n, seed=2)
-    with bucketstore.open(path) as store:
+    with bucketstore.open(path, durability="sealed") as store:
         t = store.tracker("t", _segment_config(segment), Clock(EPOCH))
         for lo in range(0, n, 10_000):
             t.add_messages((ledgers[lo:lo + 10_000], entries[lo:lo + 10_000], at[lo:lo + 10_000]))
@@ -273,7 +273,7 @@ def bench_read_ahead(path: str, n: int, segment: int, read_ahead: bool, gap_ms: 
     if cold:
         _evict(os.path.join(copy, "ledgers"))
     clock = Clock(EPOCH)  # nothing due at recovery: it skips no segment
-    with bucketstore.open(copy, read_ahead=read_ahead) as store:
+    with bucketstore.open(copy, durability="sealed", read_ahead=read_ahead) as store:
         t = store.tracker("t", _segment_config(segment), clock)
         clock.now = EPOCH + 10 ** 9
         got = 0
@@ -320,7 +320,7 @@ def bench_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, float]:
     path = os.path.join(tmp, "gil")
     rng = np.random.default_rng(3)
     ratios, seal_alone, seal_beside = [], [], []
-    with bucketstore.open(path, background=True) as store:
+    with bucketstore.open(path, durability="sealed", background=True) as store:
         t = store.tracker("t", cfg, Clock(EPOCH))
         for r in range(repeats * 2):
             ledger = r + 1

@@ -55,7 +55,7 @@ def build_store(path: str, total: int, per_bucket: int, add_rate: float, seed: i
     """Write a store of ``total`` sealed indexes; return the time the first ``BATCH`` are due."""
     rng = np.random.default_rng(seed)
     cfg = TrackerConfig()
-    with bucketstore.open(path) as store:
+    with bucketstore.open(path, durability="sealed") as store:
         store.tracker("t", cfg)
         identity = {"tracker": "t", "store_id": store.store_id}
         put: dict[str, int] = {}
@@ -104,7 +104,7 @@ now = int(sys.argv[2])
 mode = sys.argv[3]
 base = rss()
 t0 = time.perf_counter()
-store = bucketstore.open(sys.argv[1])
+store = bucketstore.open(sys.argv[1], durability="sealed")
 tracker = store.tracker('t', clock=lambda: now)
 held = tracker.number_of_delayed_messages
 t_open = time.perf_counter() - t0

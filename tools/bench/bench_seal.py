@@ -61,7 +61,7 @@ def batches(shape: str, n: int, seed: int, ledger_size: int | None = None):
 
 
 def seal_once(shape: str, n: int, seed: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp, bucketstore.open(tmp) as store:
+    with tempfile.TemporaryDirectory() as tmp, bucketstore.open(tmp, durability="sealed") as store:
         t = store.tracker("t", TrackerConfig(min_index_count_per_bucket=n, max_num_buckets=100), lambda: EPOCH)
         last = 0
         total = 0

@@ -51,7 +51,7 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 before = rss()
 start = time.perf_counter()
-store = bucketstore.open(sys.argv[1])
+store = bucketstore.open(sys.argv[1], durability="sealed")
 t = store.tracker("t", TrackerConfig(), lambda: int(sys.argv[2]))
 first = t.next_delivery_time()
 elapsed = time.perf_counter() - start
@@ -64,7 +64,7 @@ def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> int:
     """Write the store; return its ledger files' total size."""
     rng = np.random.default_rng(seed)
     total_bytes = 0
-    with Store(path) as store:
+    with Store(path, durability="sealed") as store:
         store.tracker("t", TrackerConfig(), lambda: EPOCH).close()  # registers the tracker in the catalog
         done, next_entry = 0, 0
         while done < n:

@@ -76,7 +76,7 @@ def bench_adds_and_delivery(n: int, tmp: str) -> dict[str, dict[str, float]]:
     for kind in ("bucket", "memory"):
         clock = Clock(EPOCH)
         path = os.path.join(tmp, f"adds-{kind}")
-        store = bucketstore.open(path) if kind == "bucket" else None
+        store = bucketstore.open(path, durability="sealed") if kind == "bucket" else None
         t = store.tracker("b", cfg, clock) if store else bucketstore.InMemoryTracker(cfg, clock)
         add = t.add_message
 
@@ -102,7 +102,7 @@ def bench_adds_and_delivery(n: int, tmp: str) -> dict[str, dict[str, float]]:
         if store:
             store.close()
             shutil.rmtree(path)
-            store = bucketstore.open(path)
+            store = bucketstore.open(path, durability="sealed")
         clock.now = EPOCH
         t = store.tracker("b", cfg, clock) if store else bucketstore.InMemoryTracker(cfg, clock)
         cols = (np.asarray(ledgers, np.uint64), np.asarray(entries, np.uint64), np.asarray(at, np.int64))
@@ -127,7 +127,7 @@ def bench_seal_latency(tmp: str) -> dict[str, float]:
     """One thread adds a ledger's 50,000 indexes then rolls (sealing); another adds meanwhile."""
     cfg = TrackerConfig()
     clock = Clock(EPOCH)
-    store = bucketstore.open(os.path.join(tmp, "seal"))
+    store = bucketstore.open(os.path.join(tmp, "seal"), durability="sealed")
     t = store.tracker("s", cfg, clock)
     rng = np.random.default_rng(2)
     seal_times = []
@@ -171,7 +171,7 @@ def generate_store(path: str, total: int, per_bucket: int = 50_000, ledgers_per_
     """A store of ``total`` sealed indexes, written with the engine's codec (not through a tracker)."""
     rng = np.random.default_rng(3)
     catalog_path = path
-    store = bucketstore.open(catalog_path)
+    store = bucketstore.open(catalog_path, durability="sealed")
     store.tracker("t", TrackerConfig())
     cfg = TrackerConfig()
     put = {}
@@ -204,7 +204,7 @@ def rss():
 import bucketstore
 base = rss()
 t0 = time.perf_counter()
-store = bucketstore.open(sys.argv[1])
+store = bucketstore.open(sys.argv[1], durability="sealed")
 tracker = store.tracker('t', clock=lambda: 1_700_000_000_000)
 first = tracker.next_delivery_time()
 elapsed = time.perf_counter() - t0
