@@ -212,7 +212,8 @@ def test_every_change_is_refused_and_close_works(tmp_path):
     count = t.number_of_delayed_messages
     changes = [lambda: t.add_message(50, 1, 9_000), lambda: t.add_messages([(50, 1, 9_000)]),
                lambda: t.get_scheduled_messages(5), lambda: t.wait_scheduled(5, timeout=0),
-               lambda: t.mark_delete(3, 3), lambda: t.clear(), lambda: t.replay_done(), lambda: t.flush(), lambda: t.confirm_delivered(),
+               lambda: t.mark_delete(3, 3), lambda: t.clear(), lambda: t.replay_done(), lambda: t.flush(),
+               lambda: t.confirm_delivered(),
                lambda: store.delete_tracker("t"), lambda: store.tracker("new")]
     for change in changes:
         with pytest.raises(ReadOnlyError, match="read_only|creates nothing"):
