@@ -77,7 +77,7 @@ def test_the_next_commands_show_the_backlog(demo) -> None:
     assert stats.returncode == 0
     doc = json.loads(stats.stdout)  # --json: stdout is one JSON document, no progress mixed in
     tracker = doc["trackers"]["simulate"]
-    assert len(tracker["buckets"]) >= 2 and tracker["indexes"] > 0
+    assert len(tracker["buckets"]) >= 1 and tracker["indexes"] > 0
     ledger = tracker["buckets"][0]["file"]
     dump = cli("dump", ledger, "--indexes", "2")
     assert dump.returncode == 0 and "segment" in dump.stdout

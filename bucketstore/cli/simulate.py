@@ -32,7 +32,7 @@ import random
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config import TrackerConfig
 from ..engine.catalog import read_catalog_snapshot
@@ -62,12 +62,12 @@ class SimulationConfig:
     poll_interval_ms: int = 100
     poll_max: int = 2_000
     #: the day's events, as fractions of the publishing (0: skip the event)
-    long_stop_at: float = 0.25
+    long_stop_at: float = 0.2
+    side_at: float = 0.35
     crash_at: float = 0.5
     clock_step_at: float = 0.65
-    side_at: float = 0.8
-    #: how far the clock jumps at ``clock_step_at``
-    clock_step_ms: int = 120_000
+    #: how far the clock jumps at ``clock_step_at`` (-1: a fifth of the delay window)
+    clock_step_ms: int = -1
     #: after the last publish the consumer polls for this much simulated time, then stops,
     #: leaving what falls due later held in the store (-1: until everything is delivered)
     deliver_for_ms: int = 300_000
@@ -158,10 +158,10 @@ class _Broker:
         self.now = _EPOCH
         self.skew = 0  # simulated time the broker spent stopped or the clock jumped
         self.store = open_store(path, durability="sealed")
+        for earlier in set(self.store.trackers()) & {_TRACKER, _SIDE}:
+            # A re-run starts afresh: clear() would keep the earlier run's mark-delete position.
+            self.store.delete_tracker(earlier)
         self.tracker = self.store.tracker(_TRACKER, cfg.tracker, self.clock)
-        self.tracker.clear()  # a re-run starts from an empty tracker
-        if _SIDE in self.store.trackers():  # left by a run that was interrupted during the day
-            self.store.delete_tracker(_SIDE)
         self.ops: dict[str, int] = {"create": 0, "merge": 0, "delete": 0, "load": 0}
 
     def clock(self) -> int:
@@ -281,11 +281,14 @@ class _Broker:
         main tracker must not notice. The side tracker is deleted at the end.
         """
         cfg = self.cfg
-        side = self.store.tracker(_SIDE, cfg.tracker, self.clock)
+        # Sized to the run: a few buckets of at most the main tracker's size, whatever --messages says.
+        per_bucket = max(10, min(cfg.tracker.min_index_count_per_bucket, cfg.messages // 40))
+        side_config = replace(cfg.tracker, min_index_count_per_bucket=per_bucket)
+        side = self.store.tracker(_SIDE, side_config, self.clock)
         rng = random.Random(cfg.seed + 1)
         first_ledger = 1 + len(self.oracle.deliver_at) // cfg.entries_per_ledger + 1_000
-        n = max(4 * cfg.tracker.min_index_count_per_bucket, 1)
-        per_ledger = max(1, cfg.tracker.min_index_count_per_bucket // 2)
+        n = 4 * per_bucket
+        per_ledger = max(1, per_bucket // 2)
 
         def fill() -> tuple[int, int]:
             last = (first_ledger, 0)
@@ -300,14 +303,14 @@ class _Broker:
         side.clear()
         cleared = side.number_of_delayed_messages
         self.restart()
-        side = self.store.tracker(_SIDE, cfg.tracker, self.clock)
+        side = self.store.tracker(_SIDE, side_config, self.clock)
         after_clear = side.number_of_delayed_messages + len(side.buckets())
         last = fill()
         buckets_md = len(side.buckets())
         side.mark_delete(*last)
         acked = side.number_of_delayed_messages
         self.restart()
-        side = self.store.tracker(_SIDE, cfg.tracker, self.clock)
+        side = self.store.tracker(_SIDE, side_config, self.clock)
         after_md = side.number_of_delayed_messages + len(side.buckets())
         self.store.delete_tracker(_SIDE)
         self.restart()
@@ -336,8 +339,8 @@ def run_simulation(path: str, cfg: SimulationConfig, *, progress: bool = True) -
     publish_gap_ms = 1000.0 / cfg.rate_per_s
     tick = cfg.tracker.tick_time_ms
     events = {int(cfg.messages * at): name for name, at in
-              (("long stop", cfg.long_stop_at), ("crash", cfg.crash_at), ("clock step", cfg.clock_step_at),
-               ("second subscription", cfg.side_at)) if 0 < at < 1}
+              (("long stop", cfg.long_stop_at), ("second subscription", cfg.side_at), ("crash", cfg.crash_at),
+               ("clock step", cfg.clock_step_at)) if 0 < at < 1}
     broker = _Broker(path, cfg, oracle, report)
     next_poll = broker.now
     step = max(1, cfg.messages // 200)
@@ -364,9 +367,10 @@ def run_simulation(path: str, cfg: SimulationConfig, *, progress: bool = True) -
                     broker.restart(stopped_for_ms=gap)
                     broker.check(f"stopped {gap // 1000:,} s (longer than every delay), restarted")
                 elif event == "clock step":
-                    broker.now += cfg.clock_step_ms
-                    broker.skew += cfg.clock_step_ms
-                    broker.check(f"clock stepped {cfg.clock_step_ms // 1000:,} s forward at once")
+                    jump = cfg.clock_step_ms if cfg.clock_step_ms >= 0 else cfg.delay_window_ms // 5
+                    broker.now += jump
+                    broker.skew += jump
+                    broker.check(f"clock stepped {jump / 1000:,.0f} s forward at once")
                 elif event == "second subscription":
                     broker.side_tracker_day()
                     broker.check("main subscription after the second one's deletions")

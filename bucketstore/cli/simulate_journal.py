@@ -4,7 +4,8 @@ The broker is a child process (``os.fork``): it publishes ledgers of messages
 with random delays (``add_messages``, durable when it returns), moves a
 simulated clock and polls for due messages with at-least-once delivery (a
 batch is confirmed by the next poll or ``flush``). This process kills it with
-SIGKILL at random moments, checks the store after each kill, and starts a new
+SIGKILL at random steps of its clock (read from its side log as it grows, so a
+kill lands mid-work however fast the machine), checks the store after each kill, and starts a new
 child, which reopens the store (replaying the journal) and goes on where the
 side log says the last one stopped. The last child runs to the stop point,
 flushes and closes, leaving a backlog held in the store and its journal.
@@ -332,6 +333,42 @@ def _journal_bytes(path: str) -> int:
     return total
 
 
+class _StepCounter:
+    """Counts the broker's clock steps in the side log as it grows (reads only what was appended)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.offset, self.steps, self._partial = path, 0, 0, b""
+
+    def update(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.steps
+        self.offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()  # a line still being written
+        self.steps += sum(1 for line in lines if line.startswith(b'{"clock"'))
+        return self.steps
+
+
+def _wait_for_step(pid: int, counter: _StepCounter, step: int | None) -> int | None:
+    """Wait for the broker ``pid`` to end (its wait status) or, when ``step`` is given, to reach
+    that clock step, where it is SIGKILLed (None)."""
+    if step is None:
+        return os.waitpid(pid, 0)[1]
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if counter.update() >= step:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.001)
+
+
 def run_journal_simulation(path: str, cfg: JournalSimulationConfig, *,
                            progress: bool = True) -> JournalSimulationReport:
     """Run the workload at ``path`` (emptied first), killing the broker ``cfg.kills`` times."""
@@ -340,35 +377,33 @@ def run_journal_simulation(path: str, cfg: JournalSimulationConfig, *,
     report = JournalSimulationReport()
     with open_store(path, durability="journal", background=False) as store:
         store.tracker(_NAME, cfg.tracker).clear()  # a re-run starts from an empty tracker
-    # The work takes roughly this long unkilled; kills fall anywhere inside it.
-    expected_s = 0.6 + cfg.messages / 25_000
+    # Kills fall at random steps of the broker's simulated clock (one side-log "clock" record a
+    # step), not at random wall times: however fast or loaded the machine, each lands mid-work.
+    gap_ms = max(1, cfg.entries_per_ledger * 1000 // cfg.rate_per_s)
+    steps = -(-cfg.messages // cfg.entries_per_ledger) + cfg.deliver_for_ms // gap_ms
+    kill_at = sorted(rng.sample(range(1, steps), min(cfg.kills, steps - 1))) if steps > 1 else []
     with tempfile.TemporaryDirectory(prefix="bucketstore-simulate-") as tmp, \
-            Progress("kill+check", cfg.kills + 1, unit="run", quiet=not progress) as bar:
+            Progress("kill+check", len(kill_at) + 1, unit="run", quiet=not progress) as bar:
         log_path = os.path.join(tmp, "side.log")
+        progress_seen = _StepCounter(log_path)
         while True:
             pid, ready = _fork_child(path, log_path, cfg)
             try:
                 select.select([ready], [], [], 300)
             finally:
                 os.close(ready)
-            status = None
-            if report.kills < cfg.kills:
-                try:
-                    time.sleep(rng.uniform(0.0, 2 * expected_s / (cfg.kills + 1)))
-                except BaseException:  # Ctrl-C: leave no broker running behind us
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    raise
-                done_pid, status = os.waitpid(pid, os.WNOHANG)
-                if done_pid == 0:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    report.kills += 1
-                    _check_store(path, log_path, cfg, report, final=False)
-                    bar.update()
-                    continue
-            else:
-                _, status = os.waitpid(pid, 0)
+            try:
+                status = _wait_for_step(pid, progress_seen, kill_at[report.kills] if report.kills < len(kill_at)
+                                        else None)
+            except BaseException:  # Ctrl-C: leave no broker running behind us
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise
+            if status is None:  # killed at its step
+                report.kills += 1
+                _check_store(path, log_path, cfg, report, final=False)
+                bar.update()
+                continue
             if os.waitstatus_to_exitcode(status) != 0:
                 raise RuntimeError(f"the simulated broker failed unkilled (exit status "
                                    f"{os.waitstatus_to_exitcode(status)}; its traceback is above)")
