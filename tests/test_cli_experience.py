@@ -85,6 +85,15 @@ def test_the_next_commands_show_the_backlog(demo) -> None:
     _, run = demo
     dump_hint = next(line for line in run.stdout.splitlines() if "bucketstore dump" in line).split()[2]
     assert os.path.isfile(dump_hint)
+    # the read-only peek it prints runs as given, shows the backlog and changes nothing
+    before = _tree(store)
+    peek = next(line for line in run.stdout.splitlines() if line.strip().startswith("python -c"))
+    code = peek.strip()[len('python -c "'):-1]
+    looked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert looked.returncode == 0, looked.stderr
+    held = int(looked.stdout.split()[0])
+    assert held > 0
+    assert _tree(store) == before
 
 
 def test_progress_is_lines_in_a_pipe_and_a_bar_on_a_terminal(tmp_path: Path) -> None:
