@@ -509,6 +509,9 @@ class CatalogSnapshot:
         pass
 
 
+_T = TypeVar("_T")
+
+
 def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5, quiet: bool = False) -> CatalogSnapshot:
     """Read a catalog, possibly beside a live writer, in one read transaction.
 
@@ -527,25 +530,7 @@ def read_catalog_snapshot(path: str | os.PathLike[str], *, attempts: int = 5, qu
     """
     if quiet:
         return read_catalog_quietly(path, Catalog._snapshot, attempts=attempts)
-    path = os.fspath(path)
-    store = os.path.dirname(os.path.abspath(path))
-    for _ in range(attempts):
-        catalog = Catalog(path, readonly=True)
-        try:
-            if catalog.lockless and (writer_pid(store) is not None):
-                raise _lockless_refusal(path)
-            try:
-                snapshot = catalog._snapshot()  # one read transaction
-            except lmdb.MapResizedError:
-                continue  # the writer grew the map after we opened: open again and re-read
-            except lmdb.Error as exc:
-                raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
-            if catalog.lockless and (writer_pid(store) is not None):
-                raise _lockless_refusal(path)
-            return snapshot
-        finally:
-            catalog.close()
-    raise CatalogError(f"{path}: the catalog map kept growing while being read ({attempts} attempts)", path=path)
+    return _read_registered(path, Catalog._snapshot, attempts=attempts, what="read")
 
 
 def copy_catalog(path: str | os.PathLike[str], dest: str, *, attempts: int = 5) -> CatalogSnapshot:
@@ -555,6 +540,19 @@ def copy_catalog(path: str | os.PathLike[str], dest: str, *, attempts: int = 5) 
     rules as :func:`read_catalog_snapshot`, lock-less refusal included): the copy in
     ``dest`` (an empty directory) and the returned snapshot are one commit of the writer.
     """
+    def start_afresh() -> None:  # a partial copy before the map grew: the next one starts clean
+        for name in os.listdir(dest):
+            os.unlink(os.path.join(dest, name))
+
+    return _read_registered(path, lambda catalog: catalog.copy_to(dest), attempts=attempts, what="copied",
+                            on_resized=start_afresh)
+
+
+def _read_registered(path: str | os.PathLike[str], read: Callable[[Catalog], _T], *, attempts: int, what: str,
+                     on_resized: Callable[[], None] | None = None) -> _T:
+    """Run ``read`` on a read-only environment registered in LMDB's reader table, opened
+    again when the writer grows the map meanwhile; refused when it could only be opened
+    lock-less beside a live writer (nothing would keep its pages from being reused)."""
     path = os.fspath(path)
     store = os.path.dirname(os.path.abspath(path))
     for _ in range(attempts):
@@ -563,20 +561,19 @@ def copy_catalog(path: str | os.PathLike[str], dest: str, *, attempts: int = 5) 
             if catalog.lockless and (writer_pid(store) is not None):
                 raise _lockless_refusal(path)
             try:
-                snapshot = catalog.copy_to(dest)
+                result = read(catalog)  # one read transaction
             except lmdb.MapResizedError:
-                for name in os.listdir(dest):  # a partial copy: start the next one afresh
-                    os.unlink(os.path.join(dest, name))
-                continue
+                if on_resized is not None:
+                    on_resized()
+                continue  # the writer grew the map after we opened: open again and read again
+            except lmdb.Error as exc:
+                raise CatalogError(f"{path}: cannot read the LMDB catalog: {exc}", path=path) from None
             if catalog.lockless and (writer_pid(store) is not None):
                 raise _lockless_refusal(path)
-            return snapshot
+            return result
         finally:
             catalog.close()
-    raise CatalogError(f"{path}: the catalog map kept growing while being copied ({attempts} attempts)", path=path)
-
-
-_T = TypeVar("_T")
+    raise CatalogError(f"{path}: the catalog map kept growing while being {what} ({attempts} attempts)", path=path)
 
 
 def read_catalog_quietly(path: str | os.PathLike[str], read: Callable[[Catalog], _T], *, attempts: int = 5) -> _T:
