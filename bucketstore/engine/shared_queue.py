@@ -383,19 +383,28 @@ class SharedQueue:
 
     def _pop_ahead(self, limit: int, runs: list[Run]) -> int:
         """Move the queue's live items that start at or before ``limit`` (not due yet: the
-        frontier looks ahead) into ``runs``, reading slots; return the limit, lowered below a
-        slot whose read failed (that error is raised when the slot is due and read again)."""
+        frontier looks ahead) into ``runs``; return the limit. A slot is read only if the
+        read-ahead has its segment already: else the limit stops before it, so that no bucket
+        is opened and no segment read under the lock before it is due (the first batch
+        after a restart opens only the buckets it needs). A read that fails lowers the limit
+        too (the error is raised when the slot is due and read again)."""
         heap = self._heap
         while heap and heap[0][0] <= limit:
-            item = heapq.heappop(heap)[-1]
+            item = heap[0][-1]
             if item.dead:
+                heapq.heappop(heap)
                 continue
             if isinstance(item, Slot):
+                if not item.bucket.next_segment_ready():
+                    return min(limit, heap[0][0] - 1)
+                heapq.heappop(heap)
                 try:
                     item = self._load(item.bucket)
                 except (BucketStoreError, OSError):
                     self.push(item)
                     return min(limit, item.bucket.next_segment_min_ts() - 1)
+            else:
+                heapq.heappop(heap)
             runs.append(item)
         return limit
 
