@@ -580,8 +580,9 @@ class _Frontier:
             counts = np.bincount(self.src[self.off:end], minlength=len(self.runs))
             for i in self.plain:
                 k = int(counts[i])
-                if k:
-                    self.runs[i].pos += k
+                run = self.runs[i]
+                if k and not run.dead:  # (a killed run has let go of its rows: pos stays 0)
+                    run.pos += k
                     self.applied[i] += k
         self.off = end
 
