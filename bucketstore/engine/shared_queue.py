@@ -376,7 +376,10 @@ class SharedQueue:
             ts, ledgers, entries, src = _merge(parts, counts)
         # Liveness in bulk: one bitmap operation per run when each run is one ledger of its own
         # (sealed buckets of one ledger, the usual store), else one sort by position.
-        live = np.ones(len(ts), dtype=bool) if index.all_claimable(parts) else index.claimable_mask(ledgers, entries, ts)
+        if index.all_claimable(parts):
+            live = np.ones(len(ts), dtype=bool)
+        else:
+            live = index.claimable_mask(ledgers, entries, ts)
         index.changes()  # liveness is current as of now: only later changes matter
         self._frontier = _Frontier(ts, ledgers, entries, src, members, live, limit)
         return True
