@@ -343,3 +343,30 @@ def test_a_compaction_while_a_frontier_holds_the_runs_never_brings_a_delivered_r
         assert t.get_scheduled_messages(100) == [(1, e) for e in range(1, 40)]
         assert t.contains_message(1, 0)
         assert t.next_delivery_time() == 1_000
+
+
+def test_the_first_frontier_is_small_and_later_ones_grow():
+    """The first batch (after an open) merges about FRONTIER_FIRST_ROWS rows, not a full
+    frontier; each rebuild doubles that, so a steady drain soon builds full ones."""
+    index = DelayedIndexSet()
+    queue = SharedQueue(lambda bucket: None)
+    rng = np.random.default_rng(5)
+    for ledger in range(40):
+        ts = np.sort(rng.integers(0, 1_000_000, 20_000).astype(_U64))
+        entries = np.arange(20_000, dtype=_U64)
+        ledgers = np.full(20_000, ledger, dtype=_U64)
+        index.add_many(ledgers, entries, ts)
+        queue.push(sorted_run(ts, ledgers, entries))
+    first = shared_queue.FRONTIER_FIRST_ROWS
+    sizes: list[int] = []
+    seen = None
+    while len(sizes) < 5:
+        if not len(queue.pop_due(10**7, 1000, index)[0]):
+            break
+        f = queue._frontier
+        if f is not None and f is not seen:
+            seen = f
+            sizes.append(len(f.ts))
+    assert len(sizes) == 5 and sizes[0] <= first + 40 * shared_queue.FRONTIER_MIN_CAP, sizes
+    assert all(b > a for a, b in zip(sizes, sizes[1:4]))
+    assert max(sizes) >= shared_queue.FRONTIER_ROWS // 2

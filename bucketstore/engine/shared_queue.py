@@ -189,6 +189,9 @@ class SharedQueue:
         self._on_low = on_low
         self._low_fraction = low_fraction
         self._frontier: _Frontier | None = None
+        # Frontiers start small and double up to their full size: the first batch after an
+        # open (a restart) merges only what it needs, a steady drain soon builds full ones.
+        self._grown = FRONTIER_FIRST_ROWS
 
     def __len__(self) -> int:
         return len(self._heap) + (len(self._frontier.runs) if self._frontier is not None else 0)
@@ -313,7 +316,9 @@ class SharedQueue:
         runs = self._pop_due_items(cutoff)
         if not runs:
             return False
-        rows = max(FRONTIER_ROWS, min(FRONTIER_ROWS_MAX, FRONTIER_ROWS_PER_RUN * len(runs)), FRONTIER_CALLS * need)
+        rows = max(FRONTIER_ROWS, min(FRONTIER_ROWS_MAX, FRONTIER_ROWS_PER_RUN * len(runs)))
+        rows = max(min(rows, self._grown), FRONTIER_CALLS * need)
+        self._grown = min(2 * self._grown, FRONTIER_ROWS_MAX)
         cap = max(FRONTIER_MIN_CAP, -(-rows // len(runs)))
         limit = max(cutoff, min(cutoff + FRONTIER_AHEAD_MS, _TS_MAX))
         seen = 0
@@ -546,6 +551,8 @@ FRONTIER_ROWS = 1 << 18
 FRONTIER_AHEAD_MS = 60_000
 FRONTIER_ROWS_PER_RUN = 1024
 FRONTIER_ROWS_MAX = 1 << 20
+#: The first frontier's rows (then twice as many at each build, up to the above).
+FRONTIER_FIRST_ROWS = 1 << 14
 FRONTIER_CALLS = 4
 #: No run's share is cut below this many rows (tests lower all five to exercise small frontiers).
 FRONTIER_MIN_CAP = 16
