@@ -203,3 +203,170 @@ def test_many_buckets_drain_in_order_with_counts_exact_after_every_call(tmp_path
                 assert not t.contains_message(l, e)
             for _, l, e in expect[:3]:
                 assert t.contains_message(l, e)
+
+
+class _FakeBucket:
+    """A sealed bucket's segments in memory (a SegmentSource): sorted, each starting at or after
+    the previous one's end; ``ready`` says whether its next segment is "read ahead"."""
+
+    def __init__(self, segments: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        self.segments = segments
+        self.current = 0
+        self.dead = False
+        self.ready = False
+        self.exhausted = False
+
+    def has_next_segment(self) -> bool:
+        return self.current < len(self.segments)
+
+    def next_segment_min_ts(self) -> int:
+        return int(self.segments[self.current][0][0])
+
+    def next_segment_ready(self) -> bool:
+        return self.ready
+
+    def load_next_segment(self) -> Run:
+        cols = self.segments[self.current]
+        self.current += 1
+        self.ready = False
+        return Run(*cols, owner=self)
+
+
+@settings(max_examples=example_count(60), deadline=None)
+@given(st.integers(0, 2**32 - 1), sizes, st.integers(0, 60))
+def test_a_slowly_moving_clock_over_many_overlapping_buckets(seed, size, ahead):
+    """The broker's steady state: many sealed buckets (segments loaded lazily) whose rows are
+    due at every moment of one window, and a clock moving a few ticks per call, so that one
+    frontier looks ahead of the cutoff and serves many calls. Between calls: adds (some
+    earlier than the frontier's horizon), deletes, expiries and re-adds, segments becoming
+    "read ahead", peeks. Every call matches a sorted model: index order, never early, never
+    twice, none skipped; count and membership exact after every step."""
+    rng = random.Random(seed)
+    saved_ahead = shared_queue.FRONTIER_AHEAD_MS
+    shared_queue.FRONTIER_AHEAD_MS = ahead
+    try:
+        with small_frontiers(*size):
+            index = DelayedIndexSet()
+            index.ghost_filter = lambda ledger: True  # every delivered row lingers in its "file"
+            exhausted: list[_FakeBucket] = []
+            queue = SharedQueue(exhausted.append)
+            model = QueueModel()
+            buckets = []
+            for ledger in range(rng.randint(8, 24)):
+                n = rng.randint(5, 40)
+                ts = sorted(rng.randint(0, 300) for _ in range(n))
+                entries = rng.sample(range(200), n)
+                rows = sorted(zip(ts, [ledger] * n, entries))
+                seg = rng.randint(3, 9)
+                cols = [tuple(np.array(c, dtype=_U64) for c in zip(*rows[i:i + seg])) for i in range(0, n, seg)]
+                bucket = _FakeBucket(cols)
+                buckets.append(bucket)
+                for t, l, e in rows:
+                    assert index.add(l, e, t)
+                    model.time[(l, e)] = t
+                queue.push(shared_queue.Slot(bucket))
+            cutoff = rng.randint(0, 20)
+            delivered: set[tuple[int, int]] = set()
+            for _ in range(400):
+                kind = rng.choices(["pop", "clock", "add", "delete", "expire", "ready", "peek"],
+                                   weights=[10, 6, 2, 1, 1, 2, 1])[0]
+                if kind == "pop":
+                    n = rng.choice([1, 2, 5, rng.randint(1, 30)])
+                    ts, ledgers, entries, last = queue.pop_due(cutoff, n, index)
+                    got = list(zip(ts.tolist(), ledgers.tolist(), entries.tolist()))
+                    assert got == model.due(cutoff)[:n]
+                    for t, l, e in got:
+                        assert (l, e) not in delivered, "delivered twice"
+                        delivered.add((l, e))
+                        del model.time[(l, e)]
+                elif kind == "clock":
+                    cutoff += rng.choice([0, 1, 1, 2, 3])
+                elif kind == "add":
+                    # New positions (ledgers past the buckets'), or delivered ones again: some
+                    # due already, most a little ahead (before the frontier's horizon).
+                    fresh = []
+                    for _ in range(rng.randint(1, 6)):
+                        t = max(0, cutoff + rng.randint(-3, 40))
+                        if delivered and rng.random() < 0.3:
+                            l, e = rng.choice(sorted(delivered))
+                        else:
+                            l, e = 100 + rng.randint(0, 3), rng.randint(0, 100)
+                        if index.add(l, e, t):
+                            model.time[(l, e)] = t
+                            delivered.discard((l, e))
+                            fresh.append((t, l, e))
+                    if fresh:
+                        queue.push(sorted_run(*(np.array(c, dtype=_U64) for c in zip(*fresh))))
+                elif kind in ("delete", "expire") and model.time:
+                    l, e = sorted(model.time)[rng.randrange(len(model.time))]
+                    if kind == "delete":
+                        assert index.discard(l, e)
+                        delivered.add((l, e))  # (never re-added without a ghost: see "add")
+                        index.add_ghosts(l, index_set.bitmap_of(np.array([e], dtype=_U64)))
+                    else:
+                        assert index.expire(l, e)
+                    del model.time[(l, e)]
+                elif kind == "ready":
+                    rng.choice(buckets).ready = True
+                elif kind == "peek":
+                    due = min(model.time.values(), default=None)
+                    assert queue.next_timestamp(index) == due
+                assert len(index) == len(model.time)
+                for l, e in rng.sample(sorted(model.time), min(5, len(model.time))):
+                    assert index.contains(l, e)
+                for l, e in rng.sample(sorted(delivered), min(5, len(delivered))):
+                    assert not index.contains(l, e)
+            index._check()
+            ts, ledgers, entries, _ = queue.pop_due(10**6, 10**6, index)
+            assert list(zip(ts.tolist(), ledgers.tolist(), entries.tolist())) == model.due(10**6)
+            assert sorted(map(id, exhausted)) == sorted(map(id, buckets))  # each read to its end once
+    finally:
+        shared_queue.FRONTIER_AHEAD_MS = saved_ahead
+
+
+def test_a_compaction_while_a_frontier_holds_the_runs_never_brings_a_delivered_row_back(tmp_path):
+    """The mutable bucket compacts its runs (more than it keeps) while a frontier holds them: the
+    compacted run starts where delivery is, so a delivered position added again at a later
+    time is delivered at that time, not at its old one."""
+    clock = FakeClock(0)
+    cfg = bucketstore.TrackerConfig(tick_time_ms=0)
+    with bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("t", cfg, clock)
+        t.add_messages([(1, e, 10 + e) for e in range(40)])
+        clock.now = 10
+        assert t.get_scheduled_messages(1) == [(1, 0)]  # a frontier over the run, looking ahead
+        assert t.add_message(1, 0, 1_000)  # delivered, tracked again for later
+        for k in range(20):  # one run per flush: the mutable bucket compacts them
+            t.add_message(1, 100 + k, 2_000 + k)
+            assert t.next_delivery_time() == 11
+        clock.now = 60
+        assert t.get_scheduled_messages(100) == [(1, e) for e in range(1, 40)]
+        assert t.contains_message(1, 0)
+        assert t.next_delivery_time() == 1_000
+
+
+def test_the_first_frontier_is_small_and_later_ones_grow():
+    """The first batch (after an open) merges about FRONTIER_FIRST_ROWS rows, not a full
+    frontier; each rebuild doubles that, so a steady drain soon builds full ones."""
+    index = DelayedIndexSet()
+    queue = SharedQueue(lambda bucket: None)
+    rng = np.random.default_rng(5)
+    for ledger in range(40):
+        ts = np.sort(rng.integers(0, 1_000_000, 20_000).astype(_U64))
+        entries = np.arange(20_000, dtype=_U64)
+        ledgers = np.full(20_000, ledger, dtype=_U64)
+        index.add_many(ledgers, entries, ts)
+        queue.push(sorted_run(ts, ledgers, entries))
+    first = shared_queue.FRONTIER_FIRST_ROWS
+    sizes: list[int] = []
+    seen = None
+    while len(sizes) < 5:
+        if not len(queue.pop_due(10**7, 1000, index)[0]):
+            break
+        f = queue._frontier
+        if f is not None and f is not seen:
+            seen = f
+            sizes.append(len(f.ts))
+    assert len(sizes) == 5 and sizes[0] <= first + 40 * shared_queue.FRONTIER_MIN_CAP, sizes
+    assert all(b > a for a, b in zip(sizes, sizes[1:4]))
+    assert max(sizes) >= shared_queue.FRONTIER_ROWS // 2

@@ -29,3 +29,38 @@ def test_present_mask_over_many_ledgers_matches_contains() -> None:
         index.add(ledger, entry)
     want = [index.contains(l, e) for l, e in zip(ledgers.tolist(), entries.tolist())]
     assert index.present_mask(ledgers, entries).tolist() == want
+
+
+def _slice(ledger: int, entries: list[int], ts: list[int] | None = None):
+    n = len(entries)
+    return (np.array(ts if ts is not None else range(n), dtype=np.uint64), np.full(n, ledger, dtype=np.uint64),
+            np.array(entries, dtype=np.uint64))
+
+
+def test_all_claimable_only_when_every_row_would_deliver_its_position():
+    """The frontier's cheap liveness check says True only when claimable_mask would say every
+    row is claimable; each case it must refuse (a position twice, a ledger in two slices, a
+    mixed slice, an untracked position, a re-added expired position) says False."""
+    s = DelayedIndexSet()
+    for ledger in (1, 2, 3):
+        for e in range(10):
+            s.add(ledger, e, 100)
+    def agrees(parts) -> bool:
+        got = s.all_claimable(parts)
+        ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*parts))
+        if got:
+            assert s.claimable_mask(ledgers, entries, ts).all()
+        return got
+    assert agrees([_slice(1, [5, 2, 9]), _slice(2, [0, 1]), _slice(3, [7])])
+    assert not agrees([_slice(1, [5, 2, 5])])  # a position twice
+    assert not agrees([_slice(1, [5, 2]), _slice(1, [3])])  # a ledger in two slices
+    mixed = _slice(1, [1, 2, 3])
+    mixed[1][1] = 2
+    assert not agrees([mixed])
+    assert not agrees([_slice(1, [5, 11])])  # 11 is not tracked
+    s.deliver(np.array([2], dtype=np.uint64), np.array([4], dtype=np.uint64))
+    assert not agrees([_slice(2, [4, 5])])  # delivered (pending) is not claimable
+    assert agrees([_slice(2, [5, 6])])
+    assert s.expire(3, 1) and s.add(3, 1, 50) is True
+    s.add_ghosts(3, s._ghosts[3])  # (expire already made it a ghost: re-added, it is retimed)
+    assert not agrees([_slice(3, [1, 2], [100, 100])])  # its old row is not at its live time

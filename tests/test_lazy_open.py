@@ -152,6 +152,27 @@ def test_a_new_tracker_opens_every_bucket_lazily(tmp_path):
         t._check()
 
 
+def test_the_first_batch_opens_only_the_buckets_it_needs(tmp_path):
+    """Buckets whose first rows come due one after the other: the first batch after a reopen
+    opens only those with a row due by then, although the frontier looks ahead of the
+    cutoff (it stops before a bucket that is not open yet instead of opening it)."""
+    path = tmp_path / "s"
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=20)  # one segment per bucket
+    with bucketstore.open(path, background=False) as store:
+        t = store.tracker("t", cfg, FakeClock(1_000))
+        for ledger in range(6):  # bucket k's rows start at 2,000 + 100 k
+            t.add_messages([(ledger, e, 2_000 + 100 * ledger + 10 * e) for e in range(30)])
+        t.add_message(6, 0, 50_000)  # roll: the last full ledger is sealed
+    with bucketstore.open(path, read_ahead=False) as store:
+        clock = FakeClock(1_000)
+        t = store.tracker("t", cfg, clock)
+        assert t.stats()["unopened_buckets"] == 6
+        clock.now = 2_150  # rows of buckets 0 and 1 are due
+        assert t.get_scheduled_messages(1000) == sorted([(0, e) for e in range(16)] + [(1, e) for e in range(6)])
+        assert t.stats()["unopened_buckets"] == 4
+        t._check()
+
+
 def test_a_format1_catalog_is_summarised_at_open_and_verify_warns_until_then(tmp_path, capsys):
     path = tmp_path / "s"
     _build(path, "sealed", 2)

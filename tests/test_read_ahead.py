@@ -81,16 +81,15 @@ def test_a_low_segment_is_read_ahead_and_handed_over_without_a_disk_read(tmp_pat
     with store:
         clock.now = 1004
         assert t.get_scheduled_messages(100) == [(1, e) for e in range(5)]  # segment 1: kept by the seal
-        assert t.stats()["read_ahead"]["requested"] == 0  # 15 of 20 left: not low yet
-        clock.now = 1010
-        assert t.get_scheduled_messages(100) == [(1, e) for e in range(5, 11)]  # 9 left: low
+        # The frontier looks ahead of the cutoff to the end of segment 1: all of the loaded
+        # run is in it, so the run is low and segment 2 is asked for at once.
         bucket = t.buckets()[0]
         assert bucket.ahead is not None and bucket.ahead.number == 2
         _wait_done(bucket.ahead)
         assert t.stats()["read_ahead"]["held_indexes"] == 20  # segment 2, read, not yet taken
         loads = t.stats()["load"]["succeeded"]
         clock.now = 1039
-        assert t.get_scheduled_messages(100) == [(1, e) for e in range(11, 40)]
+        assert t.get_scheduled_messages(100) == [(1, e) for e in range(5, 40)]
         ra = t.stats()["read_ahead"]
         assert ra["hits"] == 1 and ra["misses"] == 0 and ra["failed"] == 0  # segment 2 read ahead
         assert t.stats()["load"]["succeeded"] == loads + 1  # still counted as a load
@@ -158,11 +157,13 @@ def test_a_failed_read_ahead_falls_back_to_the_synchronous_read(tmp_path, backgr
     clock = FakeClock(0)
     store, t = _sealed_store(tmp_path / "s", clock, background=background)
     with store:
-        clock.now = 1010
-        assert len(t.get_scheduled_messages(5)) == 5
         bucket = t.buckets()[0]
         at, old = _corrupt_segment(bucket.path, 2)
-        assert len(t.get_scheduled_messages(6)) == 6  # low: segment 2 is read ahead, and is damaged
+        clock.now = 1010
+        # The frontier reaches to the end of segment 1 (kept by the seal): it is low at once,
+        # and segment 2 is read ahead, and is damaged.
+        assert len(t.get_scheduled_messages(5)) == 5
+        assert len(t.get_scheduled_messages(6)) == 6
         _wait_done(bucket.ahead)
         assert isinstance(bucket.ahead.error, CorruptLedgerError)
         _restore(bucket.path, at, old)
@@ -181,11 +182,13 @@ def test_damage_found_during_read_ahead_is_reported_as_without_it(tmp_path, read
         t.add_messages([(1, e, 1000 + e) for e in range(100)])
         t.add_message(2, 0, 10_000)
         t.wait_for_maintenance()  # the seal runs on the store's worker
-        clock.now = 1010
-        assert len(t.get_scheduled_messages(5)) == 5
         bucket = t.buckets()[0]
         _corrupt_segment(bucket.path, 2)
-        assert len(t.get_scheduled_messages(6)) == 6  # low: segment 2 is read ahead (if on)
+        clock.now = 1010
+        # The frontier reaches to the end of segment 1 (kept by the seal): it is low at once,
+        # and segment 2 is read ahead (if on).
+        assert len(t.get_scheduled_messages(5)) == 5
+        assert len(t.get_scheduled_messages(6)) == 6
         if read_ahead:
             _wait_done(bucket.ahead)
             assert isinstance(bucket.ahead.error, CorruptLedgerError)

@@ -141,6 +141,31 @@ class DelayedIndexSet:
         self._all_dirty = False
         return dirty
 
+    def all_claimable(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> bool:
+        """True when every row of these (ts, ledger, entry) slices would deliver its position,
+        shown with one bitmap operation per slice and no sort: each slice holds one ledger that
+        no other slice holds, no position twice, only tracked positions, none re-added after
+        an expiry. False when that cannot be shown so cheaply (then ask :meth:`claimable_mask`).
+        The frontier's common case: the segments of sealed buckets of one ledger each."""
+        self.settle()
+        seen: set[int] = set()
+        for _ts, ledgers, entries in parts:
+            n = len(ledgers)
+            ledger = int(ledgers[0])
+            if ledger in seen or int(ledgers[-1]) != ledger or (n > 2 and not (ledgers == ledgers[0]).all()):
+                return False
+            seen.add(ledger)
+            bm = self._ledgers.get(ledger)
+            if bm is None or self._retimed.get(ledger):
+                return False
+            # (Sorted first: a bitmap builds ~5x faster from sorted ids; a slice is in time order.)
+            wanted = bitmap_of(np.sort(entries), wide=isinstance(bm, BitMap64))
+            if isinstance(wanted, BitMap64) and isinstance(bm, BitMap):
+                return False
+            if len(wanted) != n or bm.intersection_cardinality(wanted) != n:
+                return False  # a position twice, or one not tracked
+        return True
+
     def claimable_mask(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """Which rows (in delivery order) would deliver their position: live, and the first
         live row of their position among these rows. Does not change the set.

@@ -116,6 +116,11 @@ class SealedBucket:
     def has_next_segment(self) -> bool:
         return self.current < self.segment_count
 
+    def next_segment_ready(self) -> bool:
+        """Whether the next segment was read ahead and waits to be taken (no disk read then)."""
+        a = self.ahead
+        return a is not None and a.done and a.run is not None and a.number == self.current + 1
+
     def next_segment_min_ts(self) -> int:
         summary = self.summary
         if summary is not None and self.current == 0:

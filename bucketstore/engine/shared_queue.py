@@ -41,6 +41,7 @@ __all__ = ["Run", "RunBuffer", "Slot", "SharedQueue", "SegmentSource"]
 
 _U64 = np.dtype("<u8")
 _EMPTY = np.zeros(0, dtype=_U64)
+_TS_MAX = (1 << 64) - 1
 
 
 class SegmentSource(Protocol):
@@ -51,6 +52,8 @@ class SegmentSource(Protocol):
     def has_next_segment(self) -> bool: ...
 
     def next_segment_min_ts(self) -> int: ...
+
+    def next_segment_ready(self) -> bool: ...
 
     def load_next_segment(self) -> "Run": ...
 
@@ -186,6 +189,9 @@ class SharedQueue:
         self._on_low = on_low
         self._low_fraction = low_fraction
         self._frontier: _Frontier | None = None
+        # Frontiers start small and double up to their full size: the first batch after an
+        # open (a restart) merges only what it needs, a steady drain soon builds full ones.
+        self._grown = FRONTIER_FIRST_ROWS
 
     def __len__(self) -> int:
         return len(self._heap) + (len(self._frontier.runs) if self._frontier is not None else 0)
@@ -198,7 +204,14 @@ class SharedQueue:
             key = item.head()
         f = self._frontier
         if f is not None and key[0] <= f.limit:
-            self._fold()  # it may hold rows that sort before some of the frontier's
+            # It may hold rows that sort before some of the frontier's: the frontier keeps
+            # only its rows before the new item's head (a prefix of each of its runs, so their
+            # read positions stay right), or is folded back if it has read past that point.
+            cut = int(np.searchsorted(f.ts, np.uint64(key[0]), side="left"))
+            if cut > f.off:
+                f.truncate(cut, key[0] - 1)
+            else:
+                self._fold()
         heapq.heappush(self._heap, (*key, next(self._seq), item))
 
     def clear(self) -> None:
@@ -276,7 +289,10 @@ class SharedQueue:
         if f is None:
             return
         self._frontier = None  # first: the pushes below must not fold again
-        consumed = np.bincount(f.src[:f.off], minlength=len(f.runs)).tolist()
+        consumed = np.bincount(f.src[:f.off], minlength=len(f.runs))
+        if f.applied is not None:
+            consumed -= f.applied
+        consumed = consumed.tolist()
         for run, k in zip(f.runs, consumed):
             if run.dead:
                 continue
@@ -288,28 +304,45 @@ class SharedQueue:
                 self._retire(run)
 
     def _build(self, cutoff: int, need: int, index: DelayedIndexSet) -> bool:
-        """Gather a frontier: every queued row whose timestamp is at or before a limit
-        (at most ``cutoff``, lowered so that about :data:`FRONTIER_ROWS` rows qualify: the
-        smallest timestamp among the runs' ``cap``-th rows),
-        merged in index order. False when nothing is due."""
+        """Gather a frontier: every queued row whose timestamp is at or before a limit,
+        merged in index order. False when nothing is due.
+
+        The limit looks ahead of the cutoff (up to :data:`FRONTIER_AHEAD_MS`), lowered so that
+        about :data:`FRONTIER_ROWS` rows qualify: the smallest timestamp among the runs'
+        ``cap``-th rows. Calls under a clock that moves slowly then take their batch by
+        slicing the rows due by then, and the frontier is rebuilt once per horizon, not at
+        every call. Items of the queue that start at or before the limit join it (a slot
+        is read then), so every queued row outside the frontier still sorts after it."""
         runs = self._pop_due_items(cutoff)
         if not runs:
             return False
-        rows = max(FRONTIER_ROWS, min(FRONTIER_ROWS_MAX, FRONTIER_ROWS_PER_RUN * len(runs)), FRONTIER_CALLS * need)
+        rows = max(FRONTIER_ROWS, min(FRONTIER_ROWS_MAX, FRONTIER_ROWS_PER_RUN * len(runs)))
+        rows = max(min(rows, self._grown), FRONTIER_CALLS * need)
+        self._grown = min(2 * self._grown, FRONTIER_ROWS_MAX)
         cap = max(FRONTIER_MIN_CAP, -(-rows // len(runs)))
-        limit = cutoff
-        for run in runs:
-            owner = run.owner
-            # A run whose every row is due may be followed, in its bucket, by a segment that
-            # is due too: read it now, so the limit below is taken over every due row.
-            while (run.remaining <= cap and int(run.ts[-1]) <= cutoff and owner is not None and not owner.dead
-                   and owner.has_next_segment() and owner.next_segment_min_ts() <= cutoff):
-                if not self._extend(run):
-                    limit = min(limit, owner.next_segment_min_ts() - 1)
-                    break
-            if run.remaining > cap:
-                # Its cap-th row bounds the limit (a scalar read, not a search per run).
-                limit = min(limit, int(run.ts[run.pos + cap - 1]))
+        limit = max(cutoff, min(cutoff + FRONTIER_AHEAD_MS, _TS_MAX))
+        seen = 0
+        while True:
+            for run in runs[seen:]:
+                owner = run.owner
+                # A short run may be followed, in its bucket, by a segment that starts within
+                # the limit. One that is due, or already read ahead, joins the run now; one
+                # not due is not read under the lock ahead of need: the limit stops before it.
+                while (run.remaining <= cap and owner is not None and not owner.dead
+                       and owner.has_next_segment() and owner.next_segment_min_ts() <= limit):
+                    if owner.next_segment_min_ts() > cutoff and not owner.next_segment_ready():
+                        limit = owner.next_segment_min_ts() - 1
+                        break
+                    if not self._extend(run):
+                        limit = min(limit, owner.next_segment_min_ts() - 1)
+                        break
+                if run.remaining > cap:
+                    # Its cap-th row bounds the limit (a scalar read, not a search per run).
+                    limit = min(limit, int(run.ts[run.pos + cap - 1]))
+            seen = len(runs)
+            limit = self._pop_ahead(limit, runs)
+            if len(runs) == seen:
+                break
         # Every row at or before the limit goes in, also one at the limit in a next segment
         # (a failed read lowers the limit: then look again).
         settled = False
@@ -346,10 +379,42 @@ class SharedQueue:
             src = np.zeros(len(ts), dtype=np.int64)
         else:
             ts, ledgers, entries, src = _merge(parts, counts)
-        live = index.claimable_mask(ledgers, entries, ts)
+        # Liveness in bulk: one bitmap operation per run when each run is one ledger of its own
+        # (sealed buckets of one ledger, the usual store), else one sort by position.
+        if index.all_claimable(parts):
+            live = np.ones(len(ts), dtype=bool)
+        else:
+            live = index.claimable_mask(ledgers, entries, ts)
         index.changes()  # liveness is current as of now: only later changes matter
         self._frontier = _Frontier(ts, ledgers, entries, src, members, live, limit)
         return True
+
+    def _pop_ahead(self, limit: int, runs: list[Run]) -> int:
+        """Move the queue's live items that start at or before ``limit`` (not due yet: the
+        frontier looks ahead) into ``runs``; return the limit. A slot is read only if the
+        read-ahead has its segment already: else the limit stops before it, so that no bucket
+        is opened and no segment read under the lock before it is due (the first batch
+        after a restart opens only the buckets it needs). A read that fails lowers the limit
+        too (the error is raised when the slot is due and read again)."""
+        heap = self._heap
+        while heap and heap[0][0] <= limit:
+            item = heap[0][-1]
+            if item.dead:
+                heapq.heappop(heap)
+                continue
+            if isinstance(item, Slot):
+                if not item.bucket.next_segment_ready():
+                    return min(limit, heap[0][0] - 1)
+                heapq.heappop(heap)
+                try:
+                    item = self._load(item.bucket)
+                except (BucketStoreError, OSError):
+                    self.push(item)
+                    return min(limit, item.bucket.next_segment_min_ts() - 1)
+            else:
+                heapq.heappop(heap)
+            runs.append(item)
+        return limit
 
     def _extend(self, run: Run) -> bool:
         """Append its bucket's next segment to a run, read ahead of need; False if the read
@@ -391,9 +456,9 @@ class SharedQueue:
             rest = f.live[f.off:]
             first = int(np.argmax(rest)) if len(rest) else 0
             if len(rest) and rest[first]:
-                f.off += first  # the rows before it are dead
+                f.consume(f.off + first)  # the rows before it are dead
                 return int(f.ts[f.off])
-            f.off = len(f.ts)
+            f.consume(len(f.ts))
             self._fold()
         heap = self._heap
         while heap:
@@ -439,9 +504,6 @@ class SharedQueue:
         need = max_items
         while need > 0:
             f = self._frontier
-            if f is not None and f.limit > cutoff:
-                self._fold()  # (the queue's own caller never moves the cutoff back: safety)
-                f = None
             if f is None:
                 if not self._build(cutoff, need, index):
                     break
@@ -449,10 +511,17 @@ class SharedQueue:
                 assert f is not None
             else:
                 self._refresh(f, index)
-            end, rows = _claim(f.live, f.off, need)
+            # The frontier may reach past the cutoff: only its rows due by now are taken.
+            if f.limit <= cutoff:
+                due = len(f.ts)
+            elif cutoff < 0:
+                due = f.off
+            else:
+                due = f.off + int(np.searchsorted(f.ts[f.off:], np.uint64(cutoff), side="right"))
+            end, rows = _claim(f.live[:due], f.off, need)
             if end > f.off:
                 last_key = (int(f.ts[end - 1]), int(f.ledgers[end - 1]), int(f.entries[end - 1]))
-            f.off = end
+            f.consume(end)
             if len(rows):
                 cols = f.ts[rows], f.ledgers[rows], f.entries[rows]
                 index.deliver(cols[1], cols[2])
@@ -460,6 +529,8 @@ class SharedQueue:
                 need -= len(rows)
             if f.off >= len(f.ts):
                 self._fold()
+            elif f.off >= due:
+                break  # nothing else is due: every row outside the frontier sorts after its limit
         if not out:
             return _EMPTY, _EMPTY, _EMPTY, last_key
         if len(out) == 1:
@@ -474,8 +545,14 @@ class SharedQueue:
 #: grows with the runs; the cap bounds its memory (~33 bytes a row, 2000 runs with
 #: 5,000-row segments loaded hold 240 MB already) and the call that builds it (~0.2 s).
 FRONTIER_ROWS = 1 << 18
+#: How far past the cutoff a frontier may look (ms): far enough that a clock moving a few
+#: milliseconds per call rebuilds it rarely, near enough that a sealed bucket's segment is
+#: not read long before it is due.
+FRONTIER_AHEAD_MS = 60_000
 FRONTIER_ROWS_PER_RUN = 1024
 FRONTIER_ROWS_MAX = 1 << 20
+#: The first frontier's rows (then twice as many at each build, up to the above).
+FRONTIER_FIRST_ROWS = 1 << 14
 FRONTIER_CALLS = 4
 #: No run's share is cut below this many rows (tests lower all five to exercise small frontiers).
 FRONTIER_MIN_CAP = 16
@@ -491,7 +568,7 @@ class _Frontier:
     is the first unread row.
     """
 
-    __slots__ = ("ts", "ledgers", "entries", "src", "runs", "live", "limit", "off")
+    __slots__ = ("ts", "ledgers", "entries", "src", "runs", "live", "limit", "off", "plain", "applied")
 
     def __init__(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, src: np.ndarray,
                  runs: list[Run], live: np.ndarray, limit: int) -> None:
@@ -500,6 +577,31 @@ class _Frontier:
         self.live = live
         self.limit = limit
         self.off = 0
+        # Runs of no sealed bucket (the mutable bucket's, direct adds) are read by their owner
+        # too, while the frontier holds them (a compaction, a seal's freeze): their read
+        # positions are kept current at every call, else a compaction would copy rows
+        # delivered already (and bring a delivered, re-added position back at its old time).
+        self.plain = [i for i, run in enumerate(runs) if run.owner is None]
+        self.applied = np.zeros(len(runs), dtype=np.int64) if self.plain else None
+
+    def consume(self, end: int) -> None:
+        """Move the first unread row to ``end``, advancing the plain runs' read positions."""
+        if self.applied is not None and end > self.off:
+            counts = np.bincount(self.src[self.off:end], minlength=len(self.runs))
+            for i in self.plain:
+                k = int(counts[i])
+                run = self.runs[i]
+                if k and not run.dead:  # (a killed run has let go of its rows: pos stays 0)
+                    run.pos += k
+                    self.applied[i] += k
+        self.off = end
+
+    def truncate(self, end: int, limit: int) -> None:
+        """Keep only the rows before ``end`` (all at or before ``limit``); the rest stay in
+        their runs, whose read positions move only by what was consumed."""
+        self.ts, self.ledgers, self.entries = self.ts[:end], self.ledgers[:end], self.entries[:end]
+        self.src, self.live = self.src[:end], self.live[:end]
+        self.limit = limit
 
 
 def _claim(live: np.ndarray, off: int, need: int) -> tuple[int, np.ndarray]:

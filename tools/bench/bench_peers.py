@@ -4,9 +4,12 @@ The job (issue 17): ``--positions`` delayed indexes (default 1 M) published in o
 50,000 entries per ledger, each delayed by U[0, ``--delay-ms``) (default 10 min), added
 in batches of ``--add-batch`` (10,000); then a **restart**: a fresh process opens the
 store and takes the first due batch (time and resident memory until it is in hand);
-then the **drain**: batches of ``--drain-batch`` (1,000) under a clock that moves by
-(last time - first time) / (positions / batch) per call, each batch deleted from the
-store as it is delivered, until every position has come out.
+then the **drain**: batches of ``--drain-batch`` (1,000) under a moving clock, each
+batch deleted from the store as it is delivered, until every position has come out.
+``--regime paced`` (the default): the clock moves by (last time - first time) /
+(positions / batch) at every call. ``--regime keepup``, where a broker's dispatcher
+lives: the clock moves by that step (one batch's arrival time) only when a call comes
+back short, so each tick finds about one batch just fallen due and takes it.
 
 Subjects, each with its idiomatic design:
 
@@ -35,7 +38,7 @@ Every subject uses the same cutoff rule as the tracker's default: due = at or be
 directory after the adds and a clean close, over the positions. Add rate includes the
 close (sealed mode: its seals). Each phase runs in a fresh process.
 
-Run:  python tools/bench/bench_peers.py [--positions 1e6] [--peers bucketstore-journal,sqlite-full,...]
+Run:  python tools/bench/bench_peers.py [--positions 1e6] [--regime paced|keepup] [--peers bucketstore-journal,sqlite-full,...]
 """
 
 from __future__ import annotations
@@ -319,11 +322,14 @@ def phase_restart_and_drain(subject: str, path: str, args: argparse.Namespace) -
     got = store.pop(first, args.drain_batch)
     restart_s = time.perf_counter() - t0
     restart_rss = rss() - base
-    delivered, calls = len(got), 1
+    delivered, calls, ticks = len(got), 1, 1
+    keepup = args.regime == "keepup"
     gc.disable()
     t1 = time.perf_counter()
     while delivered < args.positions:
-        now = int(first + calls * step)
+        if not keepup or len(got) < args.drain_batch:
+            ticks += 1  # (keepup: a full batch may leave more due at the same time)
+        now = int(first + (ticks - 1) * step)
         calls += 1
         got = store.pop(now, args.drain_batch)
         delivered += len(got)
@@ -347,7 +353,8 @@ def allocated_bytes(path: str) -> int:
 def run_child(phase: str, subject: str, path: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", phase, "--subject", subject, "--path", path,
            "--positions", str(args.positions), "--add-batch", str(args.add_batch),
-           "--drain-batch", str(args.drain_batch), "--delay-ms", str(args.delay_ms), "--scratch", args.scratch]
+           "--drain-batch", str(args.drain_batch), "--delay-ms", str(args.delay_ms), "--scratch", args.scratch,
+           "--regime", args.regime]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -377,6 +384,8 @@ def main() -> None:
     p.add_argument("--add-batch", type=int, default=10_000)
     p.add_argument("--drain-batch", type=int, default=1_000)
     p.add_argument("--delay-ms", type=int, default=600_000)
+    p.add_argument("--regime", choices=["paced", "keepup"], default="paced",
+                   help="drain clock: a step per call (paced), or a step when a call comes back short (keepup)")
     p.add_argument("--peers", default=",".join(SUBJECTS), help="comma-separated subjects (default: all)")
     p.add_argument("--repeat", type=int, default=1, help="runs per subject; the best of each figure is shown")
     p.add_argument("--scratch", default=None, help="directory for the stores (default: a temporary one)")
@@ -415,7 +424,7 @@ def main() -> None:
 def print_table(results: dict[str, dict], skipped: dict[str, str], args: argparse.Namespace) -> None:
     base = results.get(BASELINE)
     print(f"\n{args.positions:,} positions, add batches of {args.add_batch:,}, delays U[0, {args.delay_ms:,} ms), "
-          f"drain batches of {args.drain_batch:,} under a moving clock, best of {args.repeat}")
+          f"drain batches of {args.drain_batch:,} under a moving clock ({args.regime}), best of {args.repeat}")
     head = (f"{'subject':<20} {'add M/s':>8} {'restart ms':>10} {'restart RSS MB':>14} {'drain M/s':>9} "
             f"{'B/position':>10}")
     if base:
