@@ -1,14 +1,15 @@
 """Rows the delivery frontier delivered are not taken back by the mutable bucket.
 
-The frontier consumes rows without advancing their runs' read positions (it does so
-when folded back into the queue). The mutable bucket's seal and its compaction read
-its runs' unread rows; before they asked the queue to release the runs first, they
-read delivered rows as unread. A position delivered, then tracked again at a later
-time, was then delivered early by its old row: from the sealed file (the seal kept
-the row, the position being tracked; no ghost marks it, as no file held its ledger
-when it was delivered) or from the compacted run. Found by the threaded twin test in
-test_read_ahead (about 1 run in 10); these replay its shape in a few calls, with the
-in-memory tracker as the twin.
+The mutable bucket's seal (its freeze) and its compaction read its runs' unread rows
+while a frontier may hold those runs. Until the frontier kept plain runs' read
+positions current at every call (``_Frontier.consume``), it advanced them only when
+folded back, so the seal and the compaction read delivered rows as unread. A
+position delivered, then tracked again at a later time, was then delivered early
+by its old row: from the sealed file (the seal kept the row, the position being
+tracked; no ghost marks it, as no file held its ledger when it was delivered) or
+from the compacted run. Found by the threaded twin test in test_read_ahead (about 1
+run in 10 before; every failure seen went through a seal); these replay its shape
+in a few calls, with the in-memory tracker as the twin.
 """
 
 from __future__ import annotations
