@@ -8,10 +8,12 @@ within a few dozen operations.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import os
 import random
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -40,9 +42,9 @@ class SortedListModel:
         return self.cutoff
 
     def add(self, ledger: int, entry: int, at: int) -> bool:
+        cutoff = self.advance()  # every add reads the clock, as the trackers do
         if (ledger, entry) <= self.acked:
             return False  # acknowledged already
-        cutoff = self.advance()
         if at <= cutoff:
             if (ledger, entry) in self.where:
                 self.rows.remove((self.where.pop((ledger, entry)), ledger, entry))
@@ -247,3 +249,24 @@ def test_merging_workload_matches_model(tmp_path_factory, seed, max_buckets):
         assert tracker.number_of_delayed_messages == 0
         assert tracker.stats()["immutable_buckets"] == 0  # exhausted buckets are deleted
     assert os.listdir(store.ledgers_dir) == [], "every bucket file is removed once delivered"
+
+
+@pytest.mark.parametrize("kind", ["bucket", "in-memory", "time-bucket"])
+def test_an_acknowledged_add_reads_the_clock_too(tmp_path, kind):
+    """Every add moves the cutoff to the clock, even one refused as acknowledged: the three
+    trackers agree when the clock then steps back (the cutoff never does)."""
+    clock = FakeClock(100)
+    config = TrackerConfig(tick_time_ms=0, precision_bits=3 if kind == "time-bucket" else 0)
+    with contextlib.ExitStack() as stack:
+        if kind == "bucket":
+            store = stack.enter_context(bucketstore.open(tmp_path / "s"))
+            tracker = store.tracker("t", config, clock)
+        else:
+            tracker = (bucketstore.InMemoryTracker if kind == "in-memory" else bucketstore.TimeBucketTracker)(
+                config, clock)
+        tracker.mark_delete(0, 0)
+        clock.now = 200
+        assert tracker.add_message(0, 0, 500) is False  # acknowledged; the cutoff is now 200
+        clock.now = 150  # the clock steps back; the cutoff stays at 200
+        assert tracker.add_message(0, 1, 180) is False  # due: at or before the cutoff
+        assert tracker.number_of_delayed_messages == 0

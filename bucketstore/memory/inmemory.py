@@ -51,9 +51,10 @@ class InMemoryTracker:
         check_timestamp(deliver_at)
         with self._lock:
             self._check_open()
+            cutoff = self._cutoff.advance()  # every add reads the clock, acknowledged or not
             if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
                 return False  # acknowledged already: nothing to track
-            if deliver_at <= self._cutoff.advance():
+            if deliver_at <= cutoff:
                 self._tracked.pop((ledger_id, entry_id), None)
                 return False
             if (ledger_id, entry_id) in self._tracked:

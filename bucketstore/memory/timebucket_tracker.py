@@ -92,9 +92,10 @@ class TimeBucketTracker:
             raise TypeError(f"deliver_at must be an int, not {type(deliver_at).__name__}")
         with self._lock:
             self._check_open()
+            cutoff = self._cutoff.advance()  # every add reads the clock, acknowledged or not
             if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
                 return False  # acknowledged already: nothing to track
-            if deliver_at < 0 or deliver_at <= self._cutoff.advance():
+            if deliver_at < 0 or deliver_at <= cutoff:
                 self._index.remove(ledger_id, entry_id)
                 return False
             self._index.add(deliver_at, ledger_id, entry_id)
