@@ -288,6 +288,20 @@ def test_a_journal_tail_being_written_is_left_out(tmp_path):
         assert t.recovery_report["read_only"] is True
 
 
+def _wait_until_stopped(pid: int) -> None:
+    """Return once every thread of ``pid`` is stopped (state T in /proc), which SIGSTOP only requests."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 @pytest.mark.parametrize("durability", ["journal", "sealed"])
 def test_beside_a_live_writer(tmp_path, durability):
     """A writer process keeps sealing, merging, delivering and trimming, holding the LOCK.
@@ -322,6 +336,7 @@ def test_beside_a_live_writer(tmp_path, durability):
         for _ in range(3):
             writer.send_signal(signal.SIGSTOP)
             try:
+                _wait_until_stopped(writer.pid)  # the signal is delivered asynchronously
                 twin = str(tmp_path / f"twin-{_}")
                 shutil.copytree(store, twin)
                 with bucketstore.open(store, read_only=True) as ro:
