@@ -5,13 +5,14 @@ yet can land at or before the cutoff, and so at or before the delivery frontier,
 recovery takes as "everything up to here was delivered". Such an index must keep its
 exact time: found when an add that returned True was gone after a clean reopen.
 
-``BUCKETSTORE_PRECISION_EXAMPLES`` raises the property test's example count (default 40).
+``BUCKETSTORE_PRECISION_WALKS`` sets the number of random walks (default 30).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,8 +20,6 @@ import textwrap
 
 import pytest
 from helpers import FakeClock
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from test_journal import crash  # in process: the journal's pending group is lost, nothing is closed
 
 import bucketstore
@@ -142,31 +141,12 @@ def _trimmed(at: int, bits: int) -> int:
     return at >> bits << bits
 
 
-#: How far ahead of the clock an add is: mostly within a step of the cutoff, where trimming bites.
-delays = st.one_of(st.integers(-2, 12), st.integers(1, 300))
-ops = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.integers(0, 2), st.integers(0, 12), delays),
-    st.tuples(st.just("batch"), st.integers(0, 2), st.integers(0, 12), delays),
-    st.tuples(st.just("roll"), st.integers(1, 2), st.just(0), st.just(0)),
-    st.tuples(st.just("tick"), st.integers(0, 40), st.just(0), st.just(0)),
-    st.tuples(st.just("pop"), st.integers(1, 6), st.just(0), st.just(0)),
-    st.tuples(st.just("flush"), st.just(0), st.just(0), st.just(0)),
-    st.tuples(st.just("reopen"), st.just(0), st.just(0), st.just(0)),
-    st.tuples(st.just("crash"), st.just(0), st.just(0), st.just(0)),
-), max_size=60)
-
-
-@settings(max_examples=int(os.environ.get("BUCKETSTORE_PRECISION_EXAMPLES", 40)), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(st.integers(1, 8), st.sampled_from([-1, 1]), ops)
-def test_trimmed_times_lose_nothing_across_reopens_and_crashes(tmp_path_factory, bits, max_buckets, ops_list):
-    """Random adds (single and batched, most due within a step or two), deliveries, flushes,
-    clean reopens and crashes on a journal tracker with ``precision_bits`` 1..8: nothing
-    tracked, or delivered but unconfirmed, is lost at a restart; nothing confirmed comes
-    back; nothing is delivered before its trimmed time or left undelivered past its time."""
+def _walk(path, seed: int, steps: int) -> None:
+    """One seeded random walk (see the test below); raises AssertionError naming the step."""
+    rng = random.Random(seed)
+    bits = rng.randint(1, 8)
     cfg = TrackerConfig(tick_time_ms=0, precision_bits=bits, min_index_count_per_bucket=4,
-                        max_indexes_per_segment=3, max_num_buckets=max_buckets)
-    path = tmp_path_factory.mktemp("p")
+                        max_indexes_per_segment=3, max_num_buckets=rng.choice([-1, 1]))
     clock = FakeClock(1000)
     store = bucketstore.open(path, confirm_sync_ms=0, background=False)
     t = store.tracker("sub", cfg, clock)
@@ -185,31 +165,39 @@ def test_trimmed_times_lose_nothing_across_reopens_and_crashes(tmp_path_factory,
             unconfirmed.pop(p, None)  # and its new time replaces its redelivery
         return True
 
-    for kind, a, b, c in ops_list:
+    def delay() -> int:  # mostly within a step of the clock, where trimming bites
+        return rng.randint(-2, (1 << bits) + 2) if rng.random() < 0.7 else rng.randint(1, 300)
+
+    kinds = ["add"] * 6 + ["batch"] * 2 + ["tick"] * 3 + ["pop"] * 3 + ["roll", "flush", "reopen", "crash"]
+    for step in range(steps):
+        kind = rng.choice(kinds)
+        where = f"seed {seed}, precision_bits {bits}, step {step} ({kind})"
         if kind in ("add", "batch"):
             cutoff = max(t._cutoff.value, clock.now)
+            ledger, entry = base + rng.randint(0, 2), rng.randint(0, 12)
             if kind == "add":
-                p = (base + a, b)
-                assert t.add_message(*p, clock.now + c) == add(p, clock.now + c, cutoff)
+                at = clock.now + delay()
+                assert t.add_message(ledger, entry, at) == add((ledger, entry), at, cutoff), where
             else:
-                rows = [(base + a, b + i, clock.now + c + 7 * i) for i in range(4)]
-                assert t.add_messages(rows) == sum(add((l, e), at, cutoff) for l, e, at in rows)
+                rows = [(ledger, entry + i, clock.now + delay()) for i in range(4)]
+                assert t.add_messages(rows) == sum(add((l, e), at, cutoff) for l, e, at in rows), where
         elif kind == "roll":
-            base += a
+            base += rng.randint(1, 2)
         elif kind == "tick":
-            clock.advance(a)
+            clock.advance(rng.randint(0, 1 << bits))
         elif kind == "pop":
-            got = t.get_scheduled_messages(a)
+            n = rng.randint(1, 6)
+            got = t.get_scheduled_messages(n)
             confirmed.update(unconfirmed)  # the call confirmed the previous batch
             unconfirmed.clear()
             for p in got:
-                assert p not in confirmed, f"{p} redelivered"
+                assert p not in confirmed, f"{where}: {p} redelivered"
                 at = tracked.pop(p)
-                assert _trimmed(at, bits) <= clock.now, f"{p} delivered before its trimmed time"
+                assert _trimmed(at, bits) <= clock.now, f"{where}: {p} delivered before its trimmed time"
                 unconfirmed[p] = at
-            if len(got) < a:
+            if len(got) < n:
                 late = [p for p, at in tracked.items() if at <= clock.now]
-                assert not late, f"due {late} not delivered"
+                assert not late, f"{where}: due {late} not delivered"
         elif kind == "flush":
             t.flush()
             confirmed.update(unconfirmed)
@@ -222,16 +210,26 @@ def test_trimmed_times_lose_nothing_across_reopens_and_crashes(tmp_path_factory,
             store = bucketstore.open(path, confirm_sync_ms=0, background=False)
             t = store.tracker("sub", cfg, clock)
             for p in confirmed:
-                assert not t.contains_message(*p), f"confirmed {p} came back after a {kind}"
+                assert not t.contains_message(*p), f"{where}: confirmed {p} came back"
             for p in tracked:
-                assert t.contains_message(*p), f"tracked {p} lost at a {kind}"
+                assert t.contains_message(*p), f"{where}: tracked {p} lost"
             for p, at in unconfirmed.items():  # not confirmed: delivered again
-                assert t.contains_message(*p), f"unconfirmed {p} lost at a {kind}"
+                assert t.contains_message(*p), f"{where}: unconfirmed {p} lost"
                 tracked[p] = at
             unconfirmed.clear()
-        assert t.number_of_delayed_messages == len(tracked)
+        assert t.number_of_delayed_messages == len(tracked), where
         t._check()
     clock.advance(10**6)
     rest = t.get_scheduled_messages(10**6)
-    assert sorted(rest) == sorted(tracked)
+    assert sorted(rest) == sorted(tracked), f"seed {seed}: the final drain"
     store.close()
+
+
+def test_trimmed_times_lose_nothing_across_reopens_and_crashes(tmp_path):
+    """Seeded random walks of adds (single and batched, most due within a step), deliveries,
+    flushes, clean reopens and crashes on a journal tracker with ``precision_bits`` 1..8:
+    nothing tracked, or delivered but unconfirmed, is lost at a restart; nothing confirmed
+    comes back; nothing is delivered before its trimmed time or left undelivered past its
+    time. ``BUCKETSTORE_PRECISION_WALKS`` sets the number of walks (default 30)."""
+    for seed in range(int(os.environ.get("BUCKETSTORE_PRECISION_WALKS", 30))):
+        _walk(tmp_path / f"w{seed}", seed, steps=80)
