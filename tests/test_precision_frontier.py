@@ -91,6 +91,24 @@ def test_an_add_trimmed_behind_the_frontier_survives_its_seal_and_a_merge(tmp_pa
         assert t.get_scheduled_messages(10) == [(5, 2), (5, 3), (6, 0), (6, 1), (7, 0)]
 
 
+def test_an_exact_time_row_is_untracked_by_an_expired_re_add_and_by_mark_delete(tmp_path):
+    """The TimeBucket mutable bucket's side table of exact-time rows: its next time counts,
+    an expired re-add and a mark-delete remove its rows (kept exact: next_delivery_time)."""
+    clock = FakeClock(100)
+    with bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("sub", CFG, clock)
+        _deliver_and_add_behind(t, clock)
+        assert t.add_message(5, 3, 102) and t.add_message(6, 0, 200)  # (5, 3) exact too
+        assert t.next_delivery_time() == 102  # exact, not the grid's 96
+        assert not t.add_message(5, 3, 99)  # due: untracked, dispatched now
+        assert t.next_delivery_time() == 103
+        t.mark_delete(5, 1)
+        assert t.next_delivery_time() == 200 and t.number_of_delayed_messages == 1
+    with bucketstore.open(tmp_path / "s") as store:
+        t = store.tracker("sub", CFG, clock)
+        assert t.number_of_delayed_messages == 1 and t.contains_message(6, 0)
+
+
 CHILD = textwrap.dedent("""
     import sys, time, bucketstore
     from bucketstore.testing.clock import FakeClock
