@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 
 from bucketstore.testing.state_machine import (BackgroundCrashMachine, BackgroundJournalCrashMachine, CrashMachine,
                                                JournalAtMostOnceCrashMachine, JournalCrashMachine,
-                                               JournalGroupedConfirmCrashMachine)
+                                               JournalGroupedConfirmCrashMachine, JournalPrecisionCrashMachine)
 from helpers import example_count
 
 CrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40, deadline=None,
@@ -19,6 +19,12 @@ TestCrashMachine = CrashMachine.TestCase
 JournalCrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40,
                                                  deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TestJournalCrashMachine = JournalCrashMachine.TestCase
+
+# precision_bits=5: trimmed times, and adds due within a step kept exact behind the frontier.
+JournalPrecisionCrashMachine.TestCase.settings = settings(
+    max_examples=example_count(100), stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestJournalPrecisionCrashMachine = JournalPrecisionCrashMachine.TestCase
 
 JournalAtMostOnceCrashMachine.TestCase.settings = settings(
     max_examples=example_count(100), stateful_step_count=40, deadline=None,

@@ -241,7 +241,12 @@ class BucketTracker:
                     journal.untrack(ledger_id, entry_id)
             return False
         if self._bits:
-            deliver_at = self._trim_time(deliver_at)
+            trimmed = self._trim_time(deliver_at)
+            frontier = self._handoff.frontier
+            # A trimmed key at or before the delivery frontier would break the prefix
+            # property recovery relies on: such an index keeps its exact time (see _trim_time).
+            if frontier is None or (trimmed, ledger_id, entry_id) > frontier:
+                deliver_at = trimmed
         # Track first (one lookup for the membership test and the insert); a
         # seal triggered by routing only looks at rows already in the mutable bucket.
         if not self._index.add(ledger_id, entry_id, deliver_at):
@@ -323,7 +328,7 @@ class BucketTracker:
             return tracked
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
-                        journal: bool = True, expire: bool = True) -> int:
+                        journal: bool = True, expire: bool = True, trim: bool = True) -> int:
         if self._unopened and ledger_id <= self._buckets.newest_end:
             self._open_covering(ledger_id)
         if not expire:  # journal replay: a due index must be delivered now, not refused
@@ -347,11 +352,11 @@ class BucketTracker:
             live &= entries > np.uint64(md[1]) if ledger_id == md[0] else False  # acknowledged already
         live_e = entries[live]
         live_t = deliver_at[live].astype(_U64)
-        if self._bits:
-            live_t = self._trim_times(live_t)
         if not len(live_e):
             return 0
         ledgers = np.full(len(live_e), ledger_id, dtype=_U64)
+        if self._bits and trim:  # (a replay's times were trimmed when first added)
+            live_t = self._trim_times(live_t, ledgers, live_e)
         batch = bitmap_of(live_e)
         if len(batch) == len(live_e) and not self._index.overlaps(ledger_id, batch):
             new = None  # the common case: all distinct, none tracked yet
@@ -398,21 +403,34 @@ class BucketTracker:
     def _trim_time(self, deliver_at: int) -> int:
         """A timestamp on the precision grid: rounded down (delivery up to one step early), or,
         with ``deliver_at_time_strict``, up (never early; up to one step late), as Pulsar does.
-        A time within one step of 2**64 cannot round up and rounds down."""
+        A time within one step of 2**64 cannot round up and rounds down.
+
+        Rounded down, an index not due yet (``deliver_at`` after the cutoff) can land at or
+        before the cutoff, and so at or before the delivery frontier: tracked there, it would
+        be delivered behind the frontier, and recovery, which takes everything at or before
+        the durable frontier as delivered, would drop it. The adds keep the exact time of such
+        an index instead (still on time: ``deliver_at`` is after the cutoff, so after the
+        frontier's time), so every tracked index sorts after every delivered one. Only an
+        index due within one step can need it (its floor is at or before the cutoff).
+        """
         floor = deliver_at >> self._bits << self._bits
         if self.config.deliver_at_time_strict and floor != deliver_at and floor + (1 << self._bits) < 1 << 64:
             return floor + (1 << self._bits)
         return floor
 
-    def _trim_times(self, ts: np.ndarray) -> np.ndarray:
-        """:meth:`_trim_time` of a uint64 column."""
+    def _trim_times(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> np.ndarray:
+        """:meth:`_trim_time` of a uint64 column, keeping the exact time of the rows whose trimmed
+        key would sort at or before the delivery frontier (see :meth:`_trim_time`)."""
         bits = np.uint64(self._bits)
         floor = ts >> bits << bits
-        if not self.config.deliver_at_time_strict:
-            return floor
-        step = np.uint64(1 << self._bits)
-        up = (floor != ts) & (floor <= np.uint64((1 << 64) - 1) - step)
-        return np.where(up, floor + step, floor).astype(_U64)
+        if self.config.deliver_at_time_strict:
+            step = np.uint64(1 << self._bits)
+            up = (floor != ts) & (floor <= np.uint64((1 << 64) - 1) - step)
+            floor = np.where(up, floor + step, floor).astype(_U64)
+        frontier = self._handoff.frontier
+        if frontier is None or int(floor.min()) > frontier[0]:
+            return floor  # the common case: the whole run is after the frontier
+        return np.where(_after(floor, ledgers, entries, frontier), floor, ts).astype(_U64)
 
     # -- sealing and merging (see seal_pipeline, merge_pipeline, maintenance) -------------------
     def _start_seal(self, cutoff: int) -> None:
@@ -1303,7 +1321,10 @@ class BucketTracker:
                 if rec[0] == "x":
                     if self._unopened and rec[1] <= self._buckets.newest_end:
                         self._open_covering(rec[1])
-                    self._index.expire(rec[1], rec[2])
+                    if self._index.expire(rec[1], rec[2]):
+                        # As a live expiry does: the TimeBucket index holds a position once, and a
+                        # replayed re-add at another time must replace the row, not be dropped.
+                        self._mutable.discard(rec[1], rec[2])
                     continue
                 ledgers, entries, ts = rec[1], rec[2], rec[3]
                 if frontier is not None:
@@ -1314,7 +1335,7 @@ class BucketTracker:
                 cuts = np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1
                 for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(ledgers)])).tolist()):
                     self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], ts[lo:hi], self._cutoff.value,
-                                         journal=False, expire=False)
+                                         journal=False, expire=False, trim=False)
         finally:
             self._replaying = replaying
 

@@ -178,13 +178,20 @@ class Model:
     ``(ts, ledger, entry)`` whose delivery is confirmed (in journal mode with
     ``sync_interval_ms=0`` it is durable); with ``at_least_once=False`` every delivery
     is confirmed as it is returned.
+
+    With ``precision_bits`` (``TrackerConfig.precision_bits``) a position is tracked at its
+    time rounded down to a multiple of ``2**precision_bits``, or at its exact time when that
+    key would sort at or before the delivered frontier (the tracker's rule, which keeps the
+    delivered set a prefix of the index order); ``where`` and ``rows`` hold those times.
     """
 
     def __init__(self, clock: Any, tick_ms: int, rows: dict[Position, int] | None = None,
                  acked: Position | None = None, cutoff: int = -1,
-                 durable_frontier: Triple | None = None, at_least_once: bool = True) -> None:
+                 durable_frontier: Triple | None = None, at_least_once: bool = True,
+                 precision_bits: int = 0) -> None:
         self.clock = clock
         self.tick_ms = tick_ms
+        self.precision_bits = precision_bits
         self.where: dict[Position, int] = dict(rows or {})
         self.rows = sorted((ts, ledger, entry) for (ledger, entry), ts in self.where.items())
         self.acked = acked
@@ -239,6 +246,10 @@ class Model:
                 self._remove(ledger, entry)  # an expired re-add untracks it
             return False
         if (ledger, entry) not in self.where:
+            if self.precision_bits:
+                trimmed = at >> self.precision_bits << self.precision_bits
+                if self.frontier is None or (trimmed, ledger, entry) > self.frontier:
+                    at = trimmed
             self.where[(ledger, entry)] = at
             bisect.insort(self.rows, (at, ledger, entry))
             self.unconfirmed.pop((ledger, entry), None)  # superseded: comes back at its new time
@@ -387,7 +398,7 @@ def reseed(bounds: JournalBounds, got: set[Position], tracker: Any) -> Model:
     # The in-flight call's frontier may not have become durable: keep the returned calls' one.
     durable = (bounds.oldest if isinstance(bounds, WindowBounds) else bounds.before).durable_frontier
     return Model(after.clock, after.tick_ms, {p: bounds.time_of(p, tracker) for p in got}, acked,
-                 stats["cutoff"], durable, after.at_least_once)
+                 stats["cutoff"], durable, after.at_least_once, after.precision_bits)
 
 
 def check_deliveries(tracker: Any, model: Model, context: str) -> None:

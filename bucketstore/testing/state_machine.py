@@ -45,6 +45,7 @@ crash inside the call is checked like any other::
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -89,6 +90,8 @@ class CrashMachine(RuleBasedStateMachine):
 
     DURABILITY = "sealed"
     DELIVERY = "at-least-once"
+    #: The tracker's configuration (small buckets and segments: a few adds seal).
+    CONFIG = CONFIG
     #: True: seals and merges are background jobs on a :class:`SteppedWorker`, run by the
     #: ``background_work`` rule (or when the tracker waits for them); False: the synchronous design.
     BACKGROUND = False
@@ -113,7 +116,8 @@ class CrashMachine(RuleBasedStateMachine):
         self.bg_steps = 0
         self.in_flight: Model | None = None
         self._open(FaultyFileSystem())
-        self.model = Model(self.clock, CONFIG.tick_time_ms, at_least_once=self.DELIVERY == "at-least-once")
+        self.model = Model(self.clock, self.CONFIG.tick_time_ms, at_least_once=self.DELIVERY == "at-least-once",
+                           precision_bits=self.CONFIG.precision_bits)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _open(self, fs: FaultyFileSystem) -> None:
@@ -125,7 +129,7 @@ class CrashMachine(RuleBasedStateMachine):
                            background=self.BACKGROUND, maintenance=self.worker,
                            max_pending_maintenance=self.MAX_PENDING, read_ahead=False)
         fs.attach(self.store.catalog)
-        self.tracker = self.store.tracker(NAME, CONFIG, self.clock)
+        self.tracker = self.store.tracker(NAME, self.CONFIG, self.clock)
         self.delivered: set[tuple[int, int]] = set()  # in this lifetime
 
     def _die_and_reopen(self, crashed: bool) -> str:
@@ -152,14 +156,15 @@ class CrashMachine(RuleBasedStateMachine):
     def _restart(self, crashed: bool) -> None:
         """Die (or close cleanly), reopen, check the recovery, reseed the model."""
         committed = CatalogState.read(self.store.catalog, NAME)
-        cutoff = self.clock.now + CONFIG.tick_time_ms
+        cutoff = self.clock.now + self.CONFIG.tick_time_ms
         exp = expect(committed, self.path / "ledgers", cutoff)
         context = self._die_and_reopen(crashed)
         if self.DURABILITY == "sealed":
             check_nothing_unreceived_deleted(self.store, NAME, committed, context)
         got = check_recovered(self.tracker, exp, self.universe, context)
         times = {(ledger, entry): ts for ts, ledger, entry in exp.triples}
-        self.model = Model(self.clock, CONFIG.tick_time_ms, {p: times[p] for p in got}, committed.mark_delete)
+        self.model = Model(self.clock, self.CONFIG.tick_time_ms, {p: times[p] for p in got}, committed.mark_delete,
+                           precision_bits=self.CONFIG.precision_bits)
 
     def _call(self, fn: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a tracker call; on a simulated crash, restart and report that it did not complete."""
@@ -229,7 +234,7 @@ class CrashMachine(RuleBasedStateMachine):
         if not self.delivered:
             return
         position = data.draw(st.sampled_from(sorted(self.delivered)))
-        at = self.clock.now + CONFIG.tick_time_ms + delay
+        at = self.clock.now + self.CONFIG.tick_time_ms + delay
         ok, result = self._step(lambda: self.tracker.add_message(*position, at), lambda m: m.add(*position, at))
         if ok and result:
             self.delivered.discard(position)
@@ -256,7 +261,7 @@ class CrashMachine(RuleBasedStateMachine):
         ok, _ = self._step(lambda: self.tracker.add_message(*position, due), lambda m: m.add(*position, due))
         if not ok:
             return
-        at = self.clock.now + CONFIG.tick_time_ms + later
+        at = self.clock.now + self.CONFIG.tick_time_ms + later
         ok, result = self._step(lambda: self.tracker.add_message(*position, at), lambda m: m.add(*position, at))
         if ok and result:
             self.delivered.discard(position)
@@ -462,3 +467,11 @@ class JournalAtMostOnceCrashMachine(JournalCrashMachine):
     recoverable set is just what it tracks)."""
 
     DELIVERY = "at-most-once"
+
+
+class JournalPrecisionCrashMachine(JournalCrashMachine):
+    """The journal machine with ``precision_bits=5``: times are trimmed to multiples of 32 ms,
+    so an add due within a step can trim to a key at or before the delivery frontier (it
+    must then keep its exact time, or recovery takes it as delivered)."""
+
+    CONFIG = dataclasses.replace(CONFIG, precision_bits=5)
