@@ -163,3 +163,31 @@ def test_failed_unlink_leaves_an_orphan_that_open_removes(rig: Rig) -> None:
     with bucketstore.open(rig.path, durability="sealed") as store:
         assert store.orphans_removed == 1
         assert os.listdir(rig.path / "ledgers") == []
+
+
+@pytest.mark.parametrize("call", ["next_delivery_time", "get_scheduled_messages"])
+def test_a_failed_segment_read_keeps_the_bucket_queued(tmp_path: Path, call: str) -> None:
+    """A bucket whose next segment cannot be read for a moment (here: its file renamed away)
+    raises from the call that needs it and stays queued: once the file is back, every row is
+    delivered, in order, and the next delivery time is exact."""
+    config = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=5)
+    clock = FakeClock(0)
+    rows = [(ledger, entry, 1_000 + 10 * ledger + entry) for ledger in range(4) for entry in range(10)]
+    with bucketstore.open(tmp_path / "s", durability="sealed", background=False, read_ahead=False) as store:
+        t = store.tracker("t", config, clock)
+        t.add_messages(rows)
+        t.add_message(9, 0, 10**9)  # rolls the ledger range: ledgers 0..3 are sealed
+        first = min(t.buckets(), key=lambda b: b.start_ledger).path
+        clock.now = 1_004
+        assert t.get_scheduled_messages(100) == [(0, e) for e in range(5)]  # the first segment of ledger 0
+        os.rename(first, first + ".away")  # its second segment (due at 1,005) cannot be read now
+        with pytest.raises(OSError):
+            if call == "next_delivery_time":
+                t.next_delivery_time()
+            else:
+                clock.now = 1_005
+                t.get_scheduled_messages(100)
+        os.rename(first + ".away", first)
+        assert t.next_delivery_time() == 1_005
+        clock.now = 10**6
+        assert t.get_scheduled_messages(100) == sorted((ledger, entry) for ledger, entry, _ in rows[5:])

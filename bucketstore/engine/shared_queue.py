@@ -468,7 +468,11 @@ class SharedQueue:
                 continue
             if isinstance(item, Slot):
                 heapq.heappop(heap)
-                run = self._load(item.bucket)
+                try:
+                    run = self._load(item.bucket)
+                except BaseException:
+                    self.push(item)  # a failed read keeps the bucket queued: the next call reads it again
+                    raise
                 self.push(run)
                 continue
             skip = _first_tracked(item, index)
