@@ -17,7 +17,12 @@ store directory, and may be opened beside the store's live writer:
 Each tracker's view is a snapshot taken when :meth:`ReadOnlyStore.tracker` opens
 it: its catalog entries (one read transaction) and, in journal mode, its journal,
 read between two reads of those entries that must agree, so the two belong to one
-moment of the writer (what a crash at that moment would recover). Sealed buckets
+moment of the writer (what a crash at that moment would recover). A catalog commit
+the writer is still inside (LMDB has written its meta page but not yet published it
+to readers) is not seen: the view is the moment before that call, which a crash then
+may also recover, while a fresh open of a copy of the files would pick the newer
+meta page (e.g. an in-flight ``mark_delete``'s acknowledged rows are still in the
+view). Sealed buckets
 are opened lazily, as in a writable open; a ledger file the writer deletes after
 the snapshot (a merge, a delivery, a mark-delete) then raises
 :class:`~bucketstore.StaleSnapshotError` when the view needs it: never a crash
