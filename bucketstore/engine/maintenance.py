@@ -18,12 +18,14 @@ and the encode was no faster, on two cores.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..errors import MaintenanceError
 from .worker_thread import WorkerThread
 
-__all__ = ["Job", "MaintenanceCounters", "MaintenanceWorker"]
+__all__ = ["Job", "MaintenanceCounters", "MaintenanceWorker", "close_on_exit"]
 
 log = logging.getLogger("bucketstore")
 
@@ -86,3 +88,14 @@ class MaintenanceWorker(WorkerThread[Job]):
         worker needs no help and returns False (the tracker then waits on its condition).
         """
         return False
+
+
+def close_on_exit(close: Callable[[], object], block_raised: bool) -> None:
+    """``__exit__`` of a tracker or a store: close, and raise a background failure that
+    ``close()`` reports only when the ``with`` block is not already raising its own error
+    (which must not be hidden; the failure was logged when it happened)."""
+    try:
+        close()
+    except MaintenanceError:
+        if not block_raised:
+            raise

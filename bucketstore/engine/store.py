@@ -41,7 +41,7 @@ from ..errors import CatalogError, CorruptLedgerError, MaintenanceError, StoreCl
 from ..format.fs import REAL_FS, FileSystem
 from .handoff import DELIVERY_MODES
 from .journal import FdPool, journal_directory
-from .maintenance import MaintenanceWorker
+from .maintenance import MaintenanceWorker, close_on_exit
 from .read_ahead import SegmentReader
 from .read_only import ReadOnlyStore
 from .store_lock import acquire_write_lock
@@ -400,11 +400,7 @@ class Store:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        try:
-            self.close()
-        except MaintenanceError:
-            if exc_type is None:  # never hide the error the block is already raising (this one was logged)
-                raise
+        close_on_exit(self.close, block_raised=exc_type is not None)
 
 
 def _rows_in(path: str) -> int | str:

@@ -31,7 +31,7 @@ from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, Mainten
 from .handoff import DeliveryHandoff
 from .index_set import DelayedIndexSet, bitmap_of, sort_positions
 from .journal import Journal, journal_directory
-from .maintenance import MaintenanceCounters
+from .maintenance import MaintenanceCounters, close_on_exit
 from .merge import choose_merge_window
 from .merge_pipeline import MergeJob
 from ..format.ledger_file import ledger_file_name
@@ -1006,11 +1006,7 @@ class BucketTracker:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        try:
-            self.close()
-        except MaintenanceError:
-            if exc_type is None:  # never hide the error the block is already raising (this one was logged)
-                raise
+        close_on_exit(self.close, block_raised=exc_type is not None)
 
     def stats(self) -> dict[str, Any]:
         """Counters: buckets, indexes, loaded indexes, bytes on disk and in memory, op counts/latencies.
