@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import lmdb
 
 from ..engine.catalog import Catalog
+from ..engine.worker_thread import WorkerThread
 from ..format.fs import FileSystem
 
 __all__ = [
@@ -462,6 +463,14 @@ def abandon_store(store: object) -> None:
     """Release what the kernel releases when a process dies: the store's LMDB
     environment and its lock descriptor. Runs no engine code (a crashed process
     runs none), so nothing is flushed, deleted or committed."""
+    # A dead process has no threads. The store's worker and reader threads are stopped first,
+    # their queued items dropped (an item in flight runs into the crashed file layer at its
+    # next call, so nothing more becomes durable): LMDB closes an environment only once a write
+    # transaction another thread holds has ended, and closing beside a live worker hung.
+    for worker in (getattr(store, "maintenance", None), getattr(store, "segment_reader", None)):
+        if isinstance(worker, WorkerThread):  # a SteppedWorker has no thread: its jobs just never run
+            worker.finish_queued_on_stop = False
+            worker.stop(timeout=10)
     catalog = getattr(store, "catalog", None)
     if catalog is not None:
         catalog.close()
