@@ -468,7 +468,9 @@ def abandon_store(store: object) -> None:
     # next call, so nothing more becomes durable): LMDB closes an environment only once a write
     # transaction another thread holds has ended, and closing beside a live worker hung.
     for worker in (getattr(store, "maintenance", None), getattr(store, "segment_reader", None)):
-        if isinstance(worker, WorkerThread):  # a SteppedWorker has no thread: its jobs just never run
+        # Only a running thread: a SteppedWorker runs on the test's thread, and stopping it would
+        # run its queued jobs; they simply never run.
+        if isinstance(worker, WorkerThread) and type(worker).stop is WorkerThread.stop:
             worker.finish_queued_on_stop = False
             worker.stop(timeout=10)
     catalog = getattr(store, "catalog", None)
