@@ -38,6 +38,7 @@ import secrets
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -46,6 +47,7 @@ import msgpack
 
 from ..errors import CatalogError
 from .lmdb_file import check_data_file
+from .map_gate import MapGate
 from .store_lock import writer_pid
 
 __all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "copy_catalog", "new_store_id",
@@ -100,10 +102,9 @@ class Catalog:
         self.before_commit: Callable[[], None] | None = None
         #: The store's identity (None only for a read-only catalog written before store ids existed).
         self.store_id: str | None = None
-        #: Held by a read-only open of this process reading through this (writable) catalog, by
-        #: :meth:`copy_to`, and by this catalog while it resizes its map or closes: LMDB remaps the
-        #: file on a resize, under any read transaction of this process still using the old map.
-        self._sharing = threading.Lock()
+        #: Every transaction of this process on the environment holds it shared; a map resize
+        #: and :meth:`close` hold it alone (LMDB remaps the file on a resize: see map_gate).
+        self._gate = MapGate()
         data = os.path.join(self.path, "data.mdb")
         try:
             size = os.path.getsize(data)
@@ -146,11 +147,11 @@ class Catalog:
             raise CatalogError(f"{self.path}: cannot open the LMDB catalog: {exc}", path=self.path) from None
         try:
             if readonly:
-                with self._env.begin() as txn:
+                with self._txn() as txn:
                     self.store_id = self._decode_store_id(txn.get(b"store_id", db=self._meta))
             else:
                 self._env.reader_check()  # clear reader slots left by killed processes
-                with self._env.begin(write=True) as txn:
+                with self._txn(write=True) as txn:
                     fmt = txn.get(b"format", db=self._meta)
                     if fmt is None:
                         if must_exist:
@@ -189,10 +190,23 @@ class Catalog:
             raise CatalogError(f"{self.path}: store_id {raw!r} is not 32 hex digits", path=self.path)
         return text
 
+    def _live_env(self) -> lmdb.Environment:
+        env = self._env
+        if env is None:
+            raise CatalogError(f"{self.path}: the catalog is closed", path=self.path)
+        return env
+
+    @contextmanager
+    def _txn(self, write: bool = False) -> Iterator[lmdb.Transaction]:
+        """A transaction (values copied out as bytes), holding the map gate shared."""
+        with self._gate.shared():
+            with self._live_env().begin(write=write, buffers=False) as txn:
+                yield txn
+
     # -- reads ----------------------------------------------------------------------------------
     def next_ledger_id(self) -> int:
         """The smallest ledger id never handed out (0 for a new store)."""
-        with self._env.begin() as txn:
+        with self._txn() as txn:
             raw = txn.get(b"next_ledger_id", db=self._meta)
         if raw is None:
             return 0
@@ -202,13 +216,13 @@ class Catalog:
 
     def tracker_names(self) -> list[str]:
         """Every tracker the catalog knows, sorted."""
-        with self._env.begin() as txn:
+        with self._txn() as txn:
             return [self._decode_name(k) for k, _ in txn.cursor(db=self._trackers)]
 
     def tracker_state(self, name: str) -> dict[str, Any] | None:
         """A tracker's durable state, or None if the tracker does not exist."""
         key = validate_tracker_name(name)
-        with self._env.begin() as txn:
+        with self._txn() as txn:
             raw = txn.get(key, db=self._trackers)
         if raw is None:
             return None
@@ -227,7 +241,7 @@ class Catalog:
     def buckets(self, name: str) -> dict[str, int]:
         """A tracker's cursor properties: bucket key -> ledger id."""
         prefix = validate_tracker_name(name) + b"\x00"
-        with self._env.begin(buffers=False) as txn:
+        with self._txn() as txn:
             return {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
 
     def _ledger_of(self, name: str, key: str, raw: bytes) -> int:
@@ -245,7 +259,7 @@ class Catalog:
         """A tracker's bucket keys (key -> ledger id) and their summaries (key -> encoded
         summary; keys without one are missing), read in one transaction."""
         prefix = validate_tracker_name(name) + b"\x00"
-        with self._env.begin(buffers=False) as txn:
+        with self._txn() as txn:
             keys = {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
             summaries = (dict(_under(txn.cursor(db=self._summaries), prefix))
                          if self._summaries is not None else {})
@@ -259,7 +273,7 @@ class Catalog:
         """One tracker's state, keys and summaries, with the allocator, in one read transaction."""
         raw_name = validate_tracker_name(name)
         prefix = raw_name + b"\x00"
-        with self._env.begin(buffers=False) as txn:
+        with self._txn() as txn:
             raw_next = txn.get(b"next_ledger_id", db=self._meta)
             raw_state = txn.get(raw_name, db=self._trackers)
             keys = {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
@@ -273,7 +287,7 @@ class Catalog:
 
     def _snapshot(self) -> "CatalogSnapshot":
         """Every tracker's state and keys and the allocator, in one read transaction."""
-        with self._env.begin(buffers=False) as txn:
+        with self._txn() as txn:
             return self._snapshot_in(txn)
 
     def copy_to(self, dest: str) -> "CatalogSnapshot":
@@ -283,7 +297,7 @@ class Catalog:
         :mod:`~bucketstore.engine.checkpoint`). LMDB's copy does not fsync; the caller does.
         """
         try:
-            with self._sharing, self._env.begin(buffers=False) as txn:
+            with self._txn() as txn:
                 snapshot = self._snapshot_in(txn)
                 self._env.copy(dest, compact=True, txn=txn)
         except lmdb.MapResizedError:
@@ -402,15 +416,16 @@ class Catalog:
             raise CatalogError(f"{self.path}: catalog is open read-only", path=self.path)
         while True:
             try:
-                with self._env.begin(write=True) as txn:
+                with self._txn(write=True) as txn:
                     apply(txn)
                     if self.before_commit is not None:
                         self.before_commit()
                 return
             except lmdb.MapFullError:
                 # The `with` block has aborted the transaction; grow the map and redo it.
-                with self._sharing:
-                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                with self._gate.exclusive():
+                    env = self._live_env()
+                    env.set_mapsize(env.info()["map_size"] * 2)
             except lmdb.Error as exc:
                 raise CatalogError(f"{self.path}: catalog write failed: {exc}", path=self.path) from None
 
@@ -419,10 +434,10 @@ class Catalog:
         with _WRITERS_LOCK:
             if _WRITERS.get(os.path.realpath(self.path)) is self:
                 del _WRITERS[os.path.realpath(self.path)]
-        with self._sharing:
+        with self._gate.exclusive():  # no transaction of this process is left running
             env, self._env = getattr(self, "_env", None), None
-        if env is not None:
-            env.close()
+            if env is not None:
+                env.close()
 
     def __enter__(self) -> "Catalog":
         return self
@@ -598,7 +613,7 @@ def read_catalog_quietly(path: str | os.PathLike[str], read: Callable[[Catalog],
     with _WRITERS_LOCK:
         writer = _WRITERS.get(os.path.realpath(path))
     if writer is not None:  # this process writes the store: read through its environment
-        with writer._sharing:
+        with writer._gate.shared():
             if writer._env is not None:
                 try:
                     return read(writer)
