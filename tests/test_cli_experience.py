@@ -23,9 +23,9 @@ SMALL = ["--messages", "40000", "--rate", "4000", "--delay-window-ms", "60000", 
          "--deliver-for-ms", "30000"]
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bucketstore", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+                          env={**os.environ, **(env or {})}, timeout=600, cwd=cwd)
 
 
 def on_pty(*args: str) -> tuple[int, str]:
@@ -53,6 +53,16 @@ def on_pty(*args: str) -> tuple[int, str]:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     store = tmp_path_factory.mktemp("cli") / "demo-store"
     return store, cli("simulate", str(store), *SMALL)
+
+
+def test_simulate_without_a_store_uses_demo_store_in_the_working_directory(tmp_path: Path) -> None:
+    first = cli("simulate", *SMALL, "--messages", "4000", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "demo-store" / "catalog" / "data.mdb").is_file()
+    assert "demo-store" in first.stdout
+    again = cli("simulate", *SMALL, "--messages", "4000", cwd=tmp_path)  # a second run reuses its store
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo-store"]
 
 
 def test_simulate_leaves_a_backlog_the_oracle_accounts_for(demo) -> None:

@@ -500,6 +500,11 @@ def next_steps(path: str, stopped_at_ms: int | None = None) -> str:
     ])
 
 
+#: Where ``bucketstore simulate`` puts its store when no STORE is given (relative to the
+#: working directory): the demo needs no argument, and a second run reuses it.
+DEFAULT_STORE = "demo-store"
+
+
 def refusal(path: str) -> str | None:
     """Why simulate must not run at ``path`` (it would write among files that are not its
     own), or None: a missing path, an empty directory, or a store whose only tracker is
@@ -530,8 +535,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     def both(sealed: int, journal: int) -> str:
         return f"(default {sealed:,}; journal mode {journal:,})"
 
-    p.add_argument("store", metavar="STORE",
-                   help="a new or empty directory (created if missing), or a store an earlier simulate left, "
+    p.add_argument("store", metavar="STORE", nargs="?", default=DEFAULT_STORE,
+                   help=f"default ./{DEFAULT_STORE}: a new or empty directory (created if missing), or a store an "
+                        "earlier simulate left, "
                         f"which starts afresh (its {_TRACKER!r} tracker is cleared); anything else (a file, a "
                         "directory of other files, a store with other trackers) is refused and left untouched")
     p.add_argument("--durability", choices=["sealed", "journal"], default="sealed",
