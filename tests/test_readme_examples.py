@@ -100,6 +100,32 @@ def test_the_command_table_lists_every_command() -> None:
         assert f"bucketstore {name} " in cli_doc, f"docs/cli.md lacks {name}"
 
 
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_pages_lead_somewhere() -> None:
+    broken = []
+    for page in PAGES:
+        for m in LINK.finditer(page.read_text()):
+            target = m.group("target")
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md":
+                headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", dest.read_text(), re.M)}
+                if anchor not in headings:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, f"links to nothing: {broken}"
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])
 def test_python_example_runs(block: Block, tmp_path: Path) -> None:
     if block.skip is not None:
