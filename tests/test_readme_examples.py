@@ -100,6 +100,25 @@ def test_the_command_table_lists_every_command() -> None:
         assert f"bucketstore {name} " in cli_doc, f"docs/cli.md lacks {name}"
 
 
+REGION = re.compile(r"<!-- figures: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
+
+
+def test_generated_figures_come_from_the_script() -> None:
+    """Every figures region of README and docs/ is one tools/bench/figures.py writes, and is filled;
+    every table of docs/benchmarks.md says when, where, at which size and with which command."""
+    script = (ROOT / "tools" / "bench" / "figures.py").read_text()
+    written = set(re.findall(r'regions\["([\w-]+)"\]', script))
+    assert "readme-figures" in written and "readme-image" in written
+    found = {m.group("name"): (page, m.group("body")) for page in PAGES for m in REGION.finditer(page.read_text())}
+    assert set(found) == written, f"regions without a writer or writers without a region: {set(found) ^ written}"
+    assert all(body.strip() for _, body in found.values()), "run tools/bench/figures.py to fill every region"
+    sections = re.split(r"^<!-- section: [\w-]+ -->$", (ROOT / "docs" / "benchmarks.md").read_text(), flags=re.M)[1:]
+    assert sections, "docs/benchmarks.md is written by tools/bench/figures.py"
+    for section in sections:
+        assert re.search(r"^\*Measured .+, size `\w+`, on .+\. Command: `python tools/bench/figures\.py .+`\.\*$",
+                         section, re.M), f"a table of docs/benchmarks.md without its stamp:\n{section[:300]}"
+
+
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 
