@@ -5,7 +5,7 @@
 0.0.4) for a ``/metrics`` endpoint. ``bucketstore stats STORE --prometheus`` renders the
 subset that can be read from disk beside a live writer (:func:`from_description`).
 
-Every metric is listed in :data:`METRICS` (and in README.md's table, which a test keeps
+Every metric is listed in :data:`METRICS` (and in docs/api.md's table, which a test keeps
 in step). Names follow the Prometheus conventions: a ``bucketstore_`` prefix, the unit in
 the name (``_bytes``, ``_seconds``), counters ending in ``_total``, latency histograms
 with cumulative ``_bucket{le=...}``, ``_sum`` and ``_count``; per-tracker metrics carry a

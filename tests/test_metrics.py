@@ -18,7 +18,7 @@ from bucketstore import metrics
 from bucketstore.engine.op_stats import ADD_SAMPLE_EVERY, LATENCY_BUCKETS
 from helpers import SMALL, FakeClock
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+API_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 OPS = {"add", "deliver", "flush", "seal", "load", "merge", "delete"}
 
 
@@ -149,8 +149,8 @@ def test_cli_stats_prometheus_usage_error(tmp_path) -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr
 
 
-def test_readme_documents_every_metric() -> None:
-    text = README.read_text()
-    section = text[text.index("### Metrics for brokers"):]
+def test_the_api_guide_documents_every_metric() -> None:
+    text = API_GUIDE.read_text()
+    section = text[text.index("## Metrics for brokers"):]
     rows = re.findall(r"^\| `(bucketstore_\w+)` \| (\w+) \|.*\| (.*) \|$", section, re.M)
     assert rows == [(m.name, m.kind, m.help) for m in metrics.METRICS]

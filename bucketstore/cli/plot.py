@@ -16,7 +16,6 @@ already delivered from it until it is merged or deleted.
 
 from __future__ import annotations
 
-import os
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -126,7 +125,7 @@ def write_due_plot(store: str, out_png: str) -> dict[str, int]:
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="bucket: indexes",
                   title_fontsize=8, frameon=False)
-    fig.suptitle(f"What is due when: {os.path.abspath(store)}", fontsize=11)
+    fig.suptitle(f"What is due when: {store}", fontsize=11)
     fig.text(0.01, 0.005, "Sealed buckets as their files record them: indexes still in a journal or the mutable "
              "bucket are not drawn; delivered ones stay in a bucket until it is merged or deleted.",
              fontsize=7, color="0.35", va="bottom")

@@ -8,7 +8,7 @@ reconciling what happened meanwhile. Jobs of one tracker therefore finish in
 the order they were started, which is what ``flush()`` waits on.
 
 A thread, not a process pool, by measurement (``tools/bench/bench_maintenance.py
---cases gil``, README "Figures"): the encode is partly GIL-bound (a pure-Python
+--cases gil``): the encode is partly GIL-bound (a pure-Python
 thread keeps about 70 % of its rate beside it), but handing the rows to a pool
 worker costs more GIL time than it saves (pickling the frozen columns out and the
 payloads back): beside the worker process the other thread kept less of its rate,

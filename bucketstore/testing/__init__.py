@@ -1,7 +1,7 @@
 """The crash-testing kit: crash your use of bucketstore at every I/O point and check what survives.
 
 The engine's own crash tests are built from these parts; an embedder uses the same ones on
-the layer they put above the store (see README, "Crash-testing your embedding").
+the layer they put above the store (see docs/testing-kit.md).
 
 * :mod:`~bucketstore.testing.faults`: :class:`FaultyFileSystem`, a real file layer that numbers
   every durable call, crashes before any of them (:class:`SimulatedCrash`), fails them with

@@ -3,7 +3,7 @@
 Every case runs the synchronous design (``background=False``) and the background
 one side by side in the same process, ``--repeats`` times, interleaved, and prints
 medians (and the spread) with the load average, so figures compare as ratios
-within one run on a noisy machine. See README "Figures".
+within one run on a noisy machine.
 
 * ``ledgers``: 100,000 one-message ledgers, in one ``add_messages`` call and
   with single ``add_message`` calls (every ledger rolls the mutable bucket; the

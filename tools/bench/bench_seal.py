@@ -2,7 +2,8 @@
 
 The bucket is filled through ``add_messages`` in batches of 10,000 (one ledger's
 entries in entry order, as a producer writes them), then one add to the next
-ledger rolls it, and the time of that call is the seal: merging the bucket's
+ledger rolls it, and the time of that call is the seal (the store runs seals on the
+caller's thread, ``background=False``, so that call does the whole seal): merging the bucket's
 runs into one sorted set, dropping untracked rows, cutting segments, encoding
 them and the bitmaps, writing and fsyncing the ledger file and committing the
 catalog. Shapes: A (fixed delay), B (random delays up to 10 min), S (sparse:
@@ -61,7 +62,7 @@ def batches(shape: str, n: int, seed: int, ledger_size: int | None = None):
 
 
 def seal_once(shape: str, n: int, seed: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp, bucketstore.open(tmp, durability="sealed") as store:
+    with tempfile.TemporaryDirectory() as tmp, bucketstore.open(tmp, durability="sealed", background=False) as store:
         t = store.tracker("t", TrackerConfig(min_index_count_per_bucket=n, max_num_buckets=100), lambda: EPOCH)
         last = 0
         total = 0
