@@ -156,7 +156,7 @@ def simulate(run: Run) -> None:
     run.regions["api-checkpoint"] = console("bucketstore checkpoint ./demo-store ./demo-backup", backup)
     jtail = journal[journal.index("  workload"):journal.index("\nThe store keeps")].rstrip()
     run.regions["journal-report"] = f"```text\n{jtail}\n```\n"
-    run.regions["readme-image"] = ("![What is due when in the store `bucketstore simulate ./demo-store` leaves: "
+    run.regions["readme-image"] = ("![What is due when in the store `bucketstore simulate` leaves in ./demo-store: "
                                    "due times per bucket](docs/images/simulate_due.png)\n")
     rows = [["wall time, the whole command", f"{seconds:.1f} s", f"{journal_s:.1f} s"],
             ["violations the oracle found", field_of(report, "violations").split(" ")[0],
