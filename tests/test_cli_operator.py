@@ -87,3 +87,42 @@ def test_dump_of_a_file_that_is_not_a_ledger_says_so(capsys, tmp_path, content) 
     named.write_bytes(content)
     code, out, _ = run(capsys, "dump", str(named))
     assert code == 1 and "DAMAGE" in out
+
+
+@pytest.mark.parametrize("span_s, pattern", [
+    (20, r"\d\d:\d\d:\d\d(\n[A-Z][a-z]{2} \d\d)?"),      # seconds: never a bare "05"
+    (3 * 3600, r"\d\d:\d\d(\n[A-Z][a-z]{2} \d\d)?"),      # across midnight: 00:00 keeps its time
+    (30 * 3600, r"\d\d:\d\d(\n[A-Z][a-z]{2} \d\d)?"),
+    (20 * 86_400, r"[A-Z][a-z]{2} \d\d"),                 # days: never a bare "17"
+    (200 * 86_400, r"[A-Z][a-z]{2} \d{4}"),
+])
+def test_the_plot_labels_every_major_tick_readably(span_s, pattern) -> None:
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    from datetime import datetime, timedelta, timezone
+    from bucketstore.cli.plot import _label_time_axis
+
+    t0 = datetime(2023, 11, 14, 22, 24, 50, tzinfo=timezone.utc)
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    try:
+        ax.bar([t0, t0 + timedelta(seconds=span_s)], [1, 2], width=span_s / 86_400 / 50)
+        _label_time_axis(ax, mdates)
+        fig.canvas.draw()
+        ticks = [mdates.num2date(v) for v in ax.get_xticks()]
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+    finally:
+        plt.close(fig)
+    assert len(labels) >= 3
+    # Each label, with the last date shown before it, names its tick exactly.
+    date = None
+    for tick, label in zip(ticks, labels):
+        assert re.fullmatch(pattern, label), (label, labels)
+        if ":" not in label:
+            assert label in (f"{tick:%b %d}", f"{tick:%b %Y}"), (label, tick)
+            continue
+        time, _, shown = label.partition("\n")
+        date = shown or date
+        assert date == f"{tick:%b %d}", (label, tick, labels)  # the first tick and each new day carry it
+        assert time == f"{tick:%H:%M:%S}"[:len(time)] and (len(time) == 8 or tick.second == 0), (label, tick)
