@@ -79,6 +79,8 @@ def test_text_parses_back_with_help_type_and_matching_values(busy) -> None:
     assert sample(fams, ops, op="seal", outcome="ok", **t) == st["create"]["succeeded"] >= 1
     assert sample(fams, ops, op="load", outcome="ok", **t) == st["load"]["succeeded"] >= 1
     assert {s.labels["op"] for s in fams[ops].samples} == OPS
+    # How far ahead the backlog reaches: (9, 1) at 50_001 ms is the latest index left.
+    assert sample(fams, "bucketstore_tracker_last_delivery_time_seconds", **t) == 50.001
 
 
 def test_histograms_are_cumulative_and_count_what_was_observed(busy) -> None:
@@ -121,6 +123,15 @@ def test_label_values_are_escaped(tmp_path) -> None:
     assert sample(fams, "bucketstore_tracker_delayed_indexes", tracker=name) == 1
 
 
+def test_a_tracker_that_tracks_nothing_has_no_last_delivery_time_sample(tmp_path) -> None:
+    with bucketstore.open(tmp_path / "s") as store:
+        store.tracker("idle")
+        store.tracker("busy").add_message(1, 1, 2**42)
+        fams = parse(metrics.prometheus_text(store))
+    samples = fams["bucketstore_tracker_last_delivery_time_seconds"].samples
+    assert [(s.labels["tracker"], s.value) for s in samples] == [("busy", 2**42 / 1000)]
+
+
 def test_an_empty_store_renders_valid_text(tmp_path) -> None:
     with bucketstore.open(tmp_path / "s") as store:
         fams = parse(metrics.prometheus_text(store))
@@ -150,7 +161,14 @@ def test_cli_stats_prometheus_usage_error(tmp_path) -> None:
 
 
 def test_readme_documents_every_metric() -> None:
+    """README's metric table, then any rows under a "Metrics" heading of docs/*.md (a metric
+    documented with the part of the docs that brought it), cover METRICS in order."""
     text = README.read_text()
-    section = text[text.index("### Metrics for brokers"):]
-    rows = re.findall(r"^\| `(bucketstore_\w+)` \| (\w+) \|.*\| (.*) \|$", section, re.M)
+    sections = [text[text.index("### Metrics for brokers"):]] if "### Metrics for brokers" in text else []
+    for doc in sorted((README.parent / "docs").glob("*.md")):
+        body = doc.read_text()
+        if "\n## Metrics" in body:
+            sections.append(body[body.index("\n## Metrics"):])
+    rows = [row for section in sections
+            for row in re.findall(r"^\| `(bucketstore_\w+)` \| (\w+) \|.*\| (.*) \|$", section, re.M)]
     assert rows == [(m.name, m.kind, m.help) for m in metrics.METRICS]
