@@ -94,3 +94,38 @@ def test_zstd_pieces_join_forward_and_a_short_end_is_a_frame_of_its_own() -> Non
     assert [size for size, _ in frames] == [100, 83, 12]
     for _, params in frames:  # the writer's frame header flags (bucket_snapshot.md, Compression)
         assert params.content_size >= 0 and not params.has_checksum and params.dict_id == 0
+
+
+def _corpus(name: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "damaged", name + ".ledger")
+
+
+def test_version_1_buckets_using_version_2_codecs_and_a_wrong_bucket_key_fail_where_the_spec_says() -> None:
+    """bucket_snapshot.md: bucket_key [24]; in a version-1 bucket, zstd entry 0 at [0] of entry 0, a zstd
+    segment at [0] of the segment, a FRAME/PACKED column at its kind byte."""
+    from bucketstore import CorruptLedgerError
+    from bucketstore.cli.verify import check_file
+    from bucketstore.format.ledger_file import LedgerReader
+    from bucketstore.format.snapshot import BucketFile
+
+    def payload_at(name: str, entry: int) -> int:
+        with LedgerReader(_corpus(name)) as reader:
+            return reader.entry_payload_offset(entry)
+
+    expected = {
+        "bucket_key_disagrees": (24, "bucket_key"),
+        "v1_entry0_zstd": (payload_at("v1_entry0_zstd", 0), "zstd"),
+        "v1_zstd_segment": (payload_at("v1_zstd_segment", 1), "zstd"),
+        "v1_packed_column": (payload_at("v1_packed_column", 1) + 5 + 17, "column kind 4"),  # after ARITH timestamps
+    }
+    for name, (offset, words) in expected.items():
+        try:
+            with BucketFile(_corpus(name)) as bucket:
+                for number in range(1, bucket.segment_count + 1):
+                    bucket.read_segment(number)
+        except CorruptLedgerError as exc:
+            assert (exc.offset, words in exc.reason) == (offset, True), (name, exc)
+        else:
+            raise AssertionError(f"{name} read as sound")
+        findings = check_file(_corpus(name)).findings
+        assert [(f.offset, words in f.message) for f in findings] == [(offset, True)], (name, findings)
