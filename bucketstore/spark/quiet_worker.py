@@ -47,8 +47,18 @@ class QuietStderr(io.TextIOBase):
     def encoding(self) -> str:  # type: ignore[override]
         return getattr(self._target, "encoding", "utf-8")
 
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return getattr(self._target, "errors", None)
+
     def fileno(self) -> int:
         return self._target.fileno()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._target, name)  # buffer, errors, ...: the stream it wraps
 
     def write(self, text: str) -> int:
         lines = (self._partial + text).split("\n")
