@@ -112,7 +112,9 @@ def test_version_1_buckets_using_version_2_codecs_and_a_wrong_bucket_key_fail_wh
         with LedgerReader(_corpus(name)) as reader:
             return reader.entry_payload_offset(entry)
 
+    size = os.path.getsize(_corpus("footer_reserved_not_zero"))
     expected = {
+        "footer_reserved_not_zero": (size - 12, "reserved"),
         "bucket_key_disagrees": (24, "bucket_key"),
         "v1_entry0_zstd": (payload_at("v1_entry0_zstd", 0), "zstd"),
         "v1_zstd_segment": (payload_at("v1_zstd_segment", 1), "zstd"),

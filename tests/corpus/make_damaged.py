@@ -152,6 +152,8 @@ CASES: dict[str, Callable[[], bytes]] = {
     "header_range_disagrees": _header_range,
     "zlib_segment_damaged": _zlib_segment,
     "segment_count_disagrees": _count_disagrees,
+    # The footer's reserved field (outside every CRC) must be 0, at file_size - 12.
+    "footer_reserved_not_zero": lambda: _golden("one_segment")[:-12] + b"\x01" + _golden("one_segment")[-11:],
     # bucket_key is always written; one naming another range than entry 0 is damage.
     "bucket_key_disagrees": lambda: frame_ledger(
         *(lambda lid, props, payloads: (lid, {**props, "bucket_key": "#pulsar.internal.delayed.bucket_5_9"},
