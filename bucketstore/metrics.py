@@ -90,6 +90,9 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("bucketstore_tracker_operation_duration_seconds", "histogram", _T + ("op",), "Latency of the "
                "operations (add_message sampled 1 in 16; add_messages, and every other op, each call).",
                "tracker.operations", source="live"),
+    MetricInfo("bucketstore_tracker_last_delivery_time_seconds", "gauge", _T, "How far ahead the backlog "
+               "reaches: the latest delivery time tracked, in Unix seconds (an upper bound; absent when nothing "
+               "is tracked).", "tracker.last_delivery_time_seconds", source="live"),
 )
 
 #: The engine's operation names -> the metric's ``op`` label (PIP-195's "create" is a seal).
@@ -121,6 +124,7 @@ def collect(store: Store) -> dict[str, Any]:
         try:
             st = tracker.stats()
             ops = tracker.operation_metrics()
+            last = tracker.last_delivery_time()
         except StoreClosedError:  # closed between the listing and now: not reported
             continue  # (reads never raise a background failure: that is the writer's to see)
         maint = st["maintenance"]
@@ -136,6 +140,8 @@ def collect(store: Store) -> dict[str, Any]:
             "delivered": ops["delivered"],
             "operations": {_OP_LABEL[name]: op for name, op in ops["operations"].items()},
         }
+        if last is not None:  # nothing tracked: no sample (a 0 would read as 1970, far behind)
+            trackers[tracker.name]["last_delivery_time_seconds"] = last / 1000
     journal_root = os.path.join(store.path, "journal")
     journal_bytes = 0
     if os.path.isdir(journal_root):

@@ -135,8 +135,8 @@ def test_rebuild_catalog_restores_every_bucket_and_keeps_every_file(tmp_path, du
 def test_rebuild_refuses_a_healthy_catalog_and_files_of_two_stores(tmp_path, capsys):
     path = tmp_path / "s"
     _two_tracker_store(path)
-    assert main(["repair", "--rebuild-catalog", str(path)]) == 1
-    assert "nothing to rebuild" in capsys.readouterr().err
+    assert main(["repair", "--rebuild-catalog", str(path)]) == 0  # healthy: nothing to do is success
+    assert "nothing to rebuild" in capsys.readouterr().out
     other = tmp_path / "o"
     _two_tracker_store(other)
     foreign = sorted(os.listdir(other / "ledgers"))[0]

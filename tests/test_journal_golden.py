@@ -46,3 +46,34 @@ def test_golden_v2_journal_refuses_another_tracker_or_store():
     assert info.value.offset == 20
     with pytest.raises(JournalError, match="foreign journal"):
         parse_file(data, path, 0, last=True, identity=("ff" * 16, TRACKER))
+
+
+# -- the damaged journal corpus (tests/corpus/damaged/journal_*.journal) -----------------------------
+
+sys.path.insert(0, os.path.dirname(__file__))
+from corpus.make_damaged import JOURNAL_CASES  # noqa: E402
+
+DAMAGED = os.path.join(os.path.dirname(__file__), "corpus", "damaged")
+
+
+@pytest.mark.parametrize("name", sorted(JOURNAL_CASES))
+def test_damaged_journal_corpus_is_refused_at_the_offset_the_spec_names(name):
+    make, offset = JOURNAL_CASES[name]
+    path = os.path.join(DAMAGED, name + ".journal")
+    data = open(path, "rb").read()
+    assert data == make()  # the committed file is what make_damaged.py writes
+    # As the newest file (where a torn tail is allowed) and as an older one: neither is a torn tail.
+    for last in (True, False):
+        with pytest.raises(JournalError) as info:
+            parse_file(data, path, 0, last=last, identity=(STORE_ID, TRACKER))
+        assert info.value.offset == offset, (last, info.value)
+
+
+def test_an_empty_group_at_the_end_of_the_newest_file_is_a_torn_tail():
+    """body_len 0 is never written; nothing after it: the torn-tail rule applies, as for a CRC failure."""
+    data = open(os.path.join(GOLDEN, "journal_v2.journal"), "rb").read()
+    tail = data + bytes(8)[:4] + b"\x01\x00\x00\x00" + bytes(16)  # length 0, CRC 1, then zeros
+    parsed = parse_file(tail, "j", 0, last=True)
+    assert parsed.torn_at == len(data) and _plain(parsed.records) == EXPECTED
+    with pytest.raises(JournalError, match="group of 0 bytes"):
+        parse_file(tail, "j", 0, last=False)

@@ -79,6 +79,8 @@ def test_text_parses_back_with_help_type_and_matching_values(busy) -> None:
     assert sample(fams, ops, op="seal", outcome="ok", **t) == st["create"]["succeeded"] >= 1
     assert sample(fams, ops, op="load", outcome="ok", **t) == st["load"]["succeeded"] >= 1
     assert {s.labels["op"] for s in fams[ops].samples} == OPS
+    # How far ahead the backlog reaches: (9, 1) at 50_001 ms is the latest index left.
+    assert sample(fams, "bucketstore_tracker_last_delivery_time_seconds", **t) == 50.001
 
 
 def test_histograms_are_cumulative_and_count_what_was_observed(busy) -> None:
@@ -119,6 +121,15 @@ def test_label_values_are_escaped(tmp_path) -> None:
         store.tracker(name).add_message(1, 1, 2**42)
         fams = parse(metrics.prometheus_text(store))
     assert sample(fams, "bucketstore_tracker_delayed_indexes", tracker=name) == 1
+
+
+def test_a_tracker_that_tracks_nothing_has_no_last_delivery_time_sample(tmp_path) -> None:
+    with bucketstore.open(tmp_path / "s") as store:
+        store.tracker("idle")
+        store.tracker("busy").add_message(1, 1, 2**42)
+        fams = parse(metrics.prometheus_text(store))
+    samples = fams["bucketstore_tracker_last_delivery_time_seconds"].samples
+    assert [(s.labels["tracker"], s.value) for s in samples] == [("busy", 2**42 / 1000)]
 
 
 def test_an_empty_store_renders_valid_text(tmp_path) -> None:

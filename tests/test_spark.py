@@ -487,3 +487,77 @@ def test_packed_positions_refuse_an_id_the_planning_pass_did_not_see(spark):
     for bad in [(2**32, 0, 1), (1, 2**32, 1), (2**63, 1, 1)]:
         with pytest.raises(Exception, match="is the input DataFrame deterministic"):
             packed_positions(rows_frame(spark, [bad])).collect()
+
+
+# -- no worker traceback when a query stops reading early (show, limit) ---------------------------
+
+_EARLY_CLOSE = """\
+Traceback (most recent call last):
+  File "/x/pyspark.zip/pyspark/daemon.py", line 264, in manager
+  File "/x/pyspark.zip/pyspark/daemon.py", line 95, in worker
+BrokenPipeError: [Errno 32] Broken pipe
+"""
+
+
+def _through_quiet(*writes: str) -> str:
+    import io
+
+    from bucketstore.spark.quiet_worker import QuietStderr
+    target = io.StringIO()
+    quiet = QuietStderr(target)
+    for text in writes:
+        quiet.write(text)
+    return target.getvalue()
+
+
+def test_quiet_stderr_drops_only_the_early_close_report():
+    assert _through_quiet(_EARLY_CLOSE) == ""
+    # Written piecewise, as traceback.print_exc and print do; and the report PySpark prints when killing is off.
+    assert _through_quiet(*[line + "\n" for line in _EARLY_CLOSE.splitlines()]) == ""
+    assert _through_quiet("PySpark daemon failed to flush the output to the worker process:\n" + _EARLY_CLOSE,
+                          "\n") == "\n"
+    other = _EARLY_CLOSE.replace("BrokenPipeError: [Errno 32] Broken pipe", "ValueError: a real failure")
+    assert _through_quiet(other) == other
+    elsewhere = _EARLY_CLOSE.replace("pyspark/daemon.py", "bucketstore/spark/scan.py")
+    assert _through_quiet(elsewhere) == elsewhere
+    assert _through_quiet("plain ", "text\nand more\n", _EARLY_CLOSE, "after\n") == "plain text\nand more\nafter\n"
+
+
+_SHOW_SCRIPT = """
+import os, sys
+os.environ["PYSPARK_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession
+import bucketstore.spark as bspark
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+bspark.register(spark)
+df = spark.read.format("bucketstore").load(sys.argv[1])
+df.show(3)
+print("first", df.limit(5).count(), len(df.take(2)))
+spark.stop()
+"""
+
+
+def test_show_and_limit_print_no_worker_traceback(tmp_path):
+    """show() ends its task after a few rows while the worker still writes: the early close is not
+    reported as a traceback (it was, from PySpark's daemon, after every show())."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.fail("the Spark tests need Java 17 or newer on PATH or in JAVA_HOME")
+    import subprocess
+    path = str(tmp_path / "store")
+    n = 300_000  # a partition of several MiB: the worker is still writing when the task ends
+    with bucketstore.open(path, durability="sealed") as store:
+        t = store.tracker("t", bucketstore.TrackerConfig(min_index_count_per_bucket=n), FakeClock(0))
+        t.add_messages((np.arange(n, dtype=U64) // 100_000, np.arange(n, dtype=U64), 10_000 + np.arange(n, dtype=U64)))
+        t.add_message(10, 0, 20_000)
+        t.wait_for_maintenance()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+    run = subprocess.run([sys.executable, "-c", _SHOW_SCRIPT, path], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "only showing top 3 rows" in run.stdout and "first 5 2" in run.stdout
+    assert "Traceback" not in run.stderr and "Broken pipe" not in run.stderr, run.stderr

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 
 from ..engine.checkpoint import check_destination, make_checkpoint
 from ..engine.upgrade import upgrade_store
-from .. import metrics
+from .. import __version__, metrics
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
 from . import plot, repair
-from .dump import describe_file, render_text
+from .dump import describe_file, looks_like_ledger, render_text
 from .progress import Progress
 from .simulate import add_arguments, run_from_args
 from .store_check import NOT_A_STORE, describe_store, is_store, verify_store
@@ -54,6 +54,25 @@ def _store_path(path: str) -> str:
     return path
 
 
+def _position(position: list[int] | None) -> str:
+    """A (ledger, entry) position as ``dump`` prints one (``ledger:entry``), or ``none``."""
+    return "none" if position is None else f"{position[0]}:{position[1]}"
+
+
+def _journal_line(doc: dict) -> str:
+    if doc["journal_files"] is None:
+        return "journal      none (sealed mode: no journal/ directory)"
+    return f"journal      {doc['journal_files']} file(s), {doc['journal_bytes']} bytes"
+
+
+def _verify_count_line(doc: dict) -> str:
+    """Why ``verify``'s "verified N file(s)" differs from the ledger file count above."""
+    referenced = len({b["ledger_id"] for t in doc["trackers"].values() for b in t["buckets"]})
+    journal = doc["journal_files"] or 0
+    return (f"verify       checks {referenced + journal} file(s): {referenced} referenced ledger + {journal} journal; "
+            "orphan, temporary and in-flight files are not counted")
+
+
 def _render_store(doc: dict, *, detail: bool) -> str:
     lines = [f"store        {doc['store']}",
              f"writer       {'process ' + doc['writer_pid'] if doc['writer_pid'] else 'none (not open)'}",
@@ -62,11 +81,13 @@ def _render_store(doc: dict, *, detail: bool) -> str:
              f"bytes        {doc['bytes']}" + (f"  ({doc['bytes'] / doc['indexes']:.2f} B/idx)" if doc['indexes'] else ""),
              f"ledger files {doc['ledger_files']} ({len(doc['orphan_files'])} orphan, "
              f"{len(doc['temporary_files'])} temporary, {len(doc['in_flight_files'])} in flight)",
+             _journal_line(doc),
+             _verify_count_line(doc),
              f"next ledger  {doc['next_ledger_id']}"]
     for name, tracker in doc["trackers"].items():
         lines.append("")
         lines.append(f"tracker {name!r}: {len(tracker['buckets'])} bucket(s), {tracker['indexes']} indexes, "
-                     f"{tracker['bytes']} bytes, mark-delete {tracker['mark_delete']}")
+                     f"{tracker['bytes']} bytes, mark-delete {_position(tracker['mark_delete'])}")
         if not detail or not tracker["buckets"]:
             continue
         lines.append(f"  {'ledgers':>23} {'ledger id':>10} {'indexes':>9} {'segs':>5} {'bytes':>9}  "
@@ -120,6 +141,9 @@ def _cmd_dump(args: argparse.Namespace) -> int:
             raise UsageError(f"{path}: {NOT_A_STORE}; dump takes a ledger file or a store")
         args.store = path
         return _print_store(args, detail=True)
+    if not looks_like_ledger(path):
+        raise UsageError(f"{path}: not a ledger file (no ledger magic at its start or end); "
+                         "dump takes a ledger file or a store")
     doc = describe_file(path, indexes=args.indexes)
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -310,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="bucketstore",
                                      description="Run, inspect and verify bucketstore stores and ledger files.")
+    parser.add_argument("--version", action="version", version=f"bucketstore {__version__}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(commands)

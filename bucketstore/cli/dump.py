@@ -15,11 +15,31 @@ from typing import Any
 from pyroaring import BitMap64
 
 from ..errors import CorruptLedgerError
-from ..format.ledger_file import LedgerReader
+from ..format.ledger_file import END_MAGIC, MAGIC, LedgerReader
 from ..format.segment_codec import FLAG_ZLIB, FLAG_ZSTD
 from ..format.snapshot import BucketFile
 
-__all__ = ["describe_file", "render_text"]
+__all__ = ["describe_file", "render_text", "looks_like_ledger"]
+
+
+def looks_like_ledger(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is meant to be a ledger file, damaged or not.
+
+    A file with the ledger magic at its start or the end magic at its end, or
+    named ``*.ledger`` / ``*.ledger.tmp`` (a zeroed or truncated ledger keeps
+    its name), is a ledger whose problems are damage; anything else (a text
+    file, a catalog's data.mdb) is not a ledger at all, which is the caller's
+    mistake rather than the disk's.
+    """
+    name = os.fspath(path)
+    if name.endswith((".ledger", ".ledger.tmp")):
+        return True
+    with open(name, "rb") as f:
+        head = f.read(len(MAGIC))
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - len(END_MAGIC)))
+        tail = f.read(len(END_MAGIC))
+    return head == MAGIC or tail == END_MAGIC
 
 
 def describe_file(path: str | os.PathLike[str], indexes: int = 0) -> dict[str, Any]:

@@ -80,6 +80,41 @@ def _import_pyplot() -> Any:
     return plt, mdates
 
 
+def tick_labels(ticks: list[datetime]) -> list[str]:
+    """A label for every major tick that reads on its own: ``22:25:10``, not ``10``; ``00:00``
+    with its date under it where the day changes, not ``Nov-15`` in place of a time.
+
+    One format for the whole axis, chosen by the tick spacing (seconds, minutes, days, months);
+    below a day, the first tick and each tick on a new date also carry the date.
+    """
+    if len(ticks) < 2:
+        return [f"{t:%Y-%m-%d %H:%M:%S}" for t in ticks]
+    step = min((b - a).total_seconds() for a, b in zip(ticks, ticks[1:]))
+    if step >= 28 * 86_400:
+        return [f"{t:%b %Y}" for t in ticks]
+    if step >= 86_400:
+        return [f"{t:%b %d}" for t in ticks]
+    fmt = "%H:%M:%S" if step < 60 else "%H:%M"
+    labels = []
+    for i, t in enumerate(ticks):
+        new_day = i == 0 or t.date() != ticks[i - 1].date()
+        labels.append(t.strftime(fmt) + (t.strftime("\n%b %d") if new_day else ""))
+    return labels
+
+
+def _label_time_axis(ax: Any, mdates: Any) -> None:
+    """Major ticks where matplotlib's date locator puts them, each labelled by :func:`tick_labels`."""
+    lo, hi = ax.get_xlim()  # autoscaled to the bars
+    locator = mdates.AutoDateLocator(minticks=5, maxticks=12)
+    values = [v for v in locator.tick_values(mdates.num2date(lo), mdates.num2date(hi)) if lo <= v <= hi]
+    ticks = [mdates.num2date(v).astimezone(timezone.utc) for v in values]
+    ax.set_xticks(values)
+    ax.set_xticklabels(tick_labels(ticks))
+    ax.set_xlim(lo, hi)
+    year = f", {ticks[0]:%Y}" if ticks and not tick_labels(ticks)[0].endswith(f"{ticks[0]:%Y}") else ""
+    ax.set_xlabel(f"due time (UTC{year})")
+
+
 def write_due_plot(store: str, out_png: str) -> dict[str, int]:
     """Draw the due-time histogram of ``store`` into ``out_png``; return counts (indexes, buckets).
 
@@ -118,10 +153,7 @@ def write_due_plot(store: str, out_png: str) -> dict[str, int]:
                    label=f"{label}: {len(stamps):,}", linewidth=0)
             bottom += counts
         ax.set_ylabel(f"indexes due per {width_label}")
-        ax.set_xlabel("due time (UTC)")
-        locator = mdates.AutoDateLocator()
-        ax.xaxis.set_major_locator(locator)
-        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        _label_time_axis(ax, mdates)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="bucket: indexes",
                   title_fontsize=8, frameon=False)

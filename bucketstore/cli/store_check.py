@@ -114,7 +114,33 @@ def _consistent_view(path: str, examine: Examine | None) -> dict[str, Any]:
     _classify_files(path, doc, snapshot, doc["writer_pid"] is not None)
     doc["indexes"] = sum(t["indexes"] for t in doc["trackers"].values())
     doc["bytes"] = sum(t["bytes"] for t in doc["trackers"].values())
+    doc["journal_files"], doc["journal_bytes"] = _journal_usage(path)
     return doc
+
+
+def _journal_usage(path: str) -> tuple[int | None, int]:
+    """The ``*.journal`` files under ``journal/`` and their bytes (None files: no journal, sealed mode).
+
+    Counted as ``verify`` reads them (leftover ``*.journal.tmp`` files are not journal files);
+    a file a live writer's checkpoint removes meanwhile is simply not counted.
+    """
+    root = os.path.join(path, "journal")
+    if not os.path.isdir(root):
+        return None, 0
+    files = size = 0
+    for directory in sorted(os.listdir(root)):
+        try:
+            with os.scandir(os.path.join(root, directory)) as entries:
+                for entry in entries:
+                    if _JOURNAL_NAME.match(entry.name):
+                        try:
+                            size += entry.stat(follow_symlinks=False).st_size
+                        except FileNotFoundError:
+                            continue
+                        files += 1
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return files, size
 
 
 def _view_of(path: str, snapshot: CatalogSnapshot,

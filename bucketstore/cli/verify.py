@@ -191,6 +191,8 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
     if (props.get("start_ledger"), props.get("end_ledger")) != (meta.start_ledger, meta.end_ledger):
         report.add(24, f"header ledger range [{props.get('start_ledger')}, {props.get('end_ledger')}] "
                        f"disagrees with entry 0 [{meta.start_ledger}, {meta.end_ledger}]")
+    if props.get("bucket_key") != meta.key:
+        report.add(24, f"header bucket_key {props.get('bucket_key')!r} is not {meta.key!r}, entry 0's range")
     if len(meta.segments) != len(payloads) - 1:
         report.add(meta_at, f"entry 0 lists {len(meta.segments)} segments but the ledger holds "
                             f"{len(payloads) - 1}")
@@ -207,7 +209,7 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
             continue
         at = reader.entry_payload_offset(number)
         try:
-            seg = decode_segment(payload, seg_meta.count, check_order=False)
+            seg = decode_segment(payload, seg_meta.count, check_order=False, snapshot_version=meta.version)
         except SegmentCodecError as exc:
             report.add(at + exc.offset, f"segment {number}: {exc.reason}")
             previous_last = None

@@ -455,6 +455,9 @@ def parse_file(data: bytes, path: str, number: int, *, last: bool,
             end = pos + _GROUP.size + length
             if length == 0 and crc == 0:
                 bad = "zeroed group frame"
+            elif length == 0:
+                # The writer never commits an empty group: a body holds at least one record.
+                bad = "group of 0 bytes"
             elif length > _MAX_GROUP or end > size:
                 bad = f"group of {length} bytes runs past the end of the file"
             elif masked_crc32c(data[pos + _GROUP.size:end], crc32c_of(prefix)) != crc:
@@ -463,7 +466,7 @@ def parse_file(data: bytes, path: str, number: int, *, last: bool,
             # Only the last group of the last file can be torn: the next group
             # is written only after the previous one's fsync returned. A bad
             # group with data after it is damage, not a crash.
-            if bad == "group CRC mismatch":
+            if bad in ("group CRC mismatch", "group of 0 bytes"):
                 nothing_follows = not any(data[end:])
             elif bad == "zeroed group frame":
                 nothing_follows = not any(data[pos:])
@@ -490,8 +493,11 @@ def _parse_header(data: bytes, path: str, number: int, *, last: bool
         if last:  # a new file whose header never became durable
             return None
         raise JournalError(path, 0, "journal file is shorter than its header")
-    magic, version, _, stored_number = _HEADER.unpack_from(data)
+    magic, version, reserved, stored_number = _HEADER.unpack_from(data)
     header_size, owner = _HEADER_SIZE, None
+    if magic == MAGIC and version not in (1, VERSION):
+        # Before the CRC: another version may lay out (or checksum) its header differently.
+        raise JournalError(path, 8, f"journal version {version} is not supported (this reader knows 1..{VERSION})")
     if magic == MAGIC and version == 2:
         fixed = _HEADER.size + _IDENTITY.size
         name_len = _IDENTITY.unpack_from(data, _HEADER.size)[1] if size >= fixed else 0
@@ -507,8 +513,8 @@ def _parse_header(data: bytes, path: str, number: int, *, last: bool
         if last and not any(data[_HEADER.size:]) and magic != MAGIC:
             return None
         raise JournalError(path, 0, "bad journal header (magic or CRC)")
-    if version not in (1, VERSION):
-        raise JournalError(path, 8, f"journal version {version} is not supported (this reader knows 1..{VERSION})")
+    if reserved != 0:
+        raise JournalError(path, 10, f"reserved header field is {reserved}, not 0")
     if stored_number != number:
         raise JournalError(path, 12, f"header says file {stored_number}, name says {number}")
     if version == 2:

@@ -41,7 +41,11 @@ from .catalog import Catalog, new_store_id
 from .journal import read_identity
 from .store_lock import acquire_write_lock
 
-__all__ = ["rebuild_catalog", "RebuildReport"]
+__all__ = ["rebuild_catalog", "RebuildReport", "NothingToRebuild"]
+
+
+class NothingToRebuild(CatalogError):
+    """The catalog opens and belongs to the store's files: a rebuild (without ``force``) has nothing to do."""
 
 _LEDGER_NAME = re.compile(r"^(\d{20})\.ledger(\.tmp)?$")
 _JOURNAL_NAME = re.compile(r"^(\d{20})\.journal$")
@@ -73,7 +77,8 @@ def rebuild_catalog(store_path: str | os.PathLike[str], *, force: bool = False) 
 
     :param force: rebuild even when the current catalog opens and belongs to these
         files (its mark-delete positions are then lost; it is kept aside).
-    :raises CatalogError: the catalog is healthy (without ``force``), the files belong
+    :raises NothingToRebuild: the catalog is healthy (without ``force``); a :class:`CatalogError`.
+    :raises CatalogError: the files belong
         to more than one store, or a tracker's files overlap partially.
     :raises StoreLockedError: the store is open for writing.
     """
@@ -184,8 +189,8 @@ def _refuse_if_healthy(catalog_dir: str, store_ids: set[str]) -> None:
     except BucketStoreError:
         return  # lost or damaged: that is what a rebuild is for
     if current is None or not store_ids or current in store_ids:
-        raise CatalogError(f"{catalog_dir}: the catalog opens and belongs to these files: nothing to rebuild "
-                           "(--force rebuilds anyway, resetting every mark-delete position)", path=catalog_dir)
+        raise NothingToRebuild(f"{catalog_dir}: the catalog opens and belongs to these files: nothing to rebuild "
+                               "(--force rebuilds anyway, resetting every mark-delete position)", path=catalog_dir)
 
 
 def _choose(tracker: str, found: list[_Bucket], report: RebuildReport) -> dict[str, int]:

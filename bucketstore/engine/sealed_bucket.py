@@ -279,3 +279,8 @@ class BucketMap:
     def values(self) -> list[SealedBucket]:
         """The buckets in ledger order."""
         return list(self._by_start.values())
+
+    def latest_timestamp(self) -> int | None:
+        """The latest max timestamp of any bucket's last segment (None without a segment).
+        O(buckets); an unopened bucket's comes from its catalog summary, no file is read."""
+        return max((int(b.max_ts[-1]) for b in self._by_start.values() if b.segment_count), default=None)

@@ -28,6 +28,7 @@ import numpy as np
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, MaintenanceError, StoreClosedError
+from ..memory.horizon import DeliveryHorizon
 from .handoff import DeliveryHandoff
 from .index_set import DelayedIndexSet, bitmap_of, sort_positions
 from .journal import Journal, journal_directory
@@ -104,6 +105,7 @@ class BucketTracker:
         self._direct = RunBuffer()
         self._buckets = BucketMap()
         self._ops = OpStats()
+        self._horizon = DeliveryHorizon()  # how far ahead the in-memory indexes reach
         self._mark_delete: tuple[int, int] | None = None
         self._closed = False
         #: The delivery frontiers and the batches delivered but not durably confirmed.
@@ -239,6 +241,7 @@ class BucketTracker:
                 self._mutable.discard(ledger_id, entry_id)
                 if journal is not None:
                     journal.untrack(ledger_id, entry_id)
+                self._horizon.emptied(self._count())
             return False
         if self._bits:
             trimmed = self._trim_time(deliver_at)
@@ -251,6 +254,8 @@ class BucketTracker:
         # seal triggered by routing only looks at rows already in the mutable bucket.
         if not self._index.add(ledger_id, entry_id, deliver_at):
             return True
+        if deliver_at > self._horizon.latest:
+            self._horizon.latest = deliver_at
         mutable = self._mutable
         if ledger_id == mutable.end_ledger and ledger_id > self._buckets.newest_end \
                 and ledger_id > self._sealing_end:
@@ -387,6 +392,7 @@ class BucketTracker:
             self._index.add_new(ledger_id, batch, es, ts)
         else:
             self._index.add_many(ls, es, ts)
+        self._horizon.added(int(ts.max()))
         return len(live_e)
 
     def _supersede(self, ledger_id: int, entries: np.ndarray) -> None:
@@ -645,6 +651,7 @@ class BucketTracker:
             self._delete_exhausted()
             if journal is not None:
                 self._sync()
+            self._horizon.emptied(self._count())
             positions = _positions(ledgers, entries)
             self._ops.delivered += len(positions)
             self._ops.record("deliver", time.perf_counter() - started, True)
@@ -721,6 +728,31 @@ class BucketTracker:
             self._delete_exhausted()
             return nxt
 
+    def last_delivery_time(self) -> int | None:
+        """The latest delivery time among tracked indexes (how far ahead the backlog
+        reaches), or None when nothing is tracked.
+
+        An upper bound, cheap (O(sealed buckets), no file read): the later of the
+        latest time added since the tracker last held nothing and the last segment's
+        max timestamp of every sealed bucket (from the catalog's summaries for buckets
+        not opened yet). Deliveries go in time order, so it is exact while indexes
+        leave only by delivery; one removed otherwise (``mark_delete``, a re-add
+        already due, a re-add at another time) or a bucket's last rows already
+        delivered may keep it later than the latest index actually left. With
+        ``precision_bits``, times are the tracked (trimmed) ones, as for
+        :meth:`next_delivery_time`.
+        """
+        with self._lock:
+            self._check_alive()
+            count = self._count()
+            if not count:
+                return None
+            latest = self._horizon.value(count)
+            sealed = self._buckets.latest_timestamp()
+            if sealed is not None and (latest is None or sealed > latest):
+                latest = sealed
+            return latest
+
     def _next_time(self) -> int | None:
         self._sync_queue()
         queued = self._queue.next_timestamp(self._index)
@@ -768,6 +800,7 @@ class BucketTracker:
             self._mark_delete = (ledger_id, entry_id)
             self._store.catalog.commit(self.name, state=self._state)
             self._trim(ledger_id, entry_id)
+            self._horizon.emptied(self._count())
 
     def _trim(self, ledger_id: int, entry_id: int) -> None:
         # Only buckets whose *whole* range is before the first live ledger go
@@ -938,6 +971,7 @@ class BucketTracker:
             self._mutable.clear()
             self._direct = RunBuffer()
             self._index.clear()
+            self._horizon.emptied()
             self._handoff.forget()  # nothing is tracked any more, delivered or not
             self._exhausted = []
             self._held_drained = []

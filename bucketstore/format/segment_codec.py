@@ -62,6 +62,7 @@ KIND_FRAME = 3
 #: Version 2: offsets from the minimum below 16, bit-packed 1, 2 or 4 bits a value.
 KIND_PACKED = 4
 _PACK_BITS = (1, 2, 4)
+_V2_KINDS = (KIND_FRAME, KIND_PACKED)
 
 _PREFIX = struct.Struct("<BI")  # flags, count
 _RAW_LEN = struct.Struct("<I")
@@ -413,13 +414,17 @@ def _decode_column(body: memoryview, pos: int, n: int, base: int) -> tuple[np.nd
 
 
 def decode_segment(payload: bytes | memoryview, expected_count: int | None = None, *,
-                   check_order: bool = True) -> Segment:
+                   check_order: bool = True, snapshot_version: int | None = None) -> Segment:
     """Decode a segment payload made by :func:`encode_segment`.
 
     :param expected_count: the count entry 0 records for this segment; a
         different count in the payload is damage.
     :param check_order: verify that rows are strictly increasing (cheap; on by default
         because the shared queue's correctness rests on it).
+    :param snapshot_version: the bucket's snapshot version when known (entry 0's):
+        version 1 knows neither zstd nor the FRAME and PACKED columns, so a
+        version-1 file using them is damage. None (a reader holding only the
+        catalog's summary) accepts every kind.
     :raises SegmentCodecError: on any malformation, with the offset in the payload.
     """
     view = memoryview(payload)
@@ -428,6 +433,8 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
     flags, n = _PREFIX.unpack_from(view)
     if flags & ~(FLAG_ZLIB | FLAG_ZSTD) or flags == FLAG_ZLIB | FLAG_ZSTD:
         raise SegmentCodecError(0, f"unknown segment flags 0x{flags:02x}")
+    if flags & FLAG_ZSTD and snapshot_version == 1:
+        raise SegmentCodecError(0, "zstd segment in a version-1 bucket (zstd came with version 2)")
     if n == 0 or n > MAX_SEGMENT_INDEXES:
         raise SegmentCodecError(1, f"segment count {n} is outside 1..{MAX_SEGMENT_INDEXES}")
     if expected_count is not None and n != expected_count:
@@ -451,6 +458,9 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
         pos = 0
         columns = []
         for _ in range(3):
+            if snapshot_version == 1 and pos < len(body) and body[pos] in _V2_KINDS:
+                raise SegmentCodecError(pos if inflated else base + pos, f"column kind {body[pos]} in a version-1 "
+                                                                         "bucket (it came with version 2)")
             col, pos = _decode_column(body, pos, n, 0 if inflated else base)
             columns.append(col)
         if pos != len(body):

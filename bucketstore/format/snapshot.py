@@ -507,7 +507,10 @@ def decode_metadata(payload: bytes | memoryview) -> BucketMetadata:
         doc = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise MetadataCodecError(_PREFIX.size, f"metadata is not valid msgpack: {exc}") from None
-    return _validate_metadata(doc)
+    meta = _validate_metadata(doc)
+    if meta.version == 1 and flags == _FLAG_ZSTD:
+        raise MetadataCodecError(0, "version-1 metadata compressed with zstd (zstd came with version 2)")
+    return meta
 
 
 def _validate_metadata(doc: object) -> BucketMetadata:
@@ -724,6 +727,9 @@ class BucketFile:
             props = self.ledger.properties
             if (props.get("start_ledger"), props.get("end_ledger")) != (meta.start_ledger, meta.end_ledger):
                 raise CorruptLedgerError(self.path, 24, "header ledger range disagrees with entry 0")
+            if props.get("bucket_key") != meta.key:
+                raise CorruptLedgerError(self.path, 24, f"header bucket_key {props.get('bucket_key')!r} is not "
+                                                        f"{meta.key!r}, entry 0's range")
             self.metadata_size = len(payload)
         except BaseException:
             self.ledger.close()
@@ -756,7 +762,7 @@ class BucketFile:
         payload = self.ledger.read_entry(number)
         at = self.ledger.entry_payload_offset(number)
         try:
-            seg = decode_segment(payload, meta.count)
+            seg = decode_segment(payload, meta.count, snapshot_version=self.metadata.version)
         except SegmentCodecError as exc:
             raise CorruptLedgerError(self.path, at + exc.offset, f"segment {number}: {exc.reason}") from None
         if int(seg.timestamps[0]) != meta.min_timestamp or int(seg.timestamps[-1]) != meta.max_timestamp:

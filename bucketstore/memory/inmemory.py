@@ -17,6 +17,7 @@ from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..errors import StoreClosedError
 from ..waiting import CancelToken, DueWaiter
+from .horizon import DeliveryHorizon
 
 __all__ = ["InMemoryTracker"]
 
@@ -40,6 +41,7 @@ class InMemoryTracker:
         self._due = DueWaiter(threading.Condition(self._lock), clock)
         self._closed = False
         self._mark_delete: tuple[int, int] | None = None
+        self._horizon = DeliveryHorizon()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -59,8 +61,10 @@ class InMemoryTracker:
                 return False
             if (ledger_id, entry_id) in self._tracked:
                 return True
+            self._horizon.emptied(len(self._tracked))
             self._tracked[(ledger_id, entry_id)] = deliver_at
             heapq.heappush(self._heap, (deliver_at, ledger_id, entry_id))
+            self._horizon.added(deliver_at)
             self._due.added(deliver_at)
             return True
 
@@ -118,6 +122,16 @@ class InMemoryTracker:
             self._check_open()
             self._settle()
             return self._heap[0][0] if self._heap else None
+
+    def last_delivery_time(self) -> int | None:
+        """The latest delivery time among tracked indexes, or None when nothing is tracked.
+
+        An upper bound, O(1): the latest ``deliver_at`` tracked since the tracker last
+        held nothing, exact while indexes leave only by delivery (see
+        :mod:`bucketstore.memory.horizon`)."""
+        with self._lock:
+            self._check_open()
+            return self._horizon.value(len(self._tracked))
 
     def contains_message(self, ledger_id: int, entry_id: int) -> bool:
         check_position(ledger_id, entry_id)

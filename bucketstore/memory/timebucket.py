@@ -318,6 +318,13 @@ class TimeBucketIndex:
             return None
         return self._buckets.peekitem(0)[0] << self._bits
 
+    def last_timestamp(self) -> int | None:
+        """The start of the latest bucket (``k << precision_bits``), or ``None`` if empty:
+        the counterpart of :meth:`next_timestamp`, exact. Runtime complexity: O(1)."""
+        if not self._buckets:
+            return None
+        return self._buckets.peekitem(-1)[0] << self._bits
+
     def pop_due(self, cutoff: int, max_items: int | None = None) -> list[tuple[int, int]]:
         """Remove and return the positions of the due indexes, at most ``max_items``.
 

@@ -151,6 +151,16 @@ class TimeBucketTracker:
             self._check_open()
             return self._index.next_timestamp()
 
+    def last_delivery_time(self) -> int | None:
+        """When the latest tracked index becomes deliverable, or ``None`` if none is tracked.
+
+        Exact and O(1): the start of the latest time bucket, as :meth:`next_delivery_time`
+        is of the earliest (at most ``2**precision_bits - 1`` ms before that index's
+        ``deliver_at``)."""
+        with self._lock:
+            self._check_open()
+            return self._index.last_timestamp()
+
     def contains_message(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the position is tracked (not yet delivered or acknowledged). O(1)."""
         with self._lock:

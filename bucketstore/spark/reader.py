@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from . import quiet_worker
 from .scan import SegmentRange, plan_scan, read_segment_range
 
 __all__ = ["SegmentRangePartition", "StoreReader"]
@@ -36,6 +37,7 @@ class StoreReader(DataSourceReader):
         return [SegmentRangePartition(p) for p in plan_scan(self.store, self.trackers, self.partition_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        quiet_worker.install()  # a show() or limit closes this stream early: no traceback for that
         # With no ranges planned, Spark still runs one task on a placeholder
         # partition of its own: that task has nothing to read.
         if isinstance(partition, SegmentRangePartition):

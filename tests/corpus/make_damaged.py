@@ -21,7 +21,10 @@ import zlib
 from collections.abc import Callable
 
 import zstandard
+from crc32c import crc32c
 
+from bucketstore.format.ledger_file import masked_crc32c
+from bucketstore.format.segment_codec import decode_segment, encode_segment
 from bucketstore.format.snapshot import decode_metadata, encode_metadata
 from corpus.framing import frame_ledger, split_ledger, trailer
 
@@ -107,6 +110,29 @@ def _count_disagrees() -> bytes:
     return frame_ledger(lid, props, [payloads[0], bytes(seg)])
 
 
+def _v1_segment_recoded(name: str, compress: bool) -> bytes:
+    """A version-1 bucket whose segment 1 is re-encoded by the version-2 writer (FRAME/PACKED, zstd)."""
+    lid, props, payloads = _parts(name)
+    seg = decode_segment(payloads[1])
+    recoded = encode_segment(seg.timestamps, seg.ledger_ids, seg.entry_ids, compress=compress, codec="zstd")
+    assert recoded[0] == (2 if compress else 0)
+    assert compress or recoded[5 + 17] in (3, 4)  # the ledger column (after an ARITH timestamp column)
+    return frame_ledger(lid, props, [payloads[0], recoded, *payloads[2:]])
+
+
+def _v1_entry0_zstd() -> bytes:
+    lid, props, payloads = _parts("several_ledgers")
+    body = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(
+        _decompressed_entry0(payloads[0]))
+    return frame_ledger(lid, props, [struct.pack("<BI", 2, len(_decompressed_entry0(payloads[0]))) + body,
+                                     *payloads[1:]])
+
+
+def _decompressed_entry0(payload: bytes) -> bytes:
+    flags, size = struct.unpack_from("<BI", payload)
+    return zlib.decompress(payload[5:]) if flags == 1 else payload[5:]
+
+
 CASES: dict[str, Callable[[], bytes]] = {
     "empty_file": lambda: b"",
     "truncated_footer": lambda: _golden("several_ledgers")[:-10],
@@ -126,12 +152,64 @@ CASES: dict[str, Callable[[], bytes]] = {
     "header_range_disagrees": _header_range,
     "zlib_segment_damaged": _zlib_segment,
     "segment_count_disagrees": _count_disagrees,
+    # The footer's reserved field (outside every CRC) must be 0, at file_size - 12.
+    "footer_reserved_not_zero": lambda: _golden("one_segment")[:-12] + b"\x01" + _golden("one_segment")[-11:],
+    # bucket_key is always written; one naming another range than entry 0 is damage.
+    "bucket_key_disagrees": lambda: frame_ledger(
+        *(lambda lid, props, payloads: (lid, {**props, "bucket_key": "#pulsar.internal.delayed.bucket_5_9"},
+                                        payloads))(*_parts("one_segment"))),
+    # A version-1 bucket using what only version 2 defines.
+    "v1_packed_column": lambda: _v1_segment_recoded("one_segment", compress=False),
+    "v1_zstd_segment": lambda: _v1_segment_recoded("mixed_compression", compress=True),
+    "v1_entry0_zstd": _v1_entry0_zstd,
     # Format version 2 (bucket-wide bitmaps, zstd).
     "v2_entry0_drops_a_segment": lambda: _segment_dropped_from_entry0("v2_time_cuts"),
     "v2_segments_swapped": lambda: _segments_swapped("v2_time_cuts"),
     "v2_zstd_segment_frame_damaged": _zstd_segment_frame,
     "v2_entry0_zstd_bomb": lambda: _with_entry0(
         "v2_one_segment", struct.pack("<BI", 2, 100) + zstandard.ZstdCompressor(level=19).compress(bytes(1 << 20))),
+}
+
+
+def _journal(version: int = 2) -> bytes:
+    with open(os.path.join(GOLDEN, f"journal_v{version}.journal"), "rb") as f:
+        return f.read()
+
+
+def _journal_header_size(data: bytes) -> int:
+    return 24 if data[8] == 1 else 42 + struct.unpack_from("<H", data, 36)[0]
+
+
+def _journal_reheadered(**fields: int) -> bytes:
+    """The golden v2 journal with header fields changed and its header CRC made right again."""
+    data = bytearray(_journal())
+    for name, value in fields.items():
+        struct.pack_into({"version": "<H", "reserved": "<H"}[name], data, {"version": 8, "reserved": 10}[name],
+                         value)
+    size = _journal_header_size(_journal())
+    struct.pack_into("<I", data, size - 4, masked_crc32c(bytes(data[:size - 4])))
+    return bytes(data)
+
+
+def _journal_inserted(group: bytes) -> bytes:
+    """The golden v2 journal (file number 0) with ``group`` inserted before its first group."""
+    data = _journal()
+    at = _journal_header_size(data)
+    return data[:at] + group + data[at:]
+
+
+#: Damaged journal files (``journal_*.journal``, file number 0, the newest file of its
+#: journal) and the offset the reader must name; ``tests/test_journal_golden.py`` replays them.
+JOURNAL_CASES: dict[str, tuple[Callable[[], bytes], int]] = {
+    # A version this reader does not know is named at the version field, even with its CRC wrong.
+    "journal_version_3": (lambda: b"".join([_journal()[:8], struct.pack("<H", 3), _journal()[10:]]), 8),
+    "journal_version_3_crc_right": (lambda: _journal_reheadered(version=3), 8),
+    "journal_reserved_not_zero": (lambda: _journal_reheadered(reserved=1), 10),
+    # body_len 0 with the right CRC of an empty body, then the real groups.
+    "journal_empty_group": (lambda: _journal_inserted(struct.pack("<II", 0, masked_crc32c(b"", crc32c(bytes(8))))),
+                            _journal_header_size(_journal())),
+    # An all-zero frame with groups after it: not a torn tail, even in the newest file.
+    "journal_zero_frame_then_data": (lambda: _journal_inserted(bytes(8)), _journal_header_size(_journal())),
 }
 
 
@@ -142,6 +220,10 @@ def main(argv: list[str]) -> int:
         with open(os.path.join(out_dir, name + ".ledger"), "wb") as f:
             f.write(make())
         print(f"wrote {name}.ledger")
+    for name, (make_journal, _) in JOURNAL_CASES.items():
+        with open(os.path.join(out_dir, name + ".journal"), "wb") as f:
+            f.write(make_journal())
+        print(f"wrote {name}.journal")
     return 0
 
 

@@ -1,0 +1,133 @@
+"""What formats/*.md states in prose, checked against what the code writes.
+
+The golden files and the damaged corpus pin bytes; these pin the rules a
+reader in another language would take from the spec and that no single file
+shows: the store's layout (store.md), the tracker config keys (catalog.md), the
+FRAME/PACKED base and the zstd framing of a body (bucket_snapshot.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+
+import numpy as np
+import zstandard
+
+import bucketstore
+from bucketstore.config import TrackerConfig
+from bucketstore.engine.catalog import Catalog
+from bucketstore.format.compression import compress
+from bucketstore.format.segment_codec import KIND_FRAME, KIND_PACKED, encode_segment
+from helpers import SMALL, FakeClock, fill_and_seal
+
+FORMATS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "formats")
+
+
+def _spec(name: str) -> str:
+    with open(os.path.join(FORMATS, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_catalog_md_lists_exactly_the_config_keys_a_tracker_records(tmp_path) -> None:
+    section = _spec("catalog.md").split("The tracker's `config`", 1)[1].split("\n\n", 2)[1]
+    documented = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    with bucketstore.open(tmp_path / "s", "journal") as store:
+        store.tracker("t", SMALL, FakeClock(0)).add_message(1, 1, 10_000)
+    with Catalog(str(tmp_path / "s" / "catalog"), readonly=True) as catalog:
+        recorded = catalog.tracker_state("t")["config"]
+    assert documented == list(TrackerConfig.__dataclass_fields__) == list(recorded)
+
+
+def test_a_store_holds_only_the_names_store_md_lists(tmp_path) -> None:
+    """Every file a journal-mode store creates matches one of store.md's patterns."""
+    layout = _spec("store.md").split("```", 2)[1]
+    assert "ledgers/<ledger id, 20 digits>.ledger" in layout and "journal/<prefix>-<hash>/" in layout
+    patterns = [r"LOCK", r"catalog/(data|lock)\.mdb", r"ledgers/\d{20}\.ledger(\.tmp)?",
+                r"journal/[A-Za-z0-9._-]{1,48}-[0-9a-f]{16}/\d{20}\.journal(\.tmp)?"]
+    path = tmp_path / "s"
+    with bucketstore.open(path, "journal") as store:
+        t = store.tracker("sub/é", SMALL, FakeClock(0))
+        fill_and_seal(t, base=1000, ledgers=2)
+    found = [os.path.relpath(os.path.join(root, f), path) for root, _, files in os.walk(path) for f in files]
+    assert any(f.startswith("ledgers/") for f in found) and any(f.startswith("journal/") for f in found)
+    for name in found:
+        assert any(re.fullmatch(p, name) for p in patterns), name
+    # The pid record in LOCK: ASCII decimal padded with spaces to 20 bytes.
+    assert re.fullmatch(rb"\d+ *", (path / "LOCK").read_bytes()) and len((path / "LOCK").read_bytes()) == 20
+
+
+def test_frame_and_packed_columns_use_the_column_minimum_as_base() -> None:
+    n = 64
+    rng = np.random.default_rng(7)
+    ts = np.arange(n, dtype=np.uint64) + 1000
+    ledgers = rng.integers(40, 43, n).astype(np.uint64)  # a few ledgers: PACKED
+    entries = rng.integers(5000, 5000 + 300, n).astype(np.uint64)  # jumping about: FRAME
+    payload = encode_segment(ts, ledgers, entries, compress=False)
+    pos = 5 + 17  # after the prefix and the ARITH timestamp column
+    kind, base, bits = struct.unpack_from("<BQB", payload, pos)
+    assert (kind, base) == (KIND_PACKED, int(ledgers.min()))
+    pos += 10 + (n * bits + 7) // 8
+    kind, base, _ = struct.unpack_from("<BQB", payload, pos)
+    assert (kind, base) == (KIND_FRAME, int(entries.min()))
+
+
+def _frames(data: bytes) -> list[tuple[int, zstandard.FrameParameters]]:
+    """(size, parameters) of each frame, found by decompressing one at a time."""
+    out, pos = [], 0
+    while pos < len(data):
+        params = zstandard.get_frame_parameters(data[pos:])
+        obj = zstandard.ZstdDecompressor().decompressobj()
+        obj.decompress(data[pos:])
+        end = len(data) - len(obj.unused_data)
+        out.append((params.content_size, params))
+        pos = end
+    return out
+
+
+def test_zstd_pieces_join_forward_and_a_short_end_is_a_frame_of_its_own() -> None:
+    pieces = [bytes(100), b"a" * 3, b"b" * 10, bytes(70), b"c" * 5, b"d" * 7]
+    frames = _frames(compress(pieces, "zstd"))
+    # 100 alone; 3 + 10 + 70 = 83 (short pieces join the ones after them); the last 5 + 7 = 12
+    # bytes are a frame of their own, not joined to the frame before.
+    assert [size for size, _ in frames] == [100, 83, 12]
+    for _, params in frames:  # the writer's frame header flags (bucket_snapshot.md, Compression)
+        assert params.content_size >= 0 and not params.has_checksum and params.dict_id == 0
+
+
+def _corpus(name: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "damaged", name + ".ledger")
+
+
+def test_version_1_buckets_using_version_2_codecs_and_a_wrong_bucket_key_fail_where_the_spec_says() -> None:
+    """bucket_snapshot.md: bucket_key [24]; in a version-1 bucket, zstd entry 0 at [0] of entry 0, a zstd
+    segment at [0] of the segment, a FRAME/PACKED column at its kind byte."""
+    from bucketstore import CorruptLedgerError
+    from bucketstore.cli.verify import check_file
+    from bucketstore.format.ledger_file import LedgerReader
+    from bucketstore.format.snapshot import BucketFile
+
+    def payload_at(name: str, entry: int) -> int:
+        with LedgerReader(_corpus(name)) as reader:
+            return reader.entry_payload_offset(entry)
+
+    size = os.path.getsize(_corpus("footer_reserved_not_zero"))
+    expected = {
+        "footer_reserved_not_zero": (size - 12, "reserved"),
+        "bucket_key_disagrees": (24, "bucket_key"),
+        "v1_entry0_zstd": (payload_at("v1_entry0_zstd", 0), "zstd"),
+        "v1_zstd_segment": (payload_at("v1_zstd_segment", 1), "zstd"),
+        "v1_packed_column": (payload_at("v1_packed_column", 1) + 5 + 17, "column kind 4"),  # after ARITH timestamps
+    }
+    for name, (offset, words) in expected.items():
+        try:
+            with BucketFile(_corpus(name)) as bucket:
+                for number in range(1, bucket.segment_count + 1):
+                    bucket.read_segment(number)
+        except CorruptLedgerError as exc:
+            assert (exc.offset, words in exc.reason) == (offset, True), (name, exc)
+        else:
+            raise AssertionError(f"{name} read as sound")
+        findings = check_file(_corpus(name)).findings
+        assert [(f.offset, words in f.message) for f in findings] == [(offset, True)], (name, findings)
