@@ -94,7 +94,7 @@ METRICS: tuple[MetricInfo, ...] = (
 
 #: The engine's operation names -> the metric's ``op`` label (PIP-195's "create" is a seal).
 _OP_LABEL = {"create": "seal", "load": "load", "merge": "merge", "delete": "delete", "add": "add",
-             "deliver": "deliver", "flush": "flush"}
+             "deliver": "deliver", "flush": "flush", "backpressure": "backpressure"}
 
 
 def _dir_bytes(path: str) -> int:

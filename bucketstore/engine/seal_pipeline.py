@@ -26,6 +26,7 @@ import numpy as np
 
 from ..format.row_sort import sort_rows
 from ..format.snapshot import drop_repeats
+from .backlog_budget import ROW_BYTES
 from .bucket_job import BucketJob, Tracker
 from .liveness import FrozenMutableLiveness
 from .sealed_bucket import SealedBucket
@@ -47,6 +48,7 @@ class SealJob(BucketJob):
         self.runs = runs
         # Views of their unread rows now; the arrays are never written in place.
         self._views = [r.rest() for r in runs]
+        self.backlog_bytes = ROW_BYTES * sum(len(v[0]) for v in self._views)
         self._cutoff = cutoff
         self._liveness = FrozenMutableLiveness(tracker._index, start, end, tracker._mark_delete)
         self._sealed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
