@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from ..format.row_sort import sort_rows
+from ..format.row_sort import sort_row_parts
 from ..format.snapshot import drop_repeats
 from .backlog_budget import ROW_BYTES
 from .bucket_job import BucketJob, Tracker
@@ -77,8 +77,7 @@ class MergeJob(BucketJob):
         self.ledger_id = self.tracker._store.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
-        ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*parts))
-        self._write(*drop_repeats(*sort_rows(ts, ledgers, entries)))
+        self._write(*drop_repeats(*sort_row_parts(parts)))  # (no concatenated copy of the parts)
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: Tracker) -> None:

@@ -416,7 +416,7 @@ def trace_steps() -> None:
     job_kind(seal_pipeline.SealJob, "seal")
     job_kind(merge_pipeline.MergeJob, "merge")
     for module in (seal_pipeline, merge_pipeline):
-        module.sort_rows = timed("sort", module.sort_rows)
+        module.sort_row_parts = timed("sort", module.sort_row_parts)
         module.drop_repeats = timed("drop repeats", module.drop_repeats)
     snapshot.encode_segments = timed("encode segments", snapshot.encode_segments)
     snapshot.serialized_bitmaps = timed("encode bitmaps", snapshot.serialized_bitmaps)
