@@ -416,7 +416,8 @@ def trace_steps() -> None:
     job_kind(seal_pipeline.SealJob, "seal")
     job_kind(merge_pipeline.MergeJob, "merge")
     for module in (seal_pipeline, merge_pipeline):
-        module.sort_row_parts = timed("sort", module.sort_row_parts)
+        name = "sort_row_parts" if hasattr(module, "sort_row_parts") else "sort_rows"  # (older trees)
+        setattr(module, name, timed("sort", getattr(module, name)))
         module.drop_repeats = timed("drop repeats", module.drop_repeats)
     snapshot.encode_segments = timed("encode segments", snapshot.encode_segments)
     snapshot.serialized_bitmaps = timed("encode bitmaps", snapshot.serialized_bitmaps)
