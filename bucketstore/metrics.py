@@ -84,7 +84,7 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("bucketstore_tracker_delivered_total", "counter", _T, "Positions returned as due.",
                "tracker.delivered", source="live"),
     MetricInfo("bucketstore_tracker_operations_total", "counter", _T + ("op", "outcome"), "Operations by kind "
-               "(add, deliver, flush, seal, load, merge, delete) and outcome (ok, failed; a failed add, deliver or flush "
+               "(add, deliver, flush, seal, load, merge, delete, backpressure: a batch that waited for room) and outcome (ok, failed; a failed add, deliver or flush "
                "raises to its caller and is not counted).",
                "tracker.operations", source="live"),
     MetricInfo("bucketstore_tracker_operation_duration_seconds", "histogram", _T + ("op",), "Latency of the "
@@ -97,7 +97,7 @@ METRICS: tuple[MetricInfo, ...] = (
 
 #: The engine's operation names -> the metric's ``op`` label (PIP-195's "create" is a seal).
 _OP_LABEL = {"create": "seal", "load": "load", "merge": "merge", "delete": "delete", "add": "add",
-             "deliver": "deliver", "flush": "flush"}
+             "deliver": "deliver", "flush": "flush", "backpressure": "backpressure"}
 
 
 def _dir_bytes(path: str) -> int:

@@ -209,7 +209,9 @@ def test_clear_and_delete_tracker_cancel_a_seal_in_flight(tmp_path):
         assert store.catalog.buckets("clear") == {}
 
 
-def test_full_backlog_makes_adds_wait_for_the_worker(tmp_path):
+def test_full_backlog_makes_batches_wait_for_the_worker_not_single_adds(tmp_path):
+    """max_pending_maintenance is a batch's limit: a single add passes while it is reached
+    (it made no backlog), a batch waits for the worker."""
     fs, clock = GateFS(), FakeClock(0)
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=20)
     with _open(tmp_path / "s", fs, max_pending_maintenance=1) as store:
@@ -218,15 +220,20 @@ def test_full_backlog_makes_adds_wait_for_the_worker(tmp_path):
         fs.armed = True
         assert t.add_message(2, 0, 2000)  # one seal pending: the backlog is full
         assert fs.reached()
+        single = threading.Thread(target=t.add_message, args=(2, 1, 2001))
+        single.start()
+        single.join(60)
+        assert not single.is_alive()  # did not wait for the held seal
         done = threading.Event()
-        adder = threading.Thread(target=lambda: (t.add_message(2, 1, 2001), done.set()))
+        batch = ([3, 3, 4], [0, 1, 0], [3000, 3001, 3002])  # the roll to ledger 4 waits for the worker
+        adder = threading.Thread(target=lambda: (t.add_messages(batch), done.set()))
         adder.start()
         adder.join(0.2)
         assert not done.is_set()  # waits for the worker while the seal is held
         fs.release()
         adder.join(60)
         assert done.is_set()
-        assert t.number_of_delayed_messages == 32
+        assert t.number_of_delayed_messages == 35
 
 
 @pytest.mark.parametrize("durability", ["sealed", "journal"])

@@ -19,7 +19,7 @@ from bucketstore.engine.op_stats import ADD_SAMPLE_EVERY, LATENCY_BUCKETS
 from helpers import SMALL, FakeClock
 
 API_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
-OPS = {"add", "deliver", "flush", "seal", "load", "merge", "delete"}
+OPS = {"add", "deliver", "flush", "seal", "load", "merge", "delete", "backpressure"}
 
 
 def parse(text: str) -> dict[str, object]:

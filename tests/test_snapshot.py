@@ -228,6 +228,27 @@ def test_sort_rows_matches_lexsort(rows) -> None:
         assert g.dtype == np.uint64 and np.array_equal(g, c[order])
 
 
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 20) | st.integers(0, (1 << 64) - 1),
+                               st.integers(0, 5) | st.integers(0, (1 << 64) - 1),
+                               st.integers(0, 9) | st.integers((1 << 32) - 3, (1 << 32) + 3)),
+                     max_size=60),
+       cuts=st.lists(st.integers(0, 60), max_size=5))
+def test_sort_row_parts_matches_lexsort_of_the_concatenation(rows, cuts) -> None:
+    """A seal's runs and a merge's segments are sorted as parts, never concatenated first:
+    the result must be the concatenation's sort, whatever the parts' sizes (empty ones too)."""
+    from bucketstore.format.row_sort import sort_row_parts
+    cols = [np.array(c, dtype=np.uint64) for c in zip(*rows)] if rows else [np.zeros(0, np.uint64)] * 3
+    bounds = [0, *sorted(min(c, len(rows)) for c in cuts), len(rows)]
+    parts = [tuple(c[lo:hi] for c in cols) for lo, hi in zip(bounds, bounds[1:])]
+    before = [c.copy() for c in cols]
+    got = sort_row_parts(parts)
+    order = np.lexsort((cols[2], cols[1], cols[0]))
+    for g, c in zip(got, cols):
+        assert g.dtype == np.uint64 and np.array_equal(g, c[order])
+    assert all(np.array_equal(b, c) for b, c in zip(before, cols))  # the parts (views of cols) are untouched
+
+
 def _ledger_entries(draw_sets: list[tuple[int, int, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
     ledgers, entries = [], []
     for ledger, shape, values in draw_sets:

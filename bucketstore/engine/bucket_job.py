@@ -43,6 +43,8 @@ class BucketJob:
         self.path: str | None = None
         self.ledger_id = -1
         self.meta: BucketMetadata | None = None
+        #: Bytes of rows the job holds while in flight, charged to the store's backlog budget.
+        self.backlog_bytes = 0
 
     def covers(self, ledger_id: int) -> bool:
         return self.start <= ledger_id <= self.end

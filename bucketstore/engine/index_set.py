@@ -47,7 +47,9 @@ def bitmap_of(entries: np.ndarray, wide: bool = False) -> Bitmap:
     """A bitmap of the given uint64 entry ids (64-bit when needed or asked for)."""
     if wide or (len(entries) and int(entries.max()) >= _U32_LIMIT):
         return BitMap64(np.asarray(entries, dtype=np.uint64).tolist())
-    return BitMap(array("I", np.asarray(entries, dtype=np.uint32).tobytes()))
+    # Sorted first: pyroaring, which holds the GIL, builds 3-5x faster from sorted ids (a merge's
+    # segments, in time order, are not), and numpy's sort releases the GIL.
+    return BitMap(array("I", np.sort(np.asarray(entries, dtype=np.uint32)).tobytes()))
 
 
 class DelayedIndexSet:

@@ -26,8 +26,9 @@ import os
 
 import numpy as np
 
-from ..format.row_sort import sort_rows
+from ..format.row_sort import sort_row_parts
 from ..format.snapshot import drop_repeats
+from .backlog_budget import ROW_BYTES
 from .bucket_job import BucketJob, Tracker
 from .liveness import index_snapshot
 from .sealed_bucket import SealedBucket
@@ -48,6 +49,8 @@ class MergeJob(BucketJob):
         self.window = window
         for b in window:
             b.merging = True
+        # The merge reads every row of its sources into memory.
+        self.backlog_bytes = ROW_BYTES * sum(int(b.counts.sum()) for b in window)
         self._live = index_snapshot(tracker._index, self.start, self.end)
         # Rows delivered in a batch whose confirmation is not durable stay in the merged
         # file: the sources are their only durable copy, and a crash must bring them back.
@@ -74,8 +77,7 @@ class MergeJob(BucketJob):
         self.ledger_id = self.tracker._store.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
-        ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*parts))
-        self._write(*drop_repeats(*sort_rows(ts, ledgers, entries)))
+        self._write(*drop_repeats(*sort_row_parts(parts)))  # (no concatenated copy of the parts)
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: Tracker) -> None:

@@ -9,8 +9,9 @@ __all__ = ["OpStats", "OPERATIONS", "TIMED_OPERATIONS", "LATENCY_BUCKETS", "ADD_
 
 #: The operations PIP-195 meters: seal (create), segment load, merge, delete.
 OPERATIONS = ("create", "load", "merge", "delete")
-#: Every operation with a latency histogram: PIP-195's four and the embedder's calls.
-TIMED_OPERATIONS = OPERATIONS + ("add", "deliver", "flush")
+#: Every operation with a latency histogram: PIP-195's four, the embedder's calls, and the
+#: waits of adds for the store's backlog budget (``backpressure``: one per add that waited).
+TIMED_OPERATIONS = OPERATIONS + ("add", "deliver", "flush", "backpressure")
 #: Upper bounds, in seconds, of the latency histograms' buckets (the last one, +Inf, is implied):
 #: from one add_message (a few microseconds) to a large seal or merge (seconds).
 LATENCY_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,

@@ -24,8 +24,9 @@ import os
 
 import numpy as np
 
-from ..format.row_sort import sort_rows
+from ..format.row_sort import sort_row_parts
 from ..format.snapshot import drop_repeats
+from .backlog_budget import ROW_BYTES
 from .bucket_job import BucketJob, Tracker
 from .liveness import FrozenMutableLiveness
 from .sealed_bucket import SealedBucket
@@ -47,6 +48,7 @@ class SealJob(BucketJob):
         self.runs = runs
         # Views of their unread rows now; the arrays are never written in place.
         self._views = [r.rest() for r in runs]
+        self.backlog_bytes = ROW_BYTES * sum(len(v[0]) for v in self._views)
         self._cutoff = cutoff
         self._liveness = FrozenMutableLiveness(tracker._index, start, end, tracker._mark_delete)
         self._sealed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -58,16 +60,15 @@ class SealJob(BucketJob):
     def _work(self) -> None:
         if self.cancelled:
             return
-        if self._views:
-            ts, ledgers, entries = (np.concatenate(cols) for cols in zip(*self._views))
-        else:
-            ts = ledgers = entries = np.zeros(0, dtype=_U64)
+        parts = []
+        for ts, ledgers, entries in self._views:
+            keep = self._liveness.mask(ts, ledgers, entries)
+            # Usually all are live: skip three gathers.
+            parts.append((ts, ledgers, entries) if keep.all() else (ts[keep], ledgers[keep], entries[keep]))
         self._views = []
-        keep = self._liveness.mask(ts, ledgers, entries)
-        if not keep.all():  # usually all are: skip three gathers
-            ts, ledgers, entries = ts[keep], ledgers[keep], entries[keep]
-        # A position re-added with the time of one of its stale rows leaves two equal rows.
-        ts, ledgers, entries = drop_repeats(*sort_rows(ts, ledgers, entries))
+        # The runs are sorted together without concatenating them first. A position re-added
+        # with the time of one of its stale rows leaves two equal rows.
+        ts, ledgers, entries = drop_repeats(*sort_row_parts(parts))
         # Rows already due at the freeze belong to no snapshot (as in Pulsar): they stay in the queue.
         due = int(np.searchsorted(ts, np.uint64(self._cutoff), side="right")) if self._cutoff >= 0 else 0
         self._due = (ts[:due], ledgers[:due], entries[:due])

@@ -33,6 +33,7 @@ import re
 import threading
 from typing import Any, Literal, overload
 
+from .backlog_budget import DEFAULT_BUDGET_BYTES, BacklogBudget
 from .catalog import Catalog, validate_tracker_name
 from .checkpoint import CheckpointReport, check_destination, make_checkpoint
 from ..config import TrackerConfig, config_or_default
@@ -86,8 +87,13 @@ class Store:
         the calling thread, under the lock (the synchronous design: a seal is installed
         when the add that triggered it returns).
     :ivar max_pending_maintenance: how many seals and merges of one tracker may be
-        queued or running before adds wait for the worker (backpressure; each pending
-        seal holds its frozen bucket's rows in memory).
+        queued or running before batch adds wait for the worker (``add_message`` never
+        waits for it; see ``max_backlog_bytes``).
+    :ivar max_backlog_bytes: the store's budget of index rows (24 bytes each) held in
+        mutable buckets and in seals and merges not yet installed: a batch add that would
+        exceed it waits for the maintenance worker before it takes its tracker's lock;
+        single adds and batches of up to 64 rows pass until twice the budget (see
+        :mod:`~bucketstore.engine.backlog_budget` and docs/maintenance.md).
     :ivar read_ahead: True: a sealed bucket's next segment is read and decoded on the
         store's reader thread once its loaded segment runs low, so
         ``get_scheduled_messages`` does not wait on the disk in the common case (at most
@@ -101,7 +107,8 @@ class Store:
     def __init__(self, path: str | os.PathLike[str], durability: str = "journal", *, repair: bool = False,
                  sync_interval_ms: int = 0, delivery: str = "at-least-once", fs: FileSystem = REAL_FS,
                  confirm_sync_ms: int = CONFIRM_SYNC_MS, background: bool = True, max_pending_maintenance: int = 2,
-                 read_ahead: bool | None = None, maintenance: MaintenanceWorker | None = None) -> None:
+                 read_ahead: bool | None = None, maintenance: MaintenanceWorker | None = None,
+                 max_backlog_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         if delivery not in DELIVERY_MODES:
@@ -121,6 +128,8 @@ class Store:
             raise ValueError("max_pending_maintenance must be an int >= 1")
         self.background = bool(background)
         self.max_pending_maintenance = max_pending_maintenance
+        self.budget = BacklogBudget(max_backlog_bytes)  # validates it
+        self.max_backlog_bytes = max_backlog_bytes
         self.read_ahead = self.background if read_ahead is None else bool(read_ahead)
         self.sync_interval_ms = sync_interval_ms
         raw_path = os.fspath(path)
@@ -165,7 +174,7 @@ class Store:
                 store_id=self.store_id, journal_fds=self.journal_fds, tracker_closed=self._forget,
                 maintenance=self.maintenance, background=self.background,
                 max_pending_maintenance=max_pending_maintenance, segment_reader=self.segment_reader,
-                confirm_sync_ms=confirm_sync_ms)
+                confirm_sync_ms=confirm_sync_ms, budget=self.budget)
         except BaseException:
             # Release everything: LMDB refuses a second open of one environment in a process.
             if catalog is not None:
@@ -387,6 +396,7 @@ class Store:
                     tracker.close()  # drains its seals and merges
                 except MaintenanceError as exc:
                     failure = failure or exc  # the other trackers, and the store, still close
+            self.budget.close()  # an add still waiting (another thread's) finds the store closed
             self.maintenance.stop()
             if self.segment_reader is not None:
                 self.segment_reader.stop()
@@ -430,20 +440,23 @@ def _holds_files(store_path: str) -> bool:
 def open_store(path: str | os.PathLike[str], durability: str = ..., *, repair: bool = ...,
                sync_interval_ms: int = ..., delivery: str = ..., background: bool = ...,
                max_pending_maintenance: int = ..., read_ahead: bool | None = ...,
-               confirm_sync_ms: int = ..., read_only: Literal[False] = ...) -> Store: ...
+               confirm_sync_ms: int = ..., max_backlog_bytes: int = ...,
+               read_only: Literal[False] = ...) -> Store: ...
 
 
 @overload
 def open_store(path: str | os.PathLike[str], durability: str = ..., *, repair: bool = ...,
                sync_interval_ms: int = ..., delivery: str = ..., background: bool = ...,
                max_pending_maintenance: int = ..., read_ahead: bool | None = ...,
-               confirm_sync_ms: int = ..., read_only: Literal[True]) -> ReadOnlyStore: ...
+               confirm_sync_ms: int = ..., max_backlog_bytes: int = ...,
+               read_only: Literal[True]) -> ReadOnlyStore: ...
 
 
 def open_store(path: str | os.PathLike[str], durability: str = "journal", *, repair: bool = False,
                sync_interval_ms: int = 0, delivery: str = "at-least-once", background: bool = True,
                max_pending_maintenance: int = 2, read_ahead: bool | None = None,
-               confirm_sync_ms: int = CONFIRM_SYNC_MS, read_only: bool = False) -> Store | ReadOnlyStore:
+               confirm_sync_ms: int = CONFIRM_SYNC_MS, max_backlog_bytes: int = DEFAULT_BUDGET_BYTES,
+               read_only: bool = False) -> Store | ReadOnlyStore:
     """Open (creating if missing) the store at ``path``.
 
     :param durability: ``"journal"`` (the default) — every add, untrack and delivery is
@@ -471,7 +484,12 @@ def open_store(path: str | os.PathLike[str], durability: str = "journal", *, rep
         waits for them; ``flush()`` and ``close()`` do too); False: the synchronous
         design, where they run on the calling thread under the tracker's lock.
     :param max_pending_maintenance: per tracker, how many seals/merges may be pending
-        before adds wait for the worker (bounds the frozen rows held in memory).
+        before a batch add (``add_messages``) waits for the worker.
+    :param max_backlog_bytes: the store's memory budget for rows not yet in a sealed
+        bucket (mutable buckets, seals and merges in flight; 24 bytes a row; default
+        256 MiB). A batch that would exceed it waits, before taking its tracker's lock,
+        for seals and merges to finish; single adds and batches of up to 64 rows wait only
+        past twice the budget. See docs/maintenance.md.
     :param read_ahead: read a sealed bucket's next segment on the store's reader thread
         once its loaded segment runs low (None, the default: on when ``background``).
     :param read_only: look without changing anything (see
@@ -492,4 +510,5 @@ def open_store(path: str | os.PathLike[str], durability: str = "journal", *, rep
             raise ValueError("repair=True drops damaged catalog keys: it cannot be combined with read_only=True")
         return ReadOnlyStore(path)
     return Store(path, durability, repair=repair, sync_interval_ms=sync_interval_ms, delivery=delivery,
-                 confirm_sync_ms=confirm_sync_ms, background=background, max_pending_maintenance=max_pending_maintenance, read_ahead=read_ahead)
+                 confirm_sync_ms=confirm_sync_ms, background=background, max_pending_maintenance=max_pending_maintenance, read_ahead=read_ahead,
+                 max_backlog_bytes=max_backlog_bytes)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..format.fs import FileSystem
 from ..format.ledger_file import ledger_file_name
+from .backlog_budget import BacklogBudget
 from .catalog import Catalog
 from .journal import FdPool
 from .maintenance import MaintenanceWorker
@@ -39,7 +40,8 @@ class StoreServices:
     :ivar journal_fds: the store's bounded pool of open journal files.
     :ivar maintenance: the store's maintenance worker (used when ``background``).
     :ivar background: seals and merges run on ``maintenance``, off the trackers' locks.
-    :ivar max_pending_maintenance: per tracker, pending seals/merges before adds wait.
+    :ivar max_pending_maintenance: per tracker, pending seals/merges before batches wait.
+    :ivar budget: the store's backlog budget: adds wait on it before they take a tracker's lock.
     :ivar segment_reader: the store's read-ahead thread, or None (read-ahead off: sealed
         buckets' segments are read when the queue needs them, under the tracker's lock).
     """
@@ -49,7 +51,7 @@ class StoreServices:
                  tracker_closed: Callable[[Any], None], delivery: str = "at-least-once",
                  maintenance: MaintenanceWorker | None = None, background: bool = False,
                  max_pending_maintenance: int = 2, segment_reader: SegmentReader | None = None,
-                 confirm_sync_ms: int = 0) -> None:
+                 confirm_sync_ms: int = 0, budget: BacklogBudget | None = None) -> None:
         self.path = path
         self.confirm_sync_ms = confirm_sync_ms
         self.durability = durability
@@ -68,6 +70,7 @@ class StoreServices:
         self.background = background
         self.max_pending_maintenance = max_pending_maintenance
         self.segment_reader = segment_reader
+        self.budget = budget if budget is not None else BacklogBudget()
 
     @property
     def next_ledger_id(self) -> int:

@@ -213,11 +213,12 @@ class BucketTracker:
         """
         check_position(ledger_id, entry_id)
         check_timestamp(deliver_at)
+        # One row never waits for another caller's backlog, only past the budget's ceiling.
+        waited = self._store.budget.admit(1, self._store.maintenance.run_while_waiting)
         with self._lock:
             self._check_open()
             timed = self._ops.count_add()
             started = time.perf_counter() if timed else 0.0
-            self._wait_for_room()
             tracked = self._add_one(ledger_id, entry_id, deliver_at, self._cutoff.advance())
             if self._journal is not None:
                 self._sync()
@@ -225,6 +226,8 @@ class BucketTracker:
                 self._due.added(deliver_at)
             if timed:
                 self._ops.observe_add(time.perf_counter() - started)
+            if timed or waited:  # the mutable bucket's size, reported 1 add in 16
+                self._note_backlog(waited)
             return tracked
 
     def _add_one(self, ledger_id: int, entry_id: int, deliver_at: int, cutoff: int) -> bool:
@@ -307,6 +310,8 @@ class BucketTracker:
         ledgers, entries, deliver_at = as_columns(indexes)
         if not len(ledgers):
             return 0
+        # Backpressure is charged to the batch that grows the backlog, before it takes the lock.
+        waited = self._store.budget.admit(len(ledgers), self._store.maintenance.run_while_waiting)
         with self._lock:
             self._check_open()
             started = time.perf_counter()
@@ -330,6 +335,7 @@ class BucketTracker:
             if tracked:
                 self._due.added(int(deliver_at.min()))
             self._ops.record("add", time.perf_counter() - started, True)
+            self._note_backlog(waited)
             return tracked
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
@@ -453,6 +459,7 @@ class BucketTracker:
         if not runs:
             return
         job = SealJob(self, start, end, runs, cutoff)
+        self._store.budget.note_mutable(self, 0)  # its rows are the job's charge now
         self._sealing.append(job)
         self._sealing_end = max(self._sealing_end, end)
         self._run_job(job)
@@ -485,6 +492,7 @@ class BucketTracker:
         self._submitted += 1
         self._maint.queued += 1
         job.number = self._submitted
+        self._store.budget.charge(job.backlog_bytes)
         if self._background:
             self._store.maintenance.submit(job)
         else:
@@ -494,6 +502,7 @@ class BucketTracker:
     def _finish_job(self, job: SealJob | MergeJob, outcome: str) -> None:
         """Record a job's end (under the lock) and wake whoever waits for it."""
         job.finished = True
+        self._store.budget.release(job.backlog_bytes)
         m = self._maint
         m.queued -= 1
         if job.running:
@@ -536,9 +545,17 @@ class BucketTracker:
         for path in paths:
             self._store.remove_ledger_file(path)
 
+    def _note_backlog(self, waited: float) -> None:
+        """After an add: report the mutable bucket's bytes to the store's budget, and count
+        the time the add waited for it (the ``backpressure`` operation)."""
+        self._store.budget.note_mutable(self, self._mutable.memory_bytes())
+        if waited:
+            self._ops.record("backpressure", waited, True)
+
     def _wait_for_room(self) -> None:
-        """Backpressure: while the store's backlog of this tracker's seals and merges is
-        full, wait (releasing the lock) for the worker. Bounds memory at any add rate."""
+        """Backpressure by job count, for batches only (a single add never waits here): while
+        this tracker's seals and merges pending reach the store's limit, wait (releasing
+        the lock) for the worker. The memory budget is the store's ``BacklogBudget``."""
         limit = self._store.max_pending_maintenance
         while self._background and self._submitted - self._finished >= limit and not self._closed:
             if not self._store.maintenance.run_while_waiting():
@@ -969,6 +986,7 @@ class BucketTracker:
             self._buckets.clear()
             self._queue.clear()
             self._mutable.clear()
+            self._store.budget.note_mutable(self, 0)
             self._direct = RunBuffer()
             self._index.clear()
             self._horizon.emptied()
@@ -1028,6 +1046,7 @@ class BucketTracker:
                 self._read_ahead.forget(b)
             self._queue.clear()
             self._mutable.clear()
+            self._store.budget.note_mutable(self, 0)
             self._index.clear()
             self._held_drained = []
             self._unopened = self._unopened_rows = 0
@@ -1077,6 +1096,9 @@ class BucketTracker:
             stats["maintenance"] = {**self._maint.as_dict(), "background": self._store.background,
                                     "sealing": len(self._sealing), "merging": len(self._merging)}
             stats["read_ahead"] = {**self._read_ahead.counters.as_dict(), "held_indexes": ahead}
+            waits = self._ops.ops["backpressure"]
+            stats["backpressure"] = {"waits": waits.succeeded, "wait_seconds": round(waits.observed_seconds, 6),
+                                     "store": self._store.budget.as_dict()}
             return stats
 
     def operation_metrics(self) -> dict[str, Any]:

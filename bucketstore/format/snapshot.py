@@ -206,15 +206,28 @@ def segment_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, Entry
 def ledger_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryBitmap]:
     """Per-ledger bitmaps of the entry ids of unsorted columns (a whole bucket's).
 
-    One stable sort by ledger alone: pyroaring takes the entry ids in any order.
+    The ids are sorted by (ledger, entry) first: pyroaring, which holds the GIL, builds a
+    bitmap about four times faster from sorted ids (bench_maintenance ``steps``), and
+    numpy's sort releases the GIL, so the maintenance thread leaves more of it to adders.
     """
     if not len(ledgers):
         return {}
     first = ledgers[0]
     if (ledgers == first).all():
-        return {int(first): _make_bitmap(entries)}
-    order = np.argsort(ledgers, kind="stable")
-    sl, se = ledgers[order], entries[order]
+        return {int(first): _make_bitmap(np.sort(entries))}
+    lo = int(ledgers.min())
+    shift = 64 - (int(ledgers.max()) - lo).bit_length()
+    if int(entries.max()) < 1 << shift:
+        # One uint64 key per position, (ledger - lo) above the entry id: one vectorised sort.
+        key = ledgers - np.uint64(lo)
+        key <<= np.uint64(shift)
+        key |= entries
+        key.sort()
+        sl = (key >> np.uint64(shift)) + np.uint64(lo)
+        se = key & np.uint64((1 << shift) - 1)
+    else:
+        order = np.lexsort((entries, ledgers))
+        sl, se = ledgers[order], entries[order]
     cuts = np.flatnonzero(sl[1:] != sl[:-1]) + 1
     starts = [0, *cuts.tolist()]
     ends = [*cuts.tolist(), len(sl)]

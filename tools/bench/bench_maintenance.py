@@ -12,8 +12,10 @@ within one run on a noisy machine.
   ledgers of ``--per-bucket`` indexes (each roll seals one bucket of that size;
   ``max_num_buckets=4`` makes a merge of 4 buckets) while a second thread adds one
   index per millisecond and times each call: the other thread's p50/p99/max, the
-  writer's rate at the caller (seals included), and the rate until everything is
-  sealed (``flush``).
+  writer's rate at the caller (seals included), the rate until everything is
+  sealed (``flush``), the process's resident memory (at the start and its peak, sampled
+  by the other thread) and the writer's backpressure waits. ``--seal-at`` sets
+  ``min_index_count_per_bucket`` apart from the ledger size, ``--backlog-mb`` the budget.
 * ``rates``: ``--messages`` indexes (delays U[0, 1 h), 50,000 entries per ledger,
   the default config: a 50,000-index seal per ledger) added with single calls,
   then delivered with ``get_scheduled_messages(10000)``; then added again in
@@ -23,13 +25,18 @@ within one run on a noisy machine.
   caller pausing ``--gap-ms`` between calls (its dispatch): per-call latency
   p50/p99/max and the read-ahead hits, with read-ahead off and on (both with
   synchronous seals, so read-ahead is the only difference).
+* ``steps``: one thread, synchronous: the time of each step of a ``--per-bucket`` seal
+  (liveness, sort, encode of segments and bitmaps, write, fsync) and of a 4-bucket merge
+  (reads, index lookups, sort, encode, write), then each step alone on a thread beside a
+  pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
 * ``gil``: is a seal's encode GIL-bound? A pure-Python counting thread runs
   alone, then while a ``--per-bucket`` seal runs on the maintenance thread; the
   ratio of its rates is the share of the CPU the seal left to Python code (1.0:
   the seal holds the GIL never; 0.5: always, with two cores).
 
-Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,gil] [--repeats R]
-      [--ledgers N] [--per-bucket N] [--total N] [--messages N] [--gap-ms MS]
+Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,steps,gil] [--repeats R]
+      [--ledgers N] [--per-bucket N] [--total N] [--messages N] [--gap-ms MS] [--seal-at N] [--backlog-mb MB]
+The issue-26 workload: --cases stalls --per-bucket 1e6 --seal-at 5e5 --total 7e6
 """
 
 from __future__ import annotations
@@ -110,17 +117,27 @@ def trace_holds() -> None:
     wrap(merge_pipeline.MergeJob, "install", "merge install")
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
-                 max_pending: int = 2) -> dict[str, float]:
-    cfg = TrackerConfig(min_index_count_per_bucket=per_bucket, max_num_buckets=4,
+                 max_pending: int = 2, seal_at: int | None = None, backlog_mb: float | None = None) -> dict[str, float]:
+    cfg = TrackerConfig(min_index_count_per_bucket=seal_at or per_bucket, max_num_buckets=4,
                         max_indexes_per_segment=per_bucket // 4)
+    budget = {} if backlog_mb is None else {"max_backlog_bytes": int(backlog_mb * 2 ** 20)}
+    gc.collect()
+    rss_start = _rss_bytes()
+    rss_peak = [rss_start]
     path = os.path.join(tmp, f"stalls-{background}")
     clock = lambda: EPOCH  # noqa: E731 - nothing falls due during the run
     rng = np.random.default_rng(7)
     latencies: list[float] = []
     stop = threading.Event()
     current = [1]  # the writer's ledger: the other thread adds to it too (entry ids past the writer's)
-    with bucketstore.open(path, durability="sealed", background=background, max_pending_maintenance=max_pending) as store:
+    with bucketstore.open(path, durability="sealed", background=background, max_pending_maintenance=max_pending,
+                          **budget) as store:
         tracker = store.tracker("t", cfg, clock=clock)
 
         def other() -> None:
@@ -130,6 +147,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
                 tracker.add_message(current[0], per_bucket + entry, EPOCH + 3_600_000 + entry)
                 latencies.append(time.perf_counter() - started)
                 entry += 1
+                rss_peak[0] = max(rss_peak[0], _rss_bytes())
                 time.sleep(0.001)
 
         thread = threading.Thread(target=other)
@@ -156,7 +174,11 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
             "other_p99_ms": round(float(np.percentile(lat, 99)), 3), "other_max_ms": round(float(lat.max()), 3),
             "other_calls": len(lat), "caller_M_per_s": round(total / caller / 1e6, 3),
             "all_sealed_M_per_s": round(total / sealed / 1e6, 3), "seals": stats["create"]["succeeded"],
-            "merges": stats["merge"]["succeeded"]}
+            "merges": stats["merge"]["succeeded"], "rss_start_mb": round(rss_start / 2 ** 20, 1),
+            "rss_peak_mb": round(rss_peak[0] / 2 ** 20, 1),
+            # (absent before backpressure by memory: the script also runs against older trees)
+            "backpressure_waits": stats.get("backpressure", {}).get("waits", -1),
+            "backpressure_wait_s": round(stats.get("backpressure", {}).get("wait_seconds", -1), 3)}
 
 
 def _workload(n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -355,6 +377,161 @@ def bench_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, float]:
             "seal_s_beside_spinner": round(float(np.median(seal_beside)), 3)}
 
 
+#: Per-step wall seconds of the pipelines' parts, filled while ``STEPS_ON`` is set: (kind, step) -> [s].
+STEPS: dict[tuple[str, str], list[float]] = {}
+STEPS_ON = threading.Event()
+_STEP_KIND = threading.local()
+
+
+def trace_steps() -> None:
+    """Time the parts of a seal and a merge (wraps them in this process only): the rows'
+    liveness, the sort, the encode (segments and bitmaps), the write and each fsync, a
+    merge's segment reads and its index lookups."""
+    from bucketstore.engine import bucket_job, liveness
+    from bucketstore.engine import sealed_bucket
+    from bucketstore.format import fs as fs_module, snapshot
+
+    def timed(label: str, fn):
+        def run(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if STEPS_ON.is_set():
+                    kind = getattr(_STEP_KIND, "kind", "?")
+                    STEPS.setdefault((kind, label), []).append(time.perf_counter() - started)
+        return run
+
+    def job_kind(cls, kind: str) -> None:
+        original = cls._work
+
+        def work(self):
+            _STEP_KIND.kind = kind
+            try:
+                return original(self)
+            finally:
+                _STEP_KIND.kind = "?"
+        cls._work = work
+
+    # The whole job's work first, then the kind around it (the timer reads the kind).
+    seal_pipeline.SealJob._work = timed("job work (all)", seal_pipeline.SealJob._work)
+    merge_pipeline.MergeJob._work = timed("job work (all)", merge_pipeline.MergeJob._work)
+    job_kind(seal_pipeline.SealJob, "seal")
+    job_kind(merge_pipeline.MergeJob, "merge")
+    for module in (seal_pipeline, merge_pipeline):
+        name = "sort_row_parts" if hasattr(module, "sort_row_parts") else "sort_rows"  # (older trees)
+        setattr(module, name, timed("sort", getattr(module, name)))
+        module.drop_repeats = timed("drop repeats", module.drop_repeats)
+    snapshot.encode_segments = timed("encode segments", snapshot.encode_segments)
+    snapshot.serialized_bitmaps = timed("encode bitmaps", snapshot.serialized_bitmaps)
+    bucket_job.build_bucket = timed("encode (all)", bucket_job.build_bucket)
+    bucket_job.write_bucket = timed("write (all, fsyncs included)", bucket_job.write_bucket)
+    fs_module.FileSystem.fsync = timed("fsync", fs_module.FileSystem.fsync)
+    fs_module.FileSystem.fsync_dir = timed("fsync dir", fs_module.FileSystem.fsync_dir)
+    liveness.FrozenMutableLiveness.mask = timed("liveness", liveness.FrozenMutableLiveness.mask)
+    sealed_bucket.SealedBucket.read_segment = timed("read + decode segments", sealed_bucket.SealedBucket.read_segment)
+
+
+def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
+    """One thread (synchronous maintenance): 6 ledgers of ``per_bucket`` random-delay indexes make
+    6 seals; ``max_num_buckets=4`` merges 4 of them once there are 5. The time of each step, per job."""
+    cfg = TrackerConfig(min_index_count_per_bucket=per_bucket, max_num_buckets=4,
+                        max_indexes_per_segment=per_bucket // 4)
+    rng = np.random.default_rng(11)
+    path = os.path.join(tmp, "steps")
+    STEPS.clear()
+    with bucketstore.open(path, durability="sealed", background=False) as store:
+        t = store.tracker("t", cfg, Clock(EPOCH))
+        STEPS_ON.set()  # (only calls inside a job's work are counted)
+        for ledger in range(1, 7):
+            at = EPOCH + 60_000 + rng.integers(0, 3_600_000, per_bucket).astype(np.uint64)
+            t.add_messages((np.full(per_bucket, ledger, np.uint64), np.arange(per_bucket, dtype=np.uint64), at))
+        t.add_message(7, 0, EPOCH + 10 ** 8)  # rolls the last ledger
+        STEPS_ON.clear()
+        stats = t.stats()
+    shutil.rmtree(path)
+    jobs = {"seal": stats["create"]["succeeded"], "merge": stats["merge"]["succeeded"]}
+    rows = {"seal": per_bucket, "merge": 4 * per_bucket}
+    out: dict[str, object] = {"jobs": jobs}
+    for (kind, label), values in sorted(STEPS.items()):
+        if kind in jobs and jobs[kind]:
+            ms = sum(values) / jobs[kind] * 1000
+            out[f"{kind}: {label}"] = f"{ms:.1f} ms ({rows[kind] / ms / 1000:.1f} M/s)"
+    return out
+
+
+def _step_gil_ratio(fn, repeats: int, window: float = 0.4) -> tuple[float, float]:
+    """``fn`` alone (median seconds), and a pure-Python thread's rate while another thread calls
+    ``fn`` over and over for ``window`` s, over its rate alone for as long right after
+    (1.0: ``fn`` never holds the GIL; 0.5: always, on two cores)."""
+    alone = [_timed(fn) for _ in range(repeats)]
+    ratios = []
+    for _ in range(repeats):
+        rates: list[float] = []
+        stop = threading.Event()
+
+        def calls() -> None:
+            deadline = time.perf_counter() + window
+            while time.perf_counter() < deadline:
+                fn()
+
+        spinner = threading.Thread(target=_spin, args=(None, stop, rates))
+        worker = threading.Thread(target=calls)
+        started = time.perf_counter()
+        spinner.start()
+        worker.start()
+        worker.join()
+        stop.set()
+        spinner.join()
+        solo: list[float] = []
+        _spin(time.perf_counter() - started, None, solo)
+        ratios.append(rates[0] / solo[0])
+    return float(np.median(alone)), float(np.median(ratios))
+
+
+def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
+    """Which steps of a seal and a merge release the GIL: each run on a thread beside a pure-Python one."""
+    from bucketstore.engine.sealed_bucket import SealedBucket
+    from bucketstore.format.fs import FileSystem
+    from bucketstore.format.snapshot import (cut_segments, drop_repeats, encode_segments, serialized_bitmaps,
+                                             write_bucket)
+
+    class NoSync(FileSystem):
+        def fsync(self, fd: int) -> None:
+            pass
+
+        def fsync_dir(self, path: str) -> None:
+            pass
+
+    rng = np.random.default_rng(12)
+    ts = EPOCH + 60_000 + rng.integers(0, 3_600_000, per_bucket).astype(np.uint64)
+    ledgers, entries = np.ones(per_bucket, np.uint64), np.arange(per_bucket, dtype=np.uint64)
+    rows = sort_rows(ts, ledgers, entries)
+    starts = np.array([lo for lo, _ in cut_segments(rows[0], 300_000, per_bucket // 4)], dtype=np.int64)
+    meta, payloads = build_bucket(1, 1, *rows, time_step_ms=300_000, max_indexes_per_segment=per_bucket // 4)
+    directory = os.path.join(tmp, "gil-steps")
+    os.makedirs(directory)
+    ids = iter(range(1, 10 ** 6))
+    path = write_bucket(directory, 10 ** 6, meta, payloads)
+    bucket = SealedBucket(path, 10 ** 6, meta, os.path.getsize(path))
+    steps = {
+        "sort_rows": lambda: sort_rows(ts, ledgers, entries),
+        "drop_repeats": lambda: drop_repeats(*rows),
+        "encode segments (numpy + zstd)": lambda: encode_segments(*rows, starts, compress=True, codec="zstd",
+                                                                  check=False),
+        "encode bitmaps (pyroaring)": lambda: serialized_bitmaps(rows[1], rows[2]),
+        "write, no fsync": lambda: write_bucket(directory, next(ids), meta, payloads, fs=NoSync()),
+        "write + fsyncs": lambda: write_bucket(directory, next(ids), meta, payloads),
+        "read + decode segments": lambda: [bucket.read_segment(k) for k in range(1, bucket.segment_count + 1)],
+    }
+    out = {}
+    for name, fn in steps.items():
+        seconds, ratio = _step_gil_ratio(fn, repeats)
+        out[name] = f"{seconds * 1000:.1f} ms, other thread keeps {ratio:.2f}"
+    shutil.rmtree(directory)
+    return out
+
+
 def _encode(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> tuple:
     """A seal's CPU-heavy part: cut, encode and compress a sorted bucket (module level: picklable)."""
     return build_bucket(1, 1, ts, ledgers, entries, time_step_ms=300_000, max_indexes_per_segment=5000)
@@ -436,6 +613,9 @@ def main() -> None:
     p.add_argument("--segments", default="5000,50000", help="readahead: max_indexes_per_segment values")
     p.add_argument("--cold", action="store_true", help="readahead: evict the ledger files from the page cache")
     p.add_argument("--max-pending", type=int, default=2, help="stalls: max_pending_maintenance (default 2)")
+    p.add_argument("--seal-at", type=float, default=None,
+                   help="stalls: min_index_count_per_bucket (default: --per-bucket; a seal happens at a ledger roll)")
+    p.add_argument("--backlog-mb", type=float, default=None, help="stalls: max_backlog_bytes in MiB (default 256)")
     p.add_argument("--trace-holds", action="store_true",
                    help="stalls: time the steps the background design runs under the tracker's lock")
     p.add_argument("--switch-interval-ms", type=float, default=None,
@@ -462,7 +642,8 @@ def main() -> None:
                 for m in modes:
                     if m and args.trace_holds:
                         TRACING.set()
-                    runs[m].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending))
+                    runs[m].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending,
+                                                int(args.seal_at) if args.seal_at else None, args.backlog_mb))
                     TRACING.clear()
             for m in modes:
                 print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges):",
@@ -494,6 +675,13 @@ def main() -> None:
                         print(f"get_scheduled_messages(1000) over {n:,} sealed indexes, segments of {segment:,}, "
                               f"{gap} ms between calls{', cold cache' if args.cold else ''}:", _median_of(runs[m]))
                 shutil.rmtree(path)
+        if "steps" in cases:
+            trace_steps()
+            n = int(args.per_bucket)
+            for _ in range(args.repeats):
+                print(f"steps (one thread; {n:,}-index random-delay seals and a {4 * n:,}-index merge):",
+                      bench_steps(tmp, n))
+            print(f"steps: what releases the GIL ({n:,} rows):", bench_step_gil(tmp, n, args.repeats))
         if "gil" in cases:
             print(f"gil ({int(args.per_bucket):,}-index seals on the maintenance thread):",
                   bench_gil(tmp, int(args.per_bucket), args.repeats))
