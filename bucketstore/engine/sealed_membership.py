@@ -127,13 +127,11 @@ class SpilledMembership:
         spill file could not be written (logged; the caller falls back to opening the bucket)."""
         self.forget(bucket_id)
         ledgers = sorted(positions)
-        parts = [_entry_ids(positions[ledger]) for ledger in ledgers]
-        counts = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+        ids, counts = _entry_ids([positions[ledger] for ledger in ledgers])
         top = int(ids.max()) if len(ids) else 0
         code, dtype = ("H", "<u2") if top < 1 << 16 else ("I", "<u4") if top < _U32 else ("Q", "<u8")
         blob = ids.astype(dtype).tobytes()
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        offsets = np.zeros(len(ledgers) + 1, dtype=np.int64)
         np.cumsum(counts * np.dtype(dtype).itemsize, out=offsets[1:])
         try:
             base = self._write(blob)
@@ -219,7 +217,13 @@ class SpilledMembership:
             self._file = None
 
 
-def _entry_ids(bm: Any) -> np.ndarray:
-    if isinstance(bm, BitMap):
-        return np.frombuffer(bm.to_array(), dtype=np.uint32)  # sorted: a bitmap iterates in order
-    return np.fromiter(bm, dtype=np.uint64, count=len(bm))
+def _entry_ids(bitmaps: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The bitmaps' entry ids, each bitmap's in order, as one column; and each one's count."""
+    counts = np.fromiter((len(bm) for bm in bitmaps), dtype=np.int64, count=len(bitmaps))
+    if all(isinstance(bm, BitMap) for bm in bitmaps):
+        ids = array("I")
+        for bm in bitmaps:
+            ids += bm.to_array()  # sorted: a bitmap iterates in order
+        return np.frombuffer(ids, dtype=np.uint32), counts
+    parts = [np.fromiter(bm, dtype=np.uint64, count=len(bm)) for bm in bitmaps]
+    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)), counts
