@@ -46,8 +46,8 @@ __all__ = ["SpilledMembership", "DIRECTORY_BUDGET"]
 
 log = logging.getLogger("bucketstore")
 
-#: Bytes of directories kept (about 8 a ledger: 1 MiB covers 130,000 ledgers of spilled buckets).
-DIRECTORY_BUDGET = 8 << 20
+#: Bytes of directories kept (about 8 a ledger: 16 MiB covers 2 million ledgers of spilled buckets).
+DIRECTORY_BUDGET = 16 << 20
 #: The spill file is rewritten when its dropped regions exceed both its live bytes and this.
 _COMPACT_MIN = 16 << 20
 _U32 = 1 << 32
