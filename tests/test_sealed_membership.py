@@ -56,17 +56,20 @@ def test_questions_leave_buckets_unopened_and_answer_exactly(tmp_path, durabilit
         tl._check()
 
 
+@pytest.mark.parametrize("read_ahead", [False, True])
 @pytest.mark.parametrize("durability", ["sealed", "journal"])
 @pytest.mark.parametrize("seed", range(example_count(3)))
-def test_asked_buckets_answer_like_an_eager_open_through_changes(tmp_path, durability, seed, tiny_budget):
+def test_asked_buckets_answer_like_an_eager_open_through_changes(tmp_path, durability, seed, read_ahead,
+                                                                  tiny_budget):
     """Questions spill buckets (and drop their directories), then adds, expiries, trims and
-    deliveries open them: every answer, count and batch stays the eager open's."""
+    deliveries open them (read_ahead: from an entry 0 the reader thread read ahead): every
+    answer, count and batch stays the eager open's."""
     lazy, eager = _pair(tmp_path, durability, seed)
     start = 2_000 + random.Random(seed).randrange(3_000)
     clock_l, clock_e = FakeClock(start), FakeClock(start)
     rng_l, rng_e = random.Random(seed), random.Random(seed)
     universe = [(ledger, entry) for ledger in (*range(LEDGERS), *LATE) for entry in range(PER_LEDGER)]
-    with bucketstore.open(lazy, durability, background=False, read_ahead=False) as sl, \
+    with bucketstore.open(lazy, durability, background=False, read_ahead=read_ahead) as sl, \
             bucketstore.open(eager, durability, background=False) as se:
         tl, te = sl.tracker("t", CFG, clock_l), se.tracker("t", CFG, clock_e)
         assert [tl.contains_message(*q) for q in QUESTIONS] == [te.contains_message(*q) for q in QUESTIONS]
