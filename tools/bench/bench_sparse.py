@@ -16,6 +16,12 @@ bytes per index = (RSS after - RSS before) / N. The dense case (every entry
 delayed, fixed delay) is measured the same way for comparison.
 
     PYTHONPATH=. python tools/bench/bench_sparse.py [--indexes 10000000] [--shapes 1,10,dense] [--repeat 3]
+                                                    [--use 20000] [--baseline /path/to/other/checkout]
+
+``--use N`` goes on as a broker does after the open: ``contains_message`` of N random
+positions (random ledgers, so every bucket) and the first batch due a minute after the
+first index, then notes the RSS again. ``--baseline`` opens each store with another
+checkout's bucketstore too, alternating, for ratios measured under the same load.
 """
 
 from __future__ import annotations
@@ -62,10 +68,13 @@ if uses:
     # Used as a broker would: membership questions on random positions of every ledger (so every
     # bucket), then the first due batch.
     import random
+    from array import array
     rng = random.Random(1)
-    asked = [(rng.randrange(1, ledgers + 1), rng.randrange(10_000)) for _ in range(uses)]
+    # Two flat arrays, not 20,000 tuples: the questions must not weigh in the RSS measured after.
+    asked_l = array("Q", (rng.randrange(1, ledgers + 1) for _ in range(uses)))
+    asked_e = array("Q", (rng.randrange(10_000) for _ in range(uses)))
     started = time.perf_counter()
-    hits = sum(t.contains_message(l, e) for l, e in asked)
+    hits = sum(t.contains_message(l, e) for l, e in zip(asked_l, asked_e))
     out["contains_seconds"] = time.perf_counter() - started
     now[0] = first + 60_000  # a minute's worth is due
     started = time.perf_counter()
@@ -114,9 +123,14 @@ def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> tuple[int
     return total_bytes, last_ledger
 
 
-def recover(path: str, uses: int = 0, ledgers: int = 0) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, path, str(EPOCH), str(uses), str(ledgers)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..")})
+HERE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def recover(path: str, uses: int = 0, ledgers: int = 0, tree: str = HERE) -> dict:
+    """Open the store in a fresh process importing bucketstore from ``tree`` (this checkout, or
+    the baseline's)."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, path, str(EPOCH), str(uses), str(ledgers)], capture_output=True,
+                         text=True, cwd=tree, env={**os.environ, "PYTHONPATH": tree})
     if out.returncode:
         raise SystemExit(f"recovery failed:\n{out.stderr}")
     return json.loads(out.stdout)
@@ -131,9 +145,13 @@ def main() -> int:
     p.add_argument("--use", type=int, default=0, metavar="N",
                    help="after the open, ask contains_message of N random positions (every ledger, so "
                         "every bucket) and take the first due batch; report their time and the RSS after")
+    p.add_argument("--baseline", metavar="TREE",
+                   help="also open each store with the bucketstore of this checkout (e.g. /work/main), "
+                        "alternating with this one, and print its figures and the ratios")
     args = p.parse_args()
     print(f"$ PYTHONPATH=. python tools/bench/bench_sparse.py --indexes {args.indexes} --bucket {args.bucket} "
-          f"--shapes {args.shapes} --repeat {args.repeat}" + (f" --use {args.use}" if args.use else ""))
+          f"--shapes {args.shapes} --repeat {args.repeat}" + (f" --use {args.use}" if args.use else "")
+          + (f" --baseline {args.baseline}" if args.baseline else ""))
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu(s)")
     n = args.indexes
     recovery_target = TARGETS["recovery_s"].get(n)
@@ -142,7 +160,11 @@ def main() -> int:
             started = time.perf_counter()
             disk, last_ledger = generate(tmp, shape, n, args.bucket, 0)
             built = time.perf_counter() - started
-            runs = [recover(tmp, args.use, last_ledger) for _ in range(args.repeat)]
+            runs, base = [], []
+            for _ in range(args.repeat):  # alternating: a shared machine's load hits both alike
+                runs.append(recover(tmp, args.use, last_ledger))
+                if args.baseline:
+                    base.append(recover(tmp, args.use, last_ledger, os.path.abspath(args.baseline)))
         held = runs[0]["held"]
         seconds = statistics.median(r["seconds"] for r in runs)
         resident = statistics.median(r["rss_growth"] for r in runs) / held
@@ -158,13 +180,29 @@ def main() -> int:
         print(f"  disk     {disk / held:.2f} B/index  (target <= {TARGETS['disk']}) "
               f"{'ok' if disk / held <= TARGETS['disk'] else 'MISSED'}")
         if args.use:
-            used = statistics.median(r["used_rss_growth"] for r in runs) / held
-            asked = statistics.median(r["contains_seconds"] for r in runs)
-            batch = statistics.median(r["batch_seconds"] for r in runs)
-            print(f"  used: {args.use:,} contains_message {asked:.2f} s ({runs[0]['hits']} tracked), first due "
-                  f"batch of {runs[0]['batch']} {batch:.3f} s; resident after {used:.2f} B/index  "
-                  f"(target <= {TARGETS['resident']}) {'ok' if used <= TARGETS['resident'] else 'MISSED'}")
+            _print_use(args.use, runs, held, None)
+        if base:
+            print(f"  baseline {args.baseline}: recovery {statistics.median(r['seconds'] for r in base):.2f} s, "
+                  f"resident {statistics.median(r['rss_growth'] for r in base) / held:.2f} B/index")
+            if args.use:
+                _print_use(args.use, base, held, runs)
     return 0
+
+
+def _print_use(uses: int, runs: list[dict], held: int, ours: list[dict] | None) -> None:
+    used = statistics.median(r["used_rss_growth"] for r in runs) / held
+    asked = statistics.median(r["contains_seconds"] for r in runs)
+    batch = statistics.median(r["batch_seconds"] for r in runs)
+    line = (f"  used: {uses:,} contains_message {asked:.2f} s ({runs[0]['hits']} tracked), first due batch of "
+            f"{runs[0]['batch']} {batch:.3f} s; resident after {used:.2f} B/index")
+    if ours is None:
+        line += f"  (target <= {TARGETS['resident']}) {'ok' if used <= TARGETS['resident'] else 'MISSED'}"
+    else:  # the baseline's line: this checkout's time over the baseline's, run by run
+        ratios = [(o["contains_seconds"] + o["batch_seconds"]) / (b["contains_seconds"] + b["batch_seconds"])
+                  for o, b in zip(ours, runs)]
+        line += (f"; this checkout's questions + batch over the baseline's: "
+                 + ", ".join(f"{r:.2f}" for r in ratios) + "  (target <= 2)")
+    print(line)
 
 
 if __name__ == "__main__":
