@@ -11,8 +11,9 @@ Reading entry 0 for every question would cost about a millisecond per question (
 50,000-position bucket), and keeping the decoded bitmaps is the memory this avoids.
 So the first question about a bucket reads its entry 0 once and *spills* its live
 positions — per ledger, its entry ids sorted, as fixed-width little-endian integers
-(u16, u32 or u64, the narrowest that holds the bucket's largest) — to one
-anonymous temporary file per tracker. Memory keeps per bucket a directory only:
+(u16, u32 or u64, the narrowest that holds the bucket's largest), or, for a
+ledger of long runs of consecutive ids (a dense one), as its serialized roaring
+bitmap when that is smaller — to one anonymous temporary file per tracker. Memory keeps per bucket a directory only:
 its ledgers (as offsets from the bucket's first ledger) and where each one's ids
 start in the spill, 8 bytes a ledger. A question then costs a bisect in the
 directory, one ``pread`` of that ledger's ids (served by the page cache, which
@@ -51,25 +52,29 @@ DIRECTORY_BUDGET = 16 << 20
 #: The spill file is rewritten when its dropped regions exceed both its live bytes and this.
 _COMPACT_MIN = 16 << 20
 _U32 = 1 << 32
+#: A ledger of at least this many ids may be kept as a roaring bitmap (when that is smaller).
+_ROARING_MIN = 64
 
 
 class _Spilled:
     """One bucket's directory: ledger offsets from ``start``, and where their ids lie in the spill."""
 
-    __slots__ = ("start", "ledgers", "offsets", "code", "base", "size")
+    __slots__ = ("start", "ledgers", "offsets", "code", "base", "size", "roaring")
 
-    def __init__(self, start: int, ledgers: array, offsets: array, code: str, base: int, size: int) -> None:
+    def __init__(self, start: int, ledgers: array, offsets: array, code: str, base: int, size: int,
+                 roaring: frozenset[int] | None) -> None:
         self.start = start
         self.ledgers = ledgers   # sorted ledger - start
         self.offsets = offsets   # len(ledgers) + 1 byte offsets, relative to base
         self.code = code         # the ids' array type code: 'H', 'I' or 'Q'
         self.base = base
         self.size = size
+        self.roaring = roaring   # which ledgers (by index) are serialized roaring bitmaps, if any
 
     @property
     def nbytes(self) -> int:
         return (self.ledgers.itemsize * len(self.ledgers) + self.offsets.itemsize * len(self.offsets)
-                + 200)  # the object and its two arrays' headers
+                + 100 * len(self.roaring or ()) + 200)  # the object and its arrays' headers
 
 
 class SpilledMembership:
@@ -117,6 +122,8 @@ class SpilledMembership:
         raw = os.pread(self._file.fileno(), hi - lo, rec.base + lo)
         if len(raw) != hi - lo:
             raise OSError(f"spill file {self._file.name!r}: short read at {rec.base + lo}")
+        if rec.roaring is not None and i in rec.roaring:
+            return entry_id < _U32 and entry_id in BitMap.deserialize(raw)
         ids = array(rec.code)
         ids.frombytes(raw)
         j = bisect_left(ids, entry_id)
@@ -127,12 +134,34 @@ class SpilledMembership:
         spill file could not be written (logged; the caller falls back to opening the bucket)."""
         self.forget(bucket_id)
         ledgers = sorted(positions)
-        ids, counts = _entry_ids([positions[ledger] for ledger in ledgers])
+        bitmaps = [positions[ledger] for ledger in ledgers]
+        ids, counts = _entry_ids(bitmaps)
         top = int(ids.max()) if len(ids) else 0
         code, dtype = ("H", "<u2") if top < 1 << 16 else ("I", "<u4") if top < _U32 else ("Q", "<u8")
-        blob = ids.astype(dtype).tobytes()
+        width = np.dtype(dtype).itemsize
+        sizes = counts * width
+        # A ledger of long runs (a dense one: thousands of consecutive entries) is kept as its
+        # serialized 32-bit roaring bitmap, a few bytes a run, rather than thousands of ids.
+        roaring: dict[int, bytes] = {}
+        for i in np.flatnonzero(counts >= _ROARING_MIN).tolist():
+            bm = bitmaps[i]
+            if isinstance(bm, BitMap) and bm.max() - bm.min() < 2 * len(bm):
+                runs = bm.copy()
+                runs.run_optimize()
+                packed = runs.serialize()
+                if len(packed) < sizes[i]:
+                    roaring[i] = packed
+        column = ids.astype(dtype)
+        if roaring:
+            cuts = np.cumsum(counts).tolist()
+            chunks = [roaring[i] if i in roaring else column[a:b].tobytes()
+                      for i, (a, b) in enumerate(zip([0, *cuts], cuts))]
+            sizes = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+            blob = b"".join(chunks)
+        else:
+            blob = column.tobytes()
         offsets = np.zeros(len(ledgers) + 1, dtype=np.int64)
-        np.cumsum(counts * np.dtype(dtype).itemsize, out=offsets[1:])
+        np.cumsum(sizes, out=offsets[1:])
         try:
             base = self._write(blob)
         except OSError as exc:
@@ -141,7 +170,8 @@ class SpilledMembership:
             return False
         keys = [ledger - start for ledger in ledgers]
         rec = _Spilled(start, array("I" if not keys or keys[-1] < _U32 else "Q", keys),
-                       array("I" if len(blob) < _U32 else "Q", offsets.tolist()), code, base, len(blob))
+                       array("I" if len(blob) < _U32 else "Q", offsets.tolist()), code, base, len(blob),
+                       frozenset(roaring) if roaring else None)
         self._by_bucket[bucket_id] = rec
         self._resident += rec.nbytes
         self._live += len(blob)
