@@ -13,7 +13,9 @@ So the first question about a bucket reads its entry 0 once and *spills* its liv
 positions — per ledger, its entry ids sorted, as fixed-width little-endian integers
 (u16, u32 or u64, the narrowest that holds the bucket's largest), or, for a
 ledger of long runs of consecutive ids (a dense one), as its serialized roaring
-bitmap when that is smaller — to one anonymous temporary file per tracker. Memory keeps per bucket a directory only:
+bitmap when that is smaller — to one anonymous temporary file per tracker (a
+ledger of thousands of ids in a few runs stays in memory as such a bitmap: a few
+hundred bytes, under 0.2 byte an id). Memory keeps per bucket a directory only:
 its ledgers (as offsets from the bucket's first ledger) and where each one's ids
 start in the spill, 8 bytes a ledger. A question then costs a bisect in the
 directory, one ``pread`` of that ledger's ids (served by the page cache, which
@@ -54,6 +56,9 @@ _COMPACT_MIN = 16 << 20
 _U32 = 1 << 32
 #: A ledger of at least this many ids may be kept as a roaring bitmap (when that is smaller).
 _ROARING_MIN = 64
+#: ... and kept in memory when it holds this many ids at least in at most this many bytes.
+_HELD_MIN = 1024
+_HELD_MAX_BYTES = 256
 
 
 class _Spilled:
@@ -62,19 +67,21 @@ class _Spilled:
     __slots__ = ("start", "ledgers", "offsets", "code", "base", "size", "roaring")
 
     def __init__(self, start: int, ledgers: array, offsets: array, code: str, base: int, size: int,
-                 roaring: frozenset[int] | None) -> None:
+                 roaring: dict[int, BitMap | None] | None) -> None:
         self.start = start
         self.ledgers = ledgers   # sorted ledger - start
         self.offsets = offsets   # len(ledgers) + 1 byte offsets, relative to base
         self.code = code         # the ids' array type code: 'H', 'I' or 'Q'
         self.base = base
         self.size = size
-        self.roaring = roaring   # which ledgers (by index) are serialized roaring bitmaps, if any
+        # Ledgers (by index) kept as roaring bitmaps: in memory, or (None) serialized in the spill.
+        self.roaring = roaring
 
     @property
     def nbytes(self) -> int:
         return (self.ledgers.itemsize * len(self.ledgers) + self.offsets.itemsize * len(self.offsets)
-                + 100 * len(self.roaring or ()) + 200)  # the object and its arrays' headers
+                + sum(100 if bm is None else 200 + len(bm.serialize()) for bm in (self.roaring or {}).values())
+                + 200)  # the object and its arrays' headers
 
 
 class SpilledMembership:
@@ -119,11 +126,14 @@ class SpilledMembership:
         if i == len(ledgers) or ledgers[i] != key:
             return False
         lo, hi = rec.offsets[i], rec.offsets[i + 1]
-        raw = os.pread(self._file.fileno(), hi - lo, rec.base + lo)
+        raw = os.pread(self._file.fileno(), hi - lo, rec.base + lo) if hi > lo else b""
         if len(raw) != hi - lo:
             raise OSError(f"spill file {self._file.name!r}: short read at {rec.base + lo}")
         if rec.roaring is not None and i in rec.roaring:
-            return entry_id < _U32 and entry_id in BitMap.deserialize(raw)
+            held = rec.roaring[i]
+            if held is None:
+                held = BitMap.deserialize(raw)
+            return entry_id < _U32 and entry_id in held
         ids = array(rec.code)
         ids.frombytes(raw)
         j = bisect_left(ids, entry_id)
@@ -142,7 +152,10 @@ class SpilledMembership:
         sizes = counts * width
         # A ledger of long runs (a dense one: thousands of consecutive entries) is kept as its
         # serialized 32-bit roaring bitmap, a few bytes a run, rather than thousands of ids.
+        # One of thousands of ids in a few runs is kept in memory: a few bytes of runs, an
+        # object of about 200 bytes, less than 0.2 byte an id (every ledger of a dense bucket).
         roaring: dict[int, bytes] = {}
+        held: dict[int, BitMap | None] = {}
         for i in np.flatnonzero(counts >= _ROARING_MIN).tolist():
             bm = bitmaps[i]
             if isinstance(bm, BitMap) and bm.max() - bm.min() < 2 * len(bm):
@@ -150,7 +163,11 @@ class SpilledMembership:
                 runs.run_optimize()
                 packed = runs.serialize()
                 if len(packed) < sizes[i]:
-                    roaring[i] = packed
+                    if len(bm) >= _HELD_MIN and len(packed) <= _HELD_MAX_BYTES:
+                        runs.shrink_to_fit()
+                        held[i], roaring[i] = runs, b""
+                    else:
+                        held[i], roaring[i] = None, packed
         column = ids.astype(dtype)
         if roaring:
             cuts = np.cumsum(counts).tolist()
@@ -171,7 +188,7 @@ class SpilledMembership:
         keys = [ledger - start for ledger in ledgers]
         rec = _Spilled(start, array("I" if not keys or keys[-1] < _U32 else "Q", keys),
                        array("I" if len(blob) < _U32 else "Q", offsets.tolist()), code, base, len(blob),
-                       frozenset(roaring) if roaring else None)
+                       held or None)
         self._by_bucket[bucket_id] = rec
         self._resident += rec.nbytes
         self._live += len(blob)
