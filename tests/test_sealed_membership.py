@@ -170,6 +170,7 @@ def test_spilled_membership_keeps_each_width_and_compacts():
                     assert m.contains(bid, ledger, entry) == want, (bid, ledger, entry)
             assert m.contains(bid, start + 1, 3) in ((None,) if bid == 1 else (False,))
         assert m.contains(4, 0, 999) and not m.contains(4, 0, 1000)
+        assert not m.add(6, 0, {0: BitMap(range(2_000)), 3: BitMap(range(5_000, 9_000))}) and m.dense == 1
         # Runs: a few bytes, in the spill (1,000 ids) or in memory (8,900 ids).
         assert m._by_bucket[4].roaring == {0: None}
         assert list(m._by_bucket[5].roaring) == [0] and m._by_bucket[5].roaring[0] == BitMap(range(100, 9_000))
@@ -177,3 +178,23 @@ def test_spilled_membership_keeps_each_width_and_compacts():
     finally:
         sealed_membership._COMPACT_MIN = sealed_membership_min
         m.close()
+
+
+def test_a_dense_bucket_is_opened_by_a_question_rather_than_spilled(tmp_path):
+    """Every ledger a few runs of consecutive entries: the index holds it in a few bytes and
+    answers faster than a spill would, so the question opens it, as before."""
+    cfg = CFG.__class__(tick_time_ms=0, min_index_count_per_bucket=20, max_indexes_per_segment=500)
+    with bucketstore.open(tmp_path / "s", "sealed", background=False) as store:
+        t = store.tracker("t", cfg, FakeClock(1_000))
+        t.add_messages([(0, e, 5_000 + e) for e in range(3_000)])
+        t.add_messages([(1, e, 9_000) for e in range(20, 40)])  # sparse: spilled
+        t.add_message(2, 0, 50_000)  # roll: ledgers 0 and 1 are sealed
+    with bucketstore.open(tmp_path / "s", "sealed", background=False, read_ahead=False) as store:
+        t = store.tracker("t", cfg, FakeClock(1_000))
+        assert t.stats()["unopened_buckets"] == 2
+        assert t.contains_message(0, 2_999) and not t.contains_message(0, 3_000)
+        assert t.contains_message(1, 20) and not t.contains_message(1, 19)
+        stats = t.stats()
+        assert stats["unopened_buckets"] == 1 and stats["membership"]["opened_dense"] == 1
+        assert stats["membership"]["spilled_buckets"] == 1
+        t._check()

@@ -106,6 +106,8 @@ class SpilledMembership:
         #: Counters for ``stats()``: entry 0 reads that spilled a bucket, questions answered,
         #: directories dropped under the budget, spill failures (the bucket was opened instead).
         self.spills = self.questions = self.evictions = self.failures = 0
+        #: Buckets not spilled because each of their ledgers is a few runs (opened instead).
+        self.dense = 0
 
     def __len__(self) -> int:
         return len(self._by_bucket)
@@ -140,8 +142,9 @@ class SpilledMembership:
         return j < len(ids) and ids[j] == entry_id
 
     def add(self, bucket_id: int, start: int, positions: Mapping[int, Any]) -> bool:
-        """Spill a bucket's live positions (``ledger -> bitmap of entry ids``); False if the
-        spill file could not be written (logged; the caller falls back to opening the bucket)."""
+        """Spill a bucket's live positions (``ledger -> bitmap of entry ids``). False when it is
+        not spilled and the caller should open the bucket instead: every ledger is a few runs
+        (a dense bucket, as small in the index), or the spill file could not be written (logged)."""
         self.forget(bucket_id)
         ledgers = sorted(positions)
         bitmaps = [positions[ledger] for ledger in ledgers]
@@ -168,6 +171,11 @@ class SpilledMembership:
                         held[i], roaring[i] = runs, b""
                     else:
                         held[i], roaring[i] = None, packed
+        if ledgers and len(held) == len(ledgers) and all(bm is not None for bm in held.values()):
+            # Every ledger a few runs (a dense bucket): the index would hold it in as few bytes
+            # and answer faster; the caller opens it.
+            self.dense += 1
+            return False
         column = ids.astype(dtype)
         if roaring:
             cuts = np.cumsum(counts).tolist()

@@ -1052,7 +1052,7 @@ class BucketTracker:
             m = self._membership
             stats["membership"] = {"spilled_buckets": len(m), "resident_bytes": m.resident_bytes(),
                                    "spill_bytes": m.spill_bytes(), "spills": m.spills, "questions": m.questions,
-                                   "evictions": m.evictions, "failures": m.failures}
+                                   "evictions": m.evictions, "failures": m.failures, "opened_dense": m.dense}
             return stats
 
     def operation_metrics(self) -> dict[str, Any]:
@@ -1296,7 +1296,7 @@ class BucketTracker:
         meta = self._read_entry0(bucket.path, bucket.ledger_id, bucket.key, bucket.summary)[0]
         live, _ = split_positions(bucket, meta, bucket.current, need_skipped=False)
         if not self._membership.add(bucket.ledger_id, bucket.start_ledger, live):
-            self._open_bucket(bucket, meta)  # the spill file failed: hold its positions in memory
+            self._open_bucket(bucket, meta)  # a dense bucket, or the spill file failed: into the index
             return self._index.contains(ledger_id, entry_id)
         return bool(self._membership.contains(bucket.ledger_id, ledger_id, entry_id))
 
