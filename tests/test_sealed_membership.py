@@ -198,3 +198,29 @@ def test_a_dense_bucket_is_opened_by_a_question_rather_than_spilled(tmp_path):
         assert stats["unopened_buckets"] == 1 and stats["membership"]["opened_dense"] == 1
         assert stats["membership"]["spilled_buckets"] == 1
         t._check()
+
+
+def test_a_compaction_that_fails_halfway_leaves_every_bucket_answering(monkeypatch):
+    from pyroaring import BitMap
+    monkeypatch.setattr(sealed_membership, "_COMPACT_MIN", 0)
+    m = SpilledMembership(None, budget=10**9)
+    try:
+        m.add(1, 0, {0: BitMap(range(0, 60_000, 3))})
+        m.add(2, 10, {10: BitMap([1, 5]), 11: BitMap([7])})
+        m.add(3, 20, {20: BitMap([2, 9])})
+        m.forget(1)  # dropped regions dominate: the next spill compacts first
+        real, calls = os.pwrite, []
+
+        def second_write_fails(fd, data, offset):
+            calls.append(offset)
+            if len(calls) == 2:
+                raise OSError(5, "Input/output error")
+            return real(fd, data, offset)
+
+        monkeypatch.setattr(os, "pwrite", second_write_fails)
+        assert not m.add(4, 30, {30: BitMap([3])}) and m.failures == 1
+        monkeypatch.setattr(os, "pwrite", real)
+        assert m.contains(2, 10, 5) and m.contains(2, 11, 7) and not m.contains(2, 11, 5)
+        assert m.contains(3, 20, 9) and not m.contains(3, 20, 3) and m.contains(4, 30, 3) is None
+    finally:
+        m.close()

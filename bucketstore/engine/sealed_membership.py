@@ -244,15 +244,20 @@ class SpilledMembership:
     def _compact(self) -> None:
         """Copy the spilled buckets' regions to a new file, dropping the regions of forgotten ones."""
         old, new = self._file, self._make_file()
-        end = 0
-        for rec in self._by_bucket.values():
-            if rec.size:
-                data = os.pread(old.fileno(), rec.size, rec.base)
-                if os.pwrite(new.fileno(), data, end) != rec.size:
-                    new.close()
-                    raise OSError("spill file: short write while compacting")
-            rec.base = end
-            end += rec.size
+        bases, end = [], 0
+        try:
+            for rec in self._by_bucket.values():
+                if rec.size:
+                    data = os.pread(old.fileno(), rec.size, rec.base)
+                    if len(data) != rec.size or os.pwrite(new.fileno(), data, end) != rec.size:
+                        raise OSError("spill file: short read or write while compacting")
+                bases.append(end)
+                end += rec.size
+        except BaseException:
+            new.close()  # the old file and every directory stay as they were
+            raise
+        for rec, base in zip(self._by_bucket.values(), bases):
+            rec.base = base
         self._file, self._end = new, end
         old.close()
 
