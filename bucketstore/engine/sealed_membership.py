@@ -112,9 +112,6 @@ class SpilledMembership:
     def __len__(self) -> int:
         return len(self._by_bucket)
 
-    def holds(self, bucket_id: int) -> bool:
-        return bucket_id in self._by_bucket
-
     def contains(self, bucket_id: int, ledger_id: int, entry_id: int) -> bool | None:
         """Whether the spilled bucket holds the position; None when it is not spilled."""
         rec = self._by_bucket.get(bucket_id)
@@ -153,12 +150,11 @@ class SpilledMembership:
         code, dtype = ("H", "<u2") if top < 1 << 16 else ("I", "<u4") if top < _U32 else ("Q", "<u8")
         width = np.dtype(dtype).itemsize
         sizes = counts * width
-        # A ledger of long runs (a dense one: thousands of consecutive entries) is kept as its
-        # serialized 32-bit roaring bitmap, a few bytes a run, rather than thousands of ids.
-        # One of thousands of ids in a few runs is kept in memory: a few bytes of runs, an
-        # object of about 200 bytes, less than 0.2 byte an id (every ledger of a dense bucket).
-        roaring: dict[int, bytes] = {}
-        held: dict[int, BitMap | None] = {}
+        # A ledger of long runs of consecutive ids is kept as its serialized 32-bit roaring
+        # bitmap, a few bytes a run, rather than as its ids; one of thousands of ids in a few
+        # runs stays in memory as that bitmap (about 200 bytes, under 0.2 byte an id).
+        roaring: dict[int, bytes] = {}              # ledger index -> its bytes in the spill
+        held: dict[int, BitMap | None] = {}         # ledger index -> bitmap in memory, or None
         for i in np.flatnonzero(counts >= _ROARING_MIN).tolist():
             bm = bitmaps[i]
             if isinstance(bm, BitMap) and bm.max() - bm.min() < 2 * len(bm):
