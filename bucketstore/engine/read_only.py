@@ -157,6 +157,13 @@ class ReadOnlyTracker(BucketTracker):
             self._raise_if_gone(bucket, exc)
             raise
 
+    def _unopened_contains(self, bucket: SealedBucket, ledger_id: int, entry_id: int) -> bool:
+        try:
+            return super()._unopened_contains(bucket, ledger_id, entry_id)
+        except (CatalogError, OSError) as exc:
+            self._raise_if_gone(bucket, exc)
+            raise
+
     def _load_segment(self, bucket: SealedBucket) -> Run:
         try:
             return super()._load_segment(bucket)

@@ -44,6 +44,7 @@ from .identity import LedgerIdentityError, check_identity
 from .bucket_summary import BucketSummary, decode_summary, encode_summary, summary_mismatch
 from .seal_pipeline import SealJob
 from .sealed_bucket import BucketMap, SealedBucket, split_positions
+from .sealed_membership import SpilledMembership
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
 from ..format.snapshot import BucketFile, BucketMetadata, bucket_key, parse_bucket_key
 from .store_services import StoreServices
@@ -97,6 +98,8 @@ class BucketTracker:
         self._unopened_rows = 0
         #: The journal's durable frontier at recovery: what opening a bucket later applies.
         self._recovered_frontier: tuple[int, int, int] | None = None
+        #: What contains_message knows of unopened buckets without opening them.
+        self._membership = SpilledMembership(None if self._read_only else store.ledgers_dir)
         # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
         # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
         # 2**bits - 1 ms early (late instead, never early, when deliver_at_time_strict).
@@ -782,7 +785,9 @@ class BucketTracker:
         with self._lock:
             self._check_alive()
             if self._unopened and ledger_id <= self._buckets.newest_end:
-                self._open_covering(ledger_id)
+                bucket = self._buckets.covering(ledger_id)
+                if bucket is not None and not bucket.opened:
+                    return self._unopened_contains(bucket, ledger_id, entry_id)
             return self._index.contains(ledger_id, entry_id)
 
     @property
@@ -1050,6 +1055,7 @@ class BucketTracker:
             self._index.clear()
             self._held_drained = []
             self._unopened = self._unopened_rows = 0
+            self._membership.close()
         self._store.tracker_closed(self)
         with self._lock:
             self._raise_failure()
@@ -1080,7 +1086,7 @@ class BucketTracker:
                 "loaded_indexes": loaded,
                 "snapshot_size_bytes": sum(b.size for b in self._buckets.values()),
                 "memory_bytes": ((loaded + ahead) * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
-                                 + 200 * len(self._buckets)),
+                                 + self._membership.resident_bytes() + 200 * len(self._buckets)),
                 "mutable_bucket_range": [self._mutable.start_ledger, self._mutable.end_ledger],
                 "queue_entries": len(self._queue),
                 "cutoff": self._cutoff.value,
@@ -1099,6 +1105,10 @@ class BucketTracker:
             waits = self._ops.ops["backpressure"]
             stats["backpressure"] = {"waits": waits.succeeded, "wait_seconds": round(waits.observed_seconds, 6),
                                      "store": self._store.budget.as_dict()}
+            m = self._membership
+            stats["membership"] = {"spilled_buckets": len(m), "resident_bytes": m.resident_bytes(),
+                                   "spill_bytes": m.spill_bytes(), "spills": m.spills, "questions": m.questions,
+                                   "evictions": m.evictions, "failures": m.failures, "opened_dense": m.dense}
             return stats
 
     def operation_metrics(self) -> dict[str, Any]:
@@ -1330,6 +1340,21 @@ class BucketTracker:
     def _forget_unopened(self, bucket: SealedBucket) -> None:
         self._unopened -= 1
         self._unopened_rows -= bucket.pending_indexes
+        self._membership.forget(bucket.ledger_id)
+
+    def _unopened_contains(self, bucket: SealedBucket, ledger_id: int, entry_id: int) -> bool:
+        """``contains_message`` on an unopened bucket's ledger, without opening it: the index holds
+        nothing of its ledgers yet, and its live positions are those recovery left it (see
+        :mod:`~bucketstore.engine.sealed_membership`). Raises what opening it would raise."""
+        answer = self._membership.contains(bucket.ledger_id, ledger_id, entry_id)
+        if answer is not None:
+            return answer
+        meta = self._read_entry0(bucket.path, bucket.ledger_id, bucket.key, bucket.summary)[0]
+        live, _ = split_positions(bucket, meta, bucket.current, need_skipped=False)
+        if not self._membership.add(bucket.ledger_id, bucket.start_ledger, live):
+            self._open_bucket(bucket, meta)  # a dense bucket, or the spill file failed: into the index
+            return self._index.contains(ledger_id, entry_id)
+        return bool(self._membership.contains(bucket.ledger_id, ledger_id, entry_id))
 
     def _load_segment(self, bucket: SealedBucket) -> Run:
         """The shared queue's loader: open the bucket on its first load, then read the segment."""

@@ -325,6 +325,9 @@ class JournalBounds:
         old, new = self.before.recoverable.get(position), self.after.recoverable.get(position)
         if old is None or new is None or old == new:
             return new if new is not None else old
+        # The index holds a sealed bucket's positions once the bucket is opened; contains_message
+        # does not open it (it answers from a spilled copy), so open it here.
+        tracker._open_covering(position[0])
         return new if not tracker._index.is_live(*position, old) else old
 
 

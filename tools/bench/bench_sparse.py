@@ -16,6 +16,12 @@ bytes per index = (RSS after - RSS before) / N. The dense case (every entry
 delayed, fixed delay) is measured the same way for comparison.
 
     PYTHONPATH=. python tools/bench/bench_sparse.py [--indexes 10000000] [--shapes 1,10,dense] [--repeat 3]
+                                                    [--use 20000] [--baseline /path/to/other/checkout]
+
+``--use N`` goes on as a broker does after the open: ``contains_message`` of N random
+positions (random ledgers, so every bucket) and the first batch due a minute after the
+first index, then notes the RSS again. ``--baseline`` opens each store with another
+checkout's bucketstore too, alternating, for ratios measured under the same load.
 """
 
 from __future__ import annotations
@@ -50,18 +56,38 @@ def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 before = rss()
+now = [int(sys.argv[2])]
 start = time.perf_counter()
 store = bucketstore.open(sys.argv[1], durability="sealed")
-t = store.tracker("t", TrackerConfig(), lambda: int(sys.argv[2]))
+t = store.tracker("t", TrackerConfig(), lambda: now[0])
 first = t.next_delivery_time()
 elapsed = time.perf_counter() - start
-print(json.dumps({"seconds": elapsed, "rss_growth": rss() - before, "held": t.number_of_delayed_messages,
-                  "first": first}))
+out = {"seconds": elapsed, "rss_growth": rss() - before, "held": t.number_of_delayed_messages, "first": first}
+uses, ledgers = int(sys.argv[3]), int(sys.argv[4])
+if uses:
+    # Used as a broker would: membership questions on random positions of every ledger (so every
+    # bucket), then the first due batch.
+    import random
+    from array import array
+    rng = random.Random(1)
+    # Two flat arrays, not 20,000 tuples: the questions must not weigh in the RSS measured after.
+    asked_l = array("Q", (rng.randrange(1, ledgers + 1) for _ in range(uses)))
+    asked_e = array("Q", (rng.randrange(10_000) for _ in range(uses)))
+    started = time.perf_counter()
+    hits = sum(t.contains_message(l, e) for l, e in zip(asked_l, asked_e))
+    out["contains_seconds"] = time.perf_counter() - started
+    now[0] = first + 60_000  # a minute's worth is due
+    started = time.perf_counter()
+    out["batch"] = len(t.get_scheduled_messages(10_000))
+    out["batch_seconds"] = time.perf_counter() - started
+    out["hits"] = hits
+    out["used_rss_growth"] = rss() - before
+print(json.dumps(out))
 """
 
 
-def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> int:
-    """Write the store; return its ledger files' total size."""
+def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> tuple[int, int]:
+    """Write the store; return its ledger files' total size and its last ledger id."""
     rng = np.random.default_rng(seed)
     total_bytes = 0
     with Store(path, durability="sealed") as store:
@@ -93,12 +119,18 @@ def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> int:
             total_bytes += os.path.getsize(file)
             done += k
             next_entry = (hi + 1 - 1) * LEDGER_ENTRIES  # the next ledger after this bucket's last
-    return total_bytes
+            last_ledger = hi
+    return total_bytes, last_ledger
 
 
-def recover(path: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, path, str(EPOCH)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..")})
+HERE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def recover(path: str, uses: int = 0, ledgers: int = 0, tree: str = HERE) -> dict:
+    """Open the store in a fresh process importing bucketstore from ``tree`` (this checkout, or
+    the baseline's)."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, path, str(EPOCH), str(uses), str(ledgers)], capture_output=True,
+                         text=True, cwd=tree, env={**os.environ, "PYTHONPATH": tree})
     if out.returncode:
         raise SystemExit(f"recovery failed:\n{out.stderr}")
     return json.loads(out.stdout)
@@ -110,18 +142,29 @@ def main() -> int:
     p.add_argument("--bucket", type=int, default=500_000, help="indexes per sealed bucket")
     p.add_argument("--shapes", default="1,10,dense", help="comma-separated: percent delayed, or dense")
     p.add_argument("--repeat", type=int, default=3, help="recoveries per store (fresh process each)")
+    p.add_argument("--use", type=int, default=0, metavar="N",
+                   help="after the open, ask contains_message of N random positions (every ledger, so "
+                        "every bucket) and take the first due batch; report their time and the RSS after")
+    p.add_argument("--baseline", metavar="TREE",
+                   help="also open each store with the bucketstore of this checkout (e.g. /work/main), "
+                        "alternating with this one, and print its figures and the ratios")
     args = p.parse_args()
     print(f"$ PYTHONPATH=. python tools/bench/bench_sparse.py --indexes {args.indexes} --bucket {args.bucket} "
-          f"--shapes {args.shapes} --repeat {args.repeat}")
+          f"--shapes {args.shapes} --repeat {args.repeat}" + (f" --use {args.use}" if args.use else "")
+          + (f" --baseline {args.baseline}" if args.baseline else ""))
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu(s)")
     n = args.indexes
     recovery_target = TARGETS["recovery_s"].get(n)
     for shape in args.shapes.split(","):
         with tempfile.TemporaryDirectory(dir=os.environ.get("BUCKETSTORE_BENCH_DIR")) as tmp:
             started = time.perf_counter()
-            disk = generate(tmp, shape, n, args.bucket, 0)
+            disk, last_ledger = generate(tmp, shape, n, args.bucket, 0)
             built = time.perf_counter() - started
-            runs = [recover(tmp) for _ in range(args.repeat)]
+            runs, base = [], []
+            for _ in range(args.repeat):  # alternating: a shared machine's load hits both alike
+                runs.append(recover(tmp, args.use, last_ledger))
+                if args.baseline:
+                    base.append(recover(tmp, args.use, last_ledger, os.path.abspath(args.baseline)))
         held = runs[0]["held"]
         seconds = statistics.median(r["seconds"] for r in runs)
         resident = statistics.median(r["rss_growth"] for r in runs) / held
@@ -136,7 +179,30 @@ def main() -> int:
               f"{'ok' if resident <= TARGETS['resident'] else 'MISSED'}")
         print(f"  disk     {disk / held:.2f} B/index  (target <= {TARGETS['disk']}) "
               f"{'ok' if disk / held <= TARGETS['disk'] else 'MISSED'}")
+        if args.use:
+            _print_use(args.use, runs, held, None)
+        if base:
+            print(f"  baseline {args.baseline}: recovery {statistics.median(r['seconds'] for r in base):.2f} s, "
+                  f"resident {statistics.median(r['rss_growth'] for r in base) / held:.2f} B/index")
+            if args.use:
+                _print_use(args.use, base, held, runs)
     return 0
+
+
+def _print_use(uses: int, runs: list[dict], held: int, ours: list[dict] | None) -> None:
+    used = statistics.median(r["used_rss_growth"] for r in runs) / held
+    asked = statistics.median(r["contains_seconds"] for r in runs)
+    batch = statistics.median(r["batch_seconds"] for r in runs)
+    line = (f"  used: {uses:,} contains_message {asked:.2f} s ({runs[0]['hits']} tracked), first due batch of "
+            f"{runs[0]['batch']} {batch:.3f} s; resident after {used:.2f} B/index")
+    if ours is None:
+        line += f"  (target <= {TARGETS['resident']}) {'ok' if used <= TARGETS['resident'] else 'MISSED'}"
+    else:  # the baseline's line: this checkout's time over the baseline's, run by run
+        ratios = [(o["contains_seconds"] + o["batch_seconds"]) / (b["contains_seconds"] + b["batch_seconds"])
+                  for o, b in zip(ours, runs)]
+        line += (f"; this checkout's questions + batch over the baseline's: "
+                 + ", ".join(f"{r:.2f}" for r in ratios) + "  (target <= 2)")
+    print(line)
 
 
 if __name__ == "__main__":
