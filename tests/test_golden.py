@@ -20,7 +20,7 @@ from pyroaring import BitMap, BitMap64
 
 from bucketstore.format.segment_codec import encode_segment
 from bucketstore.format.snapshot import BucketFile, BucketMetadata, SegmentMetadata, write_bucket
-from bucketstore.cli.verify import verify_file
+from bucketstore.checking.ledger_check import verify_file
 
 GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
 FILES = sorted(glob.glob(os.path.join(GOLDEN, "*.ledger")))

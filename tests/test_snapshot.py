@@ -13,7 +13,7 @@ from bucketstore.format.snapshot import (BucketFile, BucketMetadata, MetadataCod
                                   build_bucket, cut_segments, decode_metadata, encode_metadata, parse_bucket_key,
                                   ledger_bitmaps, segment_bitmaps, serialized_bitmaps, sort_indexes, write_bucket)
 from bucketstore.format import snapshot
-from bucketstore.cli.verify import verify_file
+from bucketstore.checking.ledger_check import verify_file
 
 
 def cut_model(ts: list[int], time_step: int, max_indexes: int) -> list[tuple[int, int]]:

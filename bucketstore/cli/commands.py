@@ -27,8 +27,8 @@ from . import plot, repair
 from .dump import describe_file, looks_like_ledger, render_text
 from .progress import Progress
 from .simulate import add_arguments, run_from_args
-from .store_check import NOT_A_STORE, describe_store, is_store, verify_store
-from .verify import ledger_files_under, verify_paths
+from ..checking.store_check import NOT_A_STORE, describe_store, is_store, verify_store
+from ..checking.ledger_check import ledger_files_under, verify_paths
 
 __all__ = ["main", "EXIT_OK", "EXIT_DAMAGE", "EXIT_USAGE"]
 

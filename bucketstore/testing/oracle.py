@@ -42,7 +42,7 @@ from typing import Any
 from bucketstore.engine.journal import journal_directory, parse_file
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key
-from bucketstore.cli.verify import verify_file
+from bucketstore.checking.ledger_check import verify_file
 
 Triple = tuple[int, int, int]  # (deliver_at, ledger, entry)
 Position = tuple[int, int]

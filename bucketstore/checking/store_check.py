@@ -40,7 +40,7 @@ from ..engine.journal import journal_directory, parse_file
 from ..errors import CatalogError, CorruptLedgerError, JournalError
 from ..format.ledger_file import ledger_file_name
 from ..format.snapshot import BucketFile, parse_bucket_key
-from .verify import FileReport, Finding, check_file
+from .ledger_check import FileReport, Finding, check_file
 
 __all__ = ["is_store", "NOT_A_STORE", "describe_store", "verify_store"]
 
