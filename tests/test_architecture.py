@@ -7,8 +7,8 @@ nothing is imported) and hold the dependency rules the subpackages' ``__init__``
   with the root leaves (config, errors, cutoff, waiting) under all of them, the api modules (``aio``,
   ``metrics``: root modules an embedder imports, built on the engine) above it, ``checking`` (offline
   checks as a library: a peer of the api, so that the cli and the testing kit share it without the
-  kit importing the cli), and ``spark`` and ``testing`` on top; nothing in the product imports
-  ``bucketstore.testing``;
+  kit importing the cli), and ``spark`` and ``testing`` on top (``testing`` never imports ``cli``);
+  nothing in the product imports ``bucketstore.testing``;
 * third-party imports: the core needs only the core dependencies; PySpark and pyarrow only in
   ``bucketstore.spark``; hypothesis only in ``bucketstore.testing.state_machine``; tqdm only in
   ``bucketstore.cli`` (the library never prints); matplotlib only in ``bucketstore.cli.plot``;
@@ -48,7 +48,8 @@ ALLOWED = {
     "facade": {"leaf", "format", "memory", "engine", "api", "checking", "cli", "facade"},
     "cli": {"leaf", "format", "memory", "engine", "api", "checking", "facade"},
     "spark": {"leaf", "format", "memory", "engine", "api", "checking", "cli", "facade"},
-    "testing": {"leaf", "format", "memory", "engine", "api", "checking", "cli", "facade"},
+    # The kit checks files through ``checking``, never through the command line.
+    "testing": {"leaf", "format", "memory", "engine", "api", "checking", "facade"},
 }
 
 
