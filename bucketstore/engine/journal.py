@@ -46,6 +46,10 @@ Records (msgpack arrays):
 ``["c"]``
     the start of a checkpoint (first record of a file); ``["e"]`` its end
 
+The bytes (header, group framing, records) are encoded and parsed by
+:mod:`bucketstore.format.journal_codec`; this module owns the files: appending, fsync, the
+checkpoint's rename, cutting a torn tail, and replay.
+
 :func:`read_journal` reads a journal from another process or a read-only handle (and
 :func:`read_frontier` its frontier, for the Spark reader) with replay's parsing
 (:func:`parse_file`) but none of its repairs.
@@ -56,20 +60,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import msgpack
 import numpy as np
-from crc32c import crc32c as crc32c_of
 
 from ..errors import JournalError
 from ..format.fs import REAL_FS, FileSystem
-from ..format.journal_codec import (_GROUP, _HEADER, _IDENTITY, _LE, _MAX_NAME, _U64, MAGIC, VERSION, ParsedFile,
-                                    _parse_header, parse_file)
-from ..format.ledger_file import masked_crc32c
+from ..format.journal_codec import (CHECKPOINT_END, CHECKPOINT_START, MAX_HEADER_SIZE, ParsedFile, encode_add,
+                                    encode_add_one, encode_frontier, encode_header, encode_untrack, frame_group,
+                                    parse_file, parse_header)
 
 __all__ = ["Journal", "JournalState", "FdPool", "journal_directory", "has_journal", "read_frontier",
            "read_identity", "read_journal", "list_files", "newest_checkpoint"]
@@ -230,18 +231,17 @@ class Journal:
     def add_rows(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> None:
         self._urgent = True
         self._lazy_last = False
-        self._pending.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
-                                            np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))
+        self._pending.append(encode_add(ledgers, entries, ts))
 
     def add_one(self, ledger_id: int, entry_id: int, ts: int) -> None:
         self._urgent = True
         self._lazy_last = False
-        self._pending.append(msgpack.packb(["a", _U64.pack(ledger_id), _U64.pack(entry_id), _U64.pack(ts)]))
+        self._pending.append(encode_add_one(ledger_id, entry_id, ts))
 
     def untrack(self, ledger_id: int, entry_id: int) -> None:
         self._urgent = True
         self._lazy_last = False
-        self._pending.append(msgpack.packb(["x", ledger_id, entry_id]))
+        self._pending.append(encode_untrack(ledger_id, entry_id))
 
     def frontier(self, key: tuple[int, int, int], *, lazy: bool = False) -> None:
         """Append a frontier record.
@@ -255,7 +255,7 @@ class Journal:
             self._urgent = True
         # Consecutive lazy frontiers in one pending group: only the largest matters (replay
         # keeps the maximum), so a drain that commits once per window writes one record.
-        record = msgpack.packb(["f", *key])
+        record = encode_frontier(key)
         if lazy and self._lazy_last and self._pending:
             self._pending[-1] = record
         else:
@@ -287,8 +287,7 @@ class Journal:
         with self._fd_lock:  # the pool must not close the descriptor mid-write
             try:
                 fd = self._ensure_fd()
-                self._fs.write(fd, _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(self._number))))
-                               + body)
+                self._fs.write(fd, frame_group(self._number, body))
                 # Never retried: after a failed fsync the kernel may have dropped the
                 # dirty pages, and a second fsync could report success for lost data.
                 self._fs.fsync(fd)
@@ -313,15 +312,6 @@ class Journal:
             fd, self._fd = self._fd, -1
             self._fs.close(fd)
 
-    def _header(self, number: int) -> bytes:
-        if self.identity is None:
-            head = _HEADER.pack(MAGIC, 1, 0, number)
-        else:
-            store_id, tracker = self.identity
-            name = tracker.encode("utf-8")
-            head = _HEADER.pack(MAGIC, VERSION, 0, number) + _IDENTITY.pack(bytes.fromhex(store_id), len(name)) + name
-        return head + struct.pack("<I", masked_crc32c(head))
-
     def _current_path(self) -> str:
         return os.path.join(self.directory, f"{self._number:020d}.journal")
 
@@ -330,12 +320,11 @@ class Journal:
         number = self._number + 1
         path = os.path.join(self.directory, f"{number:020d}.journal")
         tmp = path + ".tmp"
-        head = self._header(number)
-        body = b"".join([msgpack.packb(["c"]), *checkpoint, msgpack.packb(["e"])])
+        head = encode_header(number, self.identity)
+        body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
         fd = self._fs.create(tmp)
         try:
-            self._fs.write(fd, head + _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(number))))
-                           + body)
+            self._fs.write(fd, head + frame_group(number, body))
             self._fs.fsync(fd)
             self._fs.rename(tmp, path)
             self._fs.fsync_dir(self.directory)
@@ -373,16 +362,15 @@ class Journal:
                                                         f"{self._poisoned}")
         # Untracks first: they cancel rows of sealed buckets, which replay loads before
         # the records; the memory-only adds that follow may track a position anew.
-        records = [msgpack.packb(["x", ledger, entry]) for ledger, entry in untracked]
+        records = [encode_untrack(ledger, entry) for ledger, entry in untracked]
         # Unconfirmed deliveries after the untracks (one of them may be a ghost that the
         # replay must track again) and before the memory-only adds.
         if redeliver is not None and len(redeliver[0]):
-            records.append(msgpack.packb(["a", *(np.asarray(c, _LE).tobytes() for c in redeliver)]))
+            records.append(encode_add(*redeliver))
         if len(ledgers):
-            records.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
-                                          np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))
+            records.append(encode_add(ledgers, entries, ts))
         if frontier is not None:
-            records.append(msgpack.packb(["f", *frontier]))
+            records.append(encode_frontier(frontier))
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
@@ -407,11 +395,11 @@ def read_identity(path: str) -> tuple[str, str] | None:
     :raises OSError: the file cannot be read.
     """
     with open(path, "rb") as f:
-        data = f.read(_HEADER.size + _IDENTITY.size + _MAX_NAME + 4)
+        data = f.read(MAX_HEADER_SIZE)
     m = _FILE_NAME.match(os.path.basename(path))
     # A file under another name (a copy, a golden file) is judged by its own header's number.
     number = int(m.group(1)) if m else int.from_bytes(data[12:20], "little")
-    header = _parse_header(data, path, number, last=False)
+    header = parse_header(data, path, number, last=False)
     assert header is not None
     return header[1]
 

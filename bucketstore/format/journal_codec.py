@@ -19,7 +19,9 @@ from crc32c import crc32c as crc32c_of
 from ..errors import JournalError
 from .ledger_file import masked_crc32c
 
-__all__ = ["MAGIC", "VERSION", "ParsedFile", "parse_file", "frame_group", "header_size"]
+__all__ = ["MAGIC", "VERSION", "MAX_HEADER_SIZE", "ParsedFile", "parse_file", "parse_header", "header_size",
+           "encode_header", "frame_group", "encode_add", "encode_add_one", "encode_untrack", "encode_frontier",
+           "CHECKPOINT_START", "CHECKPOINT_END"]
 
 MAGIC = b"BKTJRNL\n"
 VERSION = 2
@@ -31,6 +33,45 @@ _GROUP = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
 _MAX_GROUP = 1 << 30
 _LE = np.dtype("<u8")
+#: The longest header a file can have (version 2 with the longest tracker name): enough to read its identity.
+MAX_HEADER_SIZE = _HEADER.size + _IDENTITY.size + _MAX_NAME + 4
+
+#: The records that open and close a checkpoint (the first group of every file).
+CHECKPOINT_START = msgpack.packb(["c"])
+CHECKPOINT_END = msgpack.packb(["e"])
+
+
+def encode_header(number: int, identity: tuple[str, str] | None) -> bytes:
+    """File ``number``'s header: version 2 carrying ``(store id, tracker name)``, or version 1
+    without an identity (``None``: tests of the file format alone)."""
+    if identity is None:
+        head = _HEADER.pack(MAGIC, 1, 0, number)
+    else:
+        store_id, tracker = identity
+        name = tracker.encode("utf-8")
+        head = _HEADER.pack(MAGIC, VERSION, 0, number) + _IDENTITY.pack(bytes.fromhex(store_id), len(name)) + name
+    return head + struct.pack("<I", masked_crc32c(head))
+
+
+def encode_add(ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> bytes:
+    """An ``a`` record: indexes tracked, as three little-endian uint64 columns."""
+    return msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(), np.asarray(entries, _LE).tobytes(),
+                          np.asarray(ts, _LE).tobytes()])
+
+
+def encode_add_one(ledger_id: int, entry_id: int, ts: int) -> bytes:
+    """An ``a`` record of one index (the same bytes as :func:`encode_add` of one row, without numpy)."""
+    return msgpack.packb(["a", _U64.pack(ledger_id), _U64.pack(entry_id), _U64.pack(ts)])
+
+
+def encode_untrack(ledger_id: int, entry_id: int) -> bytes:
+    """An ``x`` record: a position untracked by an expired re-add."""
+    return msgpack.packb(["x", ledger_id, entry_id])
+
+
+def encode_frontier(key: tuple[int, int, int]) -> bytes:
+    """An ``f`` record: the delivery frontier ``(timestamp, ledger_id, entry_id)``."""
+    return msgpack.packb(["f", *key])
 
 
 @dataclass(frozen=True)
@@ -58,7 +99,7 @@ def parse_file(data: bytes, path: str, number: int, *, last: bool,
         tracker or store, naming the file and offset.
     """
     size = len(data)
-    header = _parse_header(data, path, number, last=last)
+    header = parse_header(data, path, number, last=last)
     if header is None:
         return ParsedFile([], 0)  # a new file whose header never became durable
     header_size, owner = header
@@ -107,8 +148,8 @@ def parse_file(data: bytes, path: str, number: int, *, last: bool,
     return ParsedFile(records, None)
 
 
-def _parse_header(data: bytes, path: str, number: int, *, last: bool
-                  ) -> tuple[int, tuple[str, str] | None] | None:
+def parse_header(data: bytes, path: str, number: int, *, last: bool
+                 ) -> tuple[int, tuple[str, str] | None] | None:
     """The header's size and its (store id, tracker) (None for version 1); None for a
     torn header of the newest file."""
     size = len(data)
@@ -183,6 +224,6 @@ def frame_group(number: int, body: bytes) -> bytes:
 
 def header_size(data: bytes, path: str, number: int) -> int:
     """The size of a journal file's (intact) header: where its first group starts."""
-    header = _parse_header(data, path, number, last=False)
+    header = parse_header(data, path, number, last=False)
     assert header is not None
     return header[0]
