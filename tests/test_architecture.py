@@ -4,7 +4,7 @@ nothing is imported) and hold the dependency rules the subpackages' ``__init__``
 * no import cycle between modules, and no function-level import of the package's own modules
   (the usual way to hide one); ``if TYPE_CHECKING:`` imports count as edges too;
 * the layers point one way: ``format`` <- ``memory`` <- ``engine`` <- api, ``checking`` <- ``cli``,
-  with the root leaves (config, errors, cutoff, waiting) under all of them, the api modules (``aio``,
+  with the root leaves (config, errors, cutoff, waiting, tracker_protocol) under all of them, the api modules (``aio``,
   ``metrics``: root modules an embedder imports, built on the engine) above it, ``checking`` (offline
   checks as a library: a peer of the api, so that the cli and the testing kit share it without the
   kit importing the cli), and ``spark`` and ``testing`` on top (``testing`` never imports ``cli``);
@@ -29,7 +29,8 @@ import pytest
 import bucketstore
 
 PACKAGE = Path(bucketstore.__file__).parent
-ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff", "bucketstore.waiting"}
+ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff", "bucketstore.waiting",
+               "bucketstore.tracker_protocol"}
 FACADE = {"bucketstore", "bucketstore.__main__"}
 #: Root modules built on the engine for embedders (asyncio, metrics): above the engine, below the cli.
 API = {"bucketstore.aio", "bucketstore.metrics"}
