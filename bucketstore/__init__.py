@@ -22,6 +22,8 @@ from .engine.store import Store, open_store
 from .memory.timebucket import TimeBucketIndex
 from .memory.timebucket_tracker import TimeBucketTracker
 from .engine.tracker import BucketTracker
+from .checking import CheckReport, Finding, check, check_file
+from .tracker_protocol import DelayedDeliveryTracker, TrackerView
 from . import metrics  # bucketstore.metrics.prometheus_text(store)
 
 #: ``bucketstore.open(path)``: open or create a store (journal durability unless told
@@ -54,5 +56,11 @@ __all__ = [
     "MaintenanceError",
     "ReadOnlyError",
     "StaleSnapshotError",
+    "DelayedDeliveryTracker",
+    "TrackerView",
+    "check",
+    "check_file",
+    "CheckReport",
+    "Finding",
     "__version__",
 ]

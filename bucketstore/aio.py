@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .errors import StoreClosedError
+from .tracker_protocol import DelayedDeliveryTracker
 from .waiting import CancelToken
 
 __all__ = ["AsyncTracker", "next_due", "deliveries"]
@@ -36,13 +37,14 @@ Batch = list[tuple[int, int]]
 
 
 class AsyncTracker:
-    """The asyncio face of a tracker (any type with ``wait_scheduled``).
+    """The asyncio face of a tracker (a :class:`~bucketstore.DelayedDeliveryTracker`; only its
+    ``wait_scheduled`` is called).
 
     Calls on one ``AsyncTracker`` are served one at a time, in order; use one per
     consumer task (several on one tracker each get distinct positions).
     """
 
-    def __init__(self, tracker: Any) -> None:
+    def __init__(self, tracker: DelayedDeliveryTracker) -> None:
         self.tracker = tracker
         #: Batches taken by a thread whose await was cancelled, handed out first.
         self._held: list[Batch] = []
@@ -107,7 +109,7 @@ _wrappers: weakref.WeakKeyDictionary[Any, AsyncTracker] = weakref.WeakKeyDiction
 _wrappers_lock = threading.Lock()
 
 
-def _wrapper(tracker: Any) -> AsyncTracker:
+def _wrapper(tracker: DelayedDeliveryTracker) -> AsyncTracker:
     """One :class:`AsyncTracker` per tracker for the module functions (its held batches
     must outlive one call)."""
     with _wrappers_lock:
@@ -117,12 +119,12 @@ def _wrapper(tracker: Any) -> AsyncTracker:
         return wrapper
 
 
-async def next_due(tracker: Any, max_messages: int, timeout: float | None = None) -> Batch:
+async def next_due(tracker: DelayedDeliveryTracker, max_messages: int, timeout: float | None = None) -> Batch:
     """``await next_due(tracker, 100)``: :meth:`AsyncTracker.next_due` on the tracker's shared wrapper."""
     return await _wrapper(tracker).next_due(max_messages, timeout)
 
 
-def deliveries(tracker: Any, max_messages: int) -> AsyncIterator[Batch]:
+def deliveries(tracker: DelayedDeliveryTracker, max_messages: int) -> AsyncIterator[Batch]:
     """``async for batch in deliveries(tracker, 100)``: :meth:`AsyncTracker.deliveries` on the
     tracker's shared wrapper."""
     return _wrapper(tracker).deliveries(max_messages)

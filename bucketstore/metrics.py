@@ -154,7 +154,7 @@ def collect(store: Store) -> dict[str, Any]:
 
 
 def from_description(doc: dict[str, Any]) -> dict[str, Any]:
-    """The on-disk subset of :func:`collect`, from ``bucketstore.cli.store_check.describe_store``'s
+    """The on-disk subset of :func:`collect`, from ``bucketstore.checking.store_check.describe_store``'s
     document (read-only, beside a live writer): what the ``--prometheus`` flag of ``stats`` prints."""
     path = doc["store"]
     trackers = {name: {"sealed_indexes": t["indexes"], "buckets": len(t["buckets"]), "snapshot_bytes": t["bytes"],

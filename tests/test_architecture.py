@@ -3,10 +3,12 @@ nothing is imported) and hold the dependency rules the subpackages' ``__init__``
 
 * no import cycle between modules, and no function-level import of the package's own modules
   (the usual way to hide one); ``if TYPE_CHECKING:`` imports count as edges too;
-* the layers point one way: ``format`` <- ``memory`` <- ``engine`` <- api <- ``cli``, with the root
-  leaves (config, errors, cutoff, waiting) under all of them, the api modules (``aio``, ``metrics``:
-  root modules an embedder imports, built on the engine) above it, and ``spark`` and ``testing`` on
-  top; nothing in the product imports ``bucketstore.testing``;
+* the layers point one way: ``format`` <- ``memory`` <- ``engine`` <- api, ``checking`` <- ``cli``,
+  with the root leaves (config, errors, cutoff, waiting, tracker_protocol) under all of them, the api modules (``aio``,
+  ``metrics``: root modules an embedder imports, built on the engine) above it, ``checking`` (offline
+  checks as a library: a peer of the api, so that the cli and the testing kit share it without the
+  kit importing the cli), and ``spark`` and ``testing`` on top (``testing`` never imports ``cli``);
+  nothing in the product imports ``bucketstore.testing``;
 * third-party imports: the core needs only the core dependencies; PySpark and pyarrow only in
   ``bucketstore.spark``; hypothesis only in ``bucketstore.testing.state_machine``; tqdm only in
   ``bucketstore.cli`` (the library never prints); matplotlib only in ``bucketstore.cli.plot``;
@@ -27,7 +29,8 @@ import pytest
 import bucketstore
 
 PACKAGE = Path(bucketstore.__file__).parent
-ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff", "bucketstore.waiting"}
+ROOT_LEAVES = {"bucketstore.config", "bucketstore.errors", "bucketstore.cutoff", "bucketstore.waiting",
+               "bucketstore.tracker_protocol"}
 FACADE = {"bucketstore", "bucketstore.__main__"}
 #: Root modules built on the engine for embedders (asyncio, metrics): above the engine, below the cli.
 API = {"bucketstore.aio", "bucketstore.metrics"}
@@ -40,10 +43,14 @@ ALLOWED = {
     "memory": {"leaf", "format"},
     "engine": {"leaf", "format", "memory"},
     "api": {"leaf", "format", "memory", "engine"},
-    "facade": {"leaf", "format", "memory", "engine", "api", "cli", "facade"},
-    "cli": {"leaf", "format", "memory", "engine", "api", "facade"},
-    "spark": {"leaf", "format", "memory", "engine", "api", "cli", "facade"},
-    "testing": {"leaf", "format", "memory", "engine", "api", "cli", "facade"},
+    # Offline checking reads what the engine writes; the cli prints its reports, the testing kit
+    # asserts on them. It must not reach the cli (the kit would depend on the command line again).
+    "checking": {"leaf", "format", "memory", "engine"},
+    "facade": {"leaf", "format", "memory", "engine", "api", "checking", "cli", "facade"},
+    "cli": {"leaf", "format", "memory", "engine", "api", "checking", "facade"},
+    "spark": {"leaf", "format", "memory", "engine", "api", "checking", "cli", "facade"},
+    # The kit checks files through ``checking``, never through the command line.
+    "testing": {"leaf", "format", "memory", "engine", "api", "checking", "facade"},
 }
 
 

@@ -129,9 +129,9 @@ def test_usage_errors_exit_2(capsys, argv) -> None:
 
 
 def test_unexpected_error_is_one_line(capsys, monkeypatch) -> None:
-    def boom(paths, on_file=None):
+    def boom(path, on_file=None):
         raise RuntimeError("disk on fire")
-    monkeypatch.setattr(cli, "verify_paths", boom)
+    monkeypatch.setattr(cli, "check", boom)
     code, out, err = run(capsys, "verify", GOLDEN)
     assert code == 1 and err == "bucketstore: unexpected error: RuntimeError: disk on fire\n"
 

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from bucketstore.errors import CorruptLedgerError
 from bucketstore.format.snapshot import BucketFile
-from bucketstore.cli.verify import check_file
+from bucketstore.checking.ledger_check import check_file
 from corpus.framing import frame_ledger, split_ledger, trailer
 
 EXAMPLES = int(os.environ.get("BUCKETSTORE_FUZZ_EXAMPLES", "250"))

@@ -20,7 +20,7 @@ from pyroaring import BitMap, BitMap64
 
 from bucketstore.format.segment_codec import encode_segment
 from bucketstore.format.snapshot import BucketFile, BucketMetadata, SegmentMetadata, write_bucket
-from bucketstore.cli.verify import verify_file
+from bucketstore import check_file
 
 GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
 FILES = sorted(glob.glob(os.path.join(GOLDEN, "*.ledger")))
@@ -122,7 +122,7 @@ def test_golden_file_reads_as_its_json(path: str) -> None:
     got = _read_back(path)
     for key in ("header", "properties", "metadata"):
         assert got[key] == expected[key], key
-    assert verify_file(path) == []
+    assert check_file(path).findings == ()
 
 
 @pytest.mark.parametrize("path", FILES, ids=os.path.basename)

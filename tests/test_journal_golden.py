@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from bucketstore import JournalError
-from bucketstore.engine.journal import parse_file, read_identity
+from bucketstore.engine.journal import read_identity
+from bucketstore.format.journal_codec import parse_file
 
 GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
 sys.path.insert(0, GOLDEN)

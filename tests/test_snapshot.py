@@ -13,7 +13,7 @@ from bucketstore.format.snapshot import (BucketFile, BucketMetadata, MetadataCod
                                   build_bucket, cut_segments, decode_metadata, encode_metadata, parse_bucket_key,
                                   ledger_bitmaps, segment_bitmaps, serialized_bitmaps, sort_indexes, write_bucket)
 from bucketstore.format import snapshot
-from bucketstore.cli.verify import verify_file
+from bucketstore import check_file
 
 
 def cut_model(ts: list[int], time_step: int, max_indexes: int) -> list[tuple[int, int]]:
@@ -88,7 +88,7 @@ def test_bucket_round_trip_and_bitmaps_equal_contents(tmp_path_factory, rows, ca
             for ledger, bm in positions.items():
                 assert isinstance(bm, BitMap64) == (max(by_ledger[ledger]) >= 1 << 32)
     assert seen == list(zip(ts.tolist(), ledgers.tolist(), entries.tolist()))
-    assert verify_file(path) == []
+    assert check_file(path).findings == ()
 
 
 def test_build_bucket_refuses_bad_input() -> None:

@@ -104,7 +104,7 @@ def test_version_1_buckets_using_version_2_codecs_and_a_wrong_bucket_key_fail_wh
     """bucket_snapshot.md: bucket_key [24]; in a version-1 bucket, zstd entry 0 at [0] of entry 0, a zstd
     segment at [0] of the segment, a FRAME/PACKED column at its kind byte."""
     from bucketstore import CorruptLedgerError
-    from bucketstore.cli.verify import check_file
+    from bucketstore.checking.ledger_check import check_file
     from bucketstore.format.ledger_file import LedgerReader
     from bucketstore.format.snapshot import BucketFile
 

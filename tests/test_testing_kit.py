@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import doctest
 import itertools
+import types
 from pathlib import Path
 
 import pytest
 
 import bucketstore
+import bucketstore.checking
 import bucketstore.testing
 from bucketstore.testing import DAMAGES, FakeClock, crash_each_point
 from bucketstore.testing import clock as clock_module
@@ -36,6 +38,15 @@ def test_every_public_name_is_documented() -> None:
         obj = getattr(bucketstore.testing, name)
         if callable(obj) and not isinstance(obj, type(DAMAGES[0])):
             assert (obj.__doc__ or "").strip(), f"bucketstore.testing.{name} has no docstring"
+
+
+@pytest.mark.parametrize("package", [bucketstore.testing, bucketstore.checking],
+                         ids=lambda m: m.__name__)
+def test_all_lists_exactly_the_public_names(package: types.ModuleType) -> None:
+    """``from bucketstore.testing import *`` and the docs see what the package offers, no less, no more."""
+    public = {name for name, value in vars(package).items()
+              if not name.startswith("_") and not isinstance(value, types.ModuleType) and name != "annotations"}
+    assert sorted(public) == sorted(package.__all__)
 
 
 def _journal_workload(store: bucketstore.Store, acknowledged: list) -> None:

@@ -19,7 +19,7 @@ from bucketstore.engine.catalog import Catalog
 from bucketstore.engine.upgrade import upgrade_store
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, build_bucket, write_bucket
-from bucketstore.cli.store_check import verify_store
+from bucketstore.checking.store_check import verify_store
 
 from helpers import as_format1_catalog
 

@@ -27,8 +27,9 @@ from . import plot, repair
 from .dump import describe_file, looks_like_ledger, render_text
 from .progress import Progress
 from .simulate import add_arguments, run_from_args
-from .store_check import NOT_A_STORE, describe_store, is_store, verify_store
-from .verify import ledger_files_under, verify_paths
+from ..checking import check
+from ..checking.ledger_check import ledger_files_under
+from ..checking.store_check import NOT_A_STORE, describe_store, is_store
 
 __all__ = ["main", "EXIT_OK", "EXIT_DAMAGE", "EXIT_USAGE"]
 
@@ -159,37 +160,25 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         # one with neither a store nor a ledger file in it is a wrong path, not "0 files: ok".
         if os.path.isdir(path) and not is_store(path) and not ledger_files_under(path):
             raise UsageError(f"{path}: {NOT_A_STORE}, and holds no *.ledger file")
-    files = segments = indexes = in_flight = 0
-    findings_all = []
-    plain = []
+    # Stores first, then files and directories, as verify has always listed them.
+    order = [p for p in args.paths if is_store(p)] + [p for p in args.paths if not is_store(p)]
     # A bar on a terminal only: scripts read verify's stderr, so nothing is added there in a pipe.
     with Progress("verify", None, unit="file", line_when_piped=False) as bar:
-        for path in args.paths:
-            if not is_store(path):
-                plain.append(path)
-                continue
-            findings, counts = verify_store(path, on_file=bar.update)
-            findings_all += findings
-            files += counts["files"]
-            segments += counts["segments"]
-            indexes += counts["indexes"]
-            in_flight += counts["in_flight"]
-        reports = verify_paths(plain, on_file=bar.update) if plain else []
-    for report in reports:
-        findings_all += report.findings
-    for finding in findings_all:
+        reports = [check(path, on_file=bar.update) for path in order]
+    findings = [finding for report in reports for finding in report.findings]
+    for finding in findings:
         print(finding)
-    files += len(reports)
-    damage = [finding for finding in findings_all if not finding.warning]
-    warnings = len(findings_all) - len(damage)
+    damage = [finding for report in reports for finding in report.damage]
+    warnings = len(findings) - len(damage)
     summary = (f"{len(damage)} problem(s) in {len({finding.path for finding in damage})} file(s)" if damage
                else "ok")
     if warnings:
         summary += f", {warnings} warning(s)"
+    in_flight = sum(r.in_flight for r in reports)
     if in_flight:
         summary += f" ({in_flight} file(s) in flight beside the live writer)"
-    print(f"verified {files} file(s), {segments + sum(r.segments for r in reports)} segment(s), "
-          f"{indexes + sum(r.indexes for r in reports)} index(es): " + summary)
+    print(f"verified {sum(r.files for r in reports)} file(s), {sum(r.segments for r in reports)} segment(s), "
+          f"{sum(r.indexes for r in reports)} index(es): " + summary)
     return EXIT_DAMAGE if damage else EXIT_OK
 
 

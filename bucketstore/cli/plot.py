@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import BucketStoreError
 from ..format.snapshot import BucketFile
-from .store_check import describe_store
+from ..checking.store_check import describe_store
 
 __all__ = ["PlotUnavailable", "due_times", "write_due_plot", "run"]
 

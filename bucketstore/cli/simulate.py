@@ -40,7 +40,7 @@ from ..engine.catalog import read_catalog_snapshot
 from ..engine.store import open_store
 from ..engine.tracker import BucketTracker
 from .progress import Progress
-from .store_check import NOT_A_STORE, is_store
+from ..checking.store_check import NOT_A_STORE, is_store
 from .simulate_journal import JournalSimulationConfig, format_journal_report, run_journal_simulation
 
 __all__ = ["SimulationConfig", "SimulationReport", "run_simulation", "add_arguments", "run_from_args",

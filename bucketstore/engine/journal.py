@@ -46,6 +46,10 @@ Records (msgpack arrays):
 ``["c"]``
     the start of a checkpoint (first record of a file); ``["e"]`` its end
 
+The bytes (header, group framing, records) are encoded and parsed by
+:mod:`bucketstore.format.journal_codec`; this module owns the files: appending, fsync, the
+checkpoint's rename, cutting a torn tail, and replay.
+
 :func:`read_journal` reads a journal from another process or a read-only handle (and
 :func:`read_frontier` its frontier, for the Spark reader) with replay's parsing
 (:func:`parse_file`) but none of its repairs.
@@ -56,36 +60,23 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-import msgpack
 import numpy as np
-from crc32c import crc32c as crc32c_of
 
 from ..errors import JournalError
 from ..format.fs import REAL_FS, FileSystem
-from ..format.ledger_file import masked_crc32c
+from ..format.journal_codec import (CHECKPOINT_END, CHECKPOINT_START, MAX_HEADER_SIZE, ParsedFile, encode_add,
+                                    encode_add_one, encode_frontier, encode_header, encode_untrack, frame_group,
+                                    parse_file, parse_header)
 
-__all__ = ["Journal", "JournalState", "ParsedFile", "FdPool", "journal_directory", "has_journal", "parse_file",
-           "read_frontier", "read_identity", "read_journal", "frame_group", "header_size", "list_files",
-           "newest_checkpoint"]
+__all__ = ["Journal", "JournalState", "FdPool", "journal_directory", "has_journal", "read_frontier",
+           "read_identity", "read_journal", "list_files", "newest_checkpoint"]
 
-MAGIC = b"BKTJRNL\n"
-VERSION = 2
-_HEADER = struct.Struct("<8sHHQ")
-_HEADER_SIZE = _HEADER.size + 4  # version 1: no identity
-_IDENTITY = struct.Struct("<16sH")  # version 2: store id, tracker name length (the name follows)
-_MAX_NAME = 1 << 10
 _DIR_PREFIX = 48
-_GROUP = struct.Struct("<II")
-_U64 = struct.Struct("<Q")
 _FILE_NAME = re.compile(r"^(\d{20})\.journal$")
-_MAX_GROUP = 1 << 30
-_LE = np.dtype("<u8")
 
 
 def journal_directory(store_path: str, tracker: str) -> str:
@@ -240,18 +231,17 @@ class Journal:
     def add_rows(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray) -> None:
         self._urgent = True
         self._lazy_last = False
-        self._pending.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
-                                            np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))
+        self._pending.append(encode_add(ledgers, entries, ts))
 
     def add_one(self, ledger_id: int, entry_id: int, ts: int) -> None:
         self._urgent = True
         self._lazy_last = False
-        self._pending.append(msgpack.packb(["a", _U64.pack(ledger_id), _U64.pack(entry_id), _U64.pack(ts)]))
+        self._pending.append(encode_add_one(ledger_id, entry_id, ts))
 
     def untrack(self, ledger_id: int, entry_id: int) -> None:
         self._urgent = True
         self._lazy_last = False
-        self._pending.append(msgpack.packb(["x", ledger_id, entry_id]))
+        self._pending.append(encode_untrack(ledger_id, entry_id))
 
     def frontier(self, key: tuple[int, int, int], *, lazy: bool = False) -> None:
         """Append a frontier record.
@@ -265,7 +255,7 @@ class Journal:
             self._urgent = True
         # Consecutive lazy frontiers in one pending group: only the largest matters (replay
         # keeps the maximum), so a drain that commits once per window writes one record.
-        record = msgpack.packb(["f", *key])
+        record = encode_frontier(key)
         if lazy and self._lazy_last and self._pending:
             self._pending[-1] = record
         else:
@@ -297,8 +287,7 @@ class Journal:
         with self._fd_lock:  # the pool must not close the descriptor mid-write
             try:
                 fd = self._ensure_fd()
-                self._fs.write(fd, _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(self._number))))
-                               + body)
+                self._fs.write(fd, frame_group(self._number, body))
                 # Never retried: after a failed fsync the kernel may have dropped the
                 # dirty pages, and a second fsync could report success for lost data.
                 self._fs.fsync(fd)
@@ -323,15 +312,6 @@ class Journal:
             fd, self._fd = self._fd, -1
             self._fs.close(fd)
 
-    def _header(self, number: int) -> bytes:
-        if self.identity is None:
-            head = _HEADER.pack(MAGIC, 1, 0, number)
-        else:
-            store_id, tracker = self.identity
-            name = tracker.encode("utf-8")
-            head = _HEADER.pack(MAGIC, VERSION, 0, number) + _IDENTITY.pack(bytes.fromhex(store_id), len(name)) + name
-        return head + struct.pack("<I", masked_crc32c(head))
-
     def _current_path(self) -> str:
         return os.path.join(self.directory, f"{self._number:020d}.journal")
 
@@ -340,12 +320,11 @@ class Journal:
         number = self._number + 1
         path = os.path.join(self.directory, f"{number:020d}.journal")
         tmp = path + ".tmp"
-        head = self._header(number)
-        body = b"".join([msgpack.packb(["c"]), *checkpoint, msgpack.packb(["e"])])
+        head = encode_header(number, self.identity)
+        body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
         fd = self._fs.create(tmp)
         try:
-            self._fs.write(fd, head + _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(number))))
-                           + body)
+            self._fs.write(fd, head + frame_group(number, body))
             self._fs.fsync(fd)
             self._fs.rename(tmp, path)
             self._fs.fsync_dir(self.directory)
@@ -383,16 +362,15 @@ class Journal:
                                                         f"{self._poisoned}")
         # Untracks first: they cancel rows of sealed buckets, which replay loads before
         # the records; the memory-only adds that follow may track a position anew.
-        records = [msgpack.packb(["x", ledger, entry]) for ledger, entry in untracked]
+        records = [encode_untrack(ledger, entry) for ledger, entry in untracked]
         # Unconfirmed deliveries after the untracks (one of them may be a ghost that the
         # replay must track again) and before the memory-only adds.
         if redeliver is not None and len(redeliver[0]):
-            records.append(msgpack.packb(["a", *(np.asarray(c, _LE).tobytes() for c in redeliver)]))
+            records.append(encode_add(*redeliver))
         if len(ledgers):
-            records.append(msgpack.packb(["a", np.asarray(ledgers, _LE).tobytes(),
-                                          np.asarray(entries, _LE).tobytes(), np.asarray(ts, _LE).tobytes()]))
+            records.append(encode_add(ledgers, entries, ts))
         if frontier is not None:
-            records.append(msgpack.packb(["f", *frontier]))
+            records.append(encode_frontier(frontier))
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
@@ -410,123 +388,6 @@ class Journal:
             self._pool.forget(self)
 
 
-@dataclass(frozen=True)
-class ParsedFile:
-    """One journal file, parsed: its whole groups' records, and where a torn tail starts.
-
-    :ivar torn_at: the offset from which the file is a torn tail (0: the whole
-        file, whose header never became durable), or None when it ends cleanly.
-    """
-
-    records: list[tuple]
-    torn_at: int | None
-
-
-def parse_file(data: bytes, path: str, number: int, *, last: bool,
-               identity: tuple[str, str] | None = None) -> ParsedFile:
-    """Parse one journal file's bytes; a pure function (the caller decides what to do with a torn tail).
-
-    :param path: named in errors only.
-    :param number: the file number its name gives (the header must agree; it also seeds group CRCs).
-    :param last: whether it is the newest file: only that one may have a torn tail.
-    :param identity: ``(store id, tracker name)`` the header must carry (version 2);
-        None accepts any. Version-1 files carry none and are accepted.
-    :raises JournalError: damage that is not a torn tail, or a file of another
-        tracker or store, naming the file and offset.
-    """
-    size = len(data)
-    header = _parse_header(data, path, number, last=last)
-    if header is None:
-        return ParsedFile([], 0)  # a new file whose header never became durable
-    header_size, owner = header
-    if identity is not None and owner is not None and owner != identity:
-        raise JournalError(path, _HEADER.size, f"journal of tracker {owner[1]!r} of store {owner[0]}, "
-                                               f"not of tracker {identity[1]!r} of store {identity[0]}: "
-                                               "a foreign journal is never replayed")
-    records: list[tuple] = []
-    pos = header_size
-    prefix = _U64.pack(number)
-    while pos < size:
-        bad = None
-        if pos + _GROUP.size > size:
-            bad = "truncated group frame"
-        else:
-            length, crc = _GROUP.unpack_from(data, pos)
-            end = pos + _GROUP.size + length
-            if length == 0 and crc == 0:
-                bad = "zeroed group frame"
-            elif length == 0:
-                # The writer never commits an empty group: a body holds at least one record.
-                bad = "group of 0 bytes"
-            elif length > _MAX_GROUP or end > size:
-                bad = f"group of {length} bytes runs past the end of the file"
-            elif masked_crc32c(data[pos + _GROUP.size:end], crc32c_of(prefix)) != crc:
-                bad = "group CRC mismatch"
-        if bad is not None:
-            # Only the last group of the last file can be torn: the next group
-            # is written only after the previous one's fsync returned. A bad
-            # group with data after it is damage, not a crash.
-            if bad in ("group CRC mismatch", "group of 0 bytes"):
-                nothing_follows = not any(data[end:])
-            elif bad == "zeroed group frame":
-                nothing_follows = not any(data[pos:])
-            else:
-                nothing_follows = True
-            if last and nothing_follows:
-                return ParsedFile(records, pos)
-            raise JournalError(path, pos, f"{bad}, and more data follows: not a torn tail")
-        try:
-            for rec in _unpack_all(data[pos + _GROUP.size:end]):
-                records.append(_validate(rec, path, pos))
-        except ValueError as exc:
-            raise JournalError(path, pos, f"group does not decode: {exc}") from None
-        pos = end
-    return ParsedFile(records, None)
-
-
-def _parse_header(data: bytes, path: str, number: int, *, last: bool
-                  ) -> tuple[int, tuple[str, str] | None] | None:
-    """The header's size and its (store id, tracker) (None for version 1); None for a
-    torn header of the newest file."""
-    size = len(data)
-    if size < _HEADER_SIZE:
-        if last:  # a new file whose header never became durable
-            return None
-        raise JournalError(path, 0, "journal file is shorter than its header")
-    magic, version, reserved, stored_number = _HEADER.unpack_from(data)
-    header_size, owner = _HEADER_SIZE, None
-    if magic == MAGIC and version not in (1, VERSION):
-        # Before the CRC: another version may lay out (or checksum) its header differently.
-        raise JournalError(path, 8, f"journal version {version} is not supported (this reader knows 1..{VERSION})")
-    if magic == MAGIC and version == 2:
-        fixed = _HEADER.size + _IDENTITY.size
-        name_len = _IDENTITY.unpack_from(data, _HEADER.size)[1] if size >= fixed else 0
-        header_size = fixed + name_len + 4
-        if name_len > _MAX_NAME and not (last and not any(data[_HEADER.size:])):
-            raise JournalError(path, _HEADER.size, f"tracker name of {name_len} bytes in the journal header")
-        if name_len > _MAX_NAME or header_size > size:
-            if last:  # a new file whose header never became durable
-                return None
-            raise JournalError(path, _HEADER.size, "journal header runs past the end of the file")
-    (crc,) = struct.unpack_from("<I", data, header_size - 4)
-    if magic != MAGIC or masked_crc32c(data[:header_size - 4]) != crc:
-        if last and not any(data[_HEADER.size:]) and magic != MAGIC:
-            return None
-        raise JournalError(path, 0, "bad journal header (magic or CRC)")
-    if reserved != 0:
-        raise JournalError(path, 10, f"reserved header field is {reserved}, not 0")
-    if stored_number != number:
-        raise JournalError(path, 12, f"header says file {stored_number}, name says {number}")
-    if version == 2:
-        store_id, name_len = _IDENTITY.unpack_from(data, _HEADER.size)
-        at = _HEADER.size + _IDENTITY.size
-        try:
-            owner = (store_id.hex(), data[at:at + name_len].decode("utf-8"))
-        except UnicodeDecodeError:
-            raise JournalError(path, at, "tracker name in the journal header is not UTF-8") from None
-    return header_size, owner
-
-
 def read_identity(path: str) -> tuple[str, str] | None:
     """The (store id, tracker name) a journal file's header carries; None for version 1.
 
@@ -534,11 +395,11 @@ def read_identity(path: str) -> tuple[str, str] | None:
     :raises OSError: the file cannot be read.
     """
     with open(path, "rb") as f:
-        data = f.read(_HEADER.size + _IDENTITY.size + _MAX_NAME + 4)
+        data = f.read(MAX_HEADER_SIZE)
     m = _FILE_NAME.match(os.path.basename(path))
     # A file under another name (a copy, a golden file) is judged by its own header's number.
     number = int(m.group(1)) if m else int.from_bytes(data[12:20], "little")
-    header = _parse_header(data, path, number, last=False)
+    header = parse_header(data, path, number, last=False)
     assert header is not None
     return header[1]
 
@@ -647,41 +508,3 @@ def read_journal(store_path: str, tracker: str, *, identity: tuple[str, str] | N
         frontier, records = _fold(parsed[start:])
         return JournalState(frontier, records, len(parsed) - start, torn)
     raise JournalError(directory, 0, f"journal files kept vanishing while being read ({attempts} attempts)")
-
-
-def _unpack_all(body: bytes) -> Iterator[object]:
-    unpacker = msgpack.Unpacker(raw=False, use_list=False, max_buffer_size=max(len(body), 1))
-    unpacker.feed(body)
-    try:
-        yield from unpacker
-    except Exception as exc:  # msgpack raises several types on garbage
-        raise ValueError(str(exc)) from None
-
-
-def _validate(rec: object, path: str, at: int) -> tuple:
-    if not isinstance(rec, tuple) or not rec or not isinstance(rec[0], str):
-        raise JournalError(path, at, "journal record is not a tagged array")
-    kind = rec[0]
-    if kind == "a" and len(rec) == 4 and all(isinstance(c, bytes) and len(c) % 8 == 0 for c in rec[1:]) \
-            and len(rec[1]) == len(rec[2]) == len(rec[3]):
-        cols = [np.frombuffer(c, dtype=_LE) for c in rec[1:]]
-        return ("a", *cols)
-    if kind == "x" and len(rec) == 3 and all(isinstance(v, int) and v >= 0 for v in rec[1:]):
-        return rec
-    if kind == "f" and len(rec) == 4 and all(isinstance(v, int) and v >= 0 for v in rec[1:]):
-        return rec
-    if kind in ("c", "e") and len(rec) == 1:
-        return rec
-    raise JournalError(path, at, f"malformed journal record of kind {kind!r}")
-
-
-def frame_group(number: int, body: bytes) -> bytes:
-    """One group of file ``number`` as :meth:`Journal.commit` writes it: length, CRC, body."""
-    return _GROUP.pack(len(body), masked_crc32c(body, crc32c_of(_U64.pack(number)))) + body
-
-
-def header_size(data: bytes, path: str, number: int) -> int:
-    """The size of a journal file's (intact) header: where its first group starts."""
-    header = _parse_header(data, path, number, last=False)
-    assert header is not None
-    return header[0]

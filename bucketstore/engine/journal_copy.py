@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import msgpack
 
 from ..errors import CheckpointError, JournalError
-from .journal import frame_group, header_size, list_files, newest_checkpoint, parse_file
+from ..format.journal_codec import frame_group, header_size, parse_file
+from .journal import list_files, newest_checkpoint
 
 __all__ = ["JournalFile", "read_journal", "combine"]
 

@@ -25,7 +25,8 @@ the layer they put above the store (see docs/testing-kit.md).
 
 ``import bucketstore.testing`` needs only the core dependencies.
 
-May import: the whole product except ``bucketstore.spark``. Nothing in the product imports it.
+May import: the whole product except ``bucketstore.spark`` and ``bucketstore.cli`` (files are checked
+through ``bucketstore.checking``). Nothing in the product imports it.
 """
 
 from __future__ import annotations

@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bucketstore.engine.journal import journal_directory, parse_file
+from bucketstore.engine.journal import journal_directory
+from bucketstore.format.journal_codec import parse_file
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key
-from bucketstore.cli.verify import verify_file
+from bucketstore.checking import check_file
 
 Triple = tuple[int, int, int]  # (deliver_at, ledger, entry)
 Position = tuple[int, int]
@@ -158,7 +159,7 @@ def check_files(store: Any, tracker_name: str, context: str) -> None:
     for key, lid in store.catalog.buckets(tracker_name).items():
         path = ledgers / ledger_file_name(lid)
         assert path.is_file(), f"{context}: key {key} names missing {path.name}"
-        findings = verify_file(path)
+        findings = check_file(path).findings
         assert not findings, f"{context}: {path.name} does not verify: {[str(f) for f in findings]}"
         referenced.add(path.name)
     on_disk = set(os.listdir(ledgers))

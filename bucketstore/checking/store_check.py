@@ -36,11 +36,12 @@ from ..engine.bucket_summary import decode_summary, summary_mismatch
 from ..engine.catalog import CatalogSnapshot, read_catalog_snapshot
 from ..engine.identity import identity_problems
 from ..engine.store_lock import writer_pid
-from ..engine.journal import journal_directory, parse_file
+from ..engine.journal import journal_directory
 from ..errors import CatalogError, CorruptLedgerError, JournalError
+from ..format.journal_codec import parse_file
 from ..format.ledger_file import ledger_file_name
 from ..format.snapshot import BucketFile, parse_bucket_key
-from .verify import FileReport, Finding, check_file
+from .ledger_check import FileReport, Finding, check_file
 
 __all__ = ["is_store", "NOT_A_STORE", "describe_store", "verify_store"]
 

@@ -3,7 +3,7 @@
 :func:`check_file` reads one ledger file completely and returns every problem
 it finds as a :class:`Finding` (file, byte offset, message) instead of stopping
 at the first one, so that an operator sees the full extent of the damage.
-:func:`verify_paths` does the same for files and directory trees.
+:func:`bucketstore.check` (``checking.report``) builds the public report from it.
 
 What is checked, beyond what :class:`~bucketstore.format.snapshot.BucketFile` checks
 when the engine opens a bucket:
@@ -26,8 +26,9 @@ adds its own there and appends catalog findings to the same list).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -41,13 +42,15 @@ __all__ = [
     "Finding",
     "FileReport",
     "KIND_CHECKERS",
+    "FindingKind",
     "check_file",
-    "verify_file",
-    "verify_paths",
     "ledger_files_under",
 ]
 
 LEDGER_SUFFIX = ".ledger"
+
+#: What a finding is: damage (``verify`` exits 1), or a warning (exit 0; the next ``open`` repairs it).
+FindingKind = Literal["damage", "warning"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,11 @@ class Finding:
     offset: int | None
     message: str
     warning: bool = False
+
+    @property
+    def kind(self) -> FindingKind:
+        """``"damage"``, or ``"warning"`` for what the next ``open`` repairs by itself."""
+        return "warning" if self.warning else "damage"
 
     def __str__(self) -> str:
         where = f"offset {self.offset}" if self.offset is not None else "-"
@@ -142,11 +150,6 @@ def check_file(path: str | os.PathLike[str]) -> FileReport:
     return report
 
 
-def verify_file(path: str | os.PathLike[str]) -> list[Finding]:
-    """The findings of :func:`check_file` alone (empty when the file is sound)."""
-    return check_file(path).findings
-
-
 def ledger_files_under(directory: str | os.PathLike[str]) -> list[str]:
     """Every ``*.ledger`` file below ``directory``, recursively, in sorted order."""
     found = []
@@ -154,23 +157,6 @@ def ledger_files_under(directory: str | os.PathLike[str]) -> list[str]:
         dirs.sort()
         found += [os.path.join(root, name) for name in sorted(files) if name.endswith(LEDGER_SUFFIX)]
     return found
-
-
-def verify_paths(paths: Iterable[str | os.PathLike[str]],
-                 on_file: Callable[[], None] | None = None) -> list[FileReport]:
-    """Check every given file, and every ledger file under every given directory.
-
-    :param on_file: called after each file is checked (the command line's progress).
-    """
-    reports = []
-    for path in paths:
-        path = os.fspath(path)
-        targets = ledger_files_under(path) if os.path.isdir(path) else [path]
-        for target in targets:
-            reports.append(check_file(target))
-            if on_file is not None:
-                on_file()
-    return reports
 
 
 # -- buckets ---------------------------------------------------------------------------------------
