@@ -104,6 +104,13 @@ class Catalog:
         #: :meth:`copy_to`, and by this catalog while it resizes its map or closes: LMDB remaps the
         #: file on a resize, under any read transaction of this process still using the old map.
         self._sharing = threading.Lock()
+        #: Held across each write transaction, and by :meth:`close` before it closes the
+        #: environment: py-lmdb's close from another thread marks a live write transaction
+        #: finished without ending it, then waits for its owner to end it. The owner's
+        #: ``with`` block then commits nothing and reports no error, or (an operation raised)
+        #: ends it only once the Transaction object is freed, which a kept exception's
+        #: traceback prevents forever: the close hung.
+        self._writing = threading.Lock()
         data = os.path.join(self.path, "data.mdb")
         try:
             size = os.path.getsize(data)
@@ -400,26 +407,31 @@ class Catalog:
     def _write(self, apply: Callable[[lmdb.Transaction], None]) -> None:
         if self.readonly:
             raise CatalogError(f"{self.path}: catalog is open read-only", path=self.path)
-        while True:
-            try:
-                with self._env.begin(write=True) as txn:
-                    apply(txn)
-                    if self.before_commit is not None:
-                        self.before_commit()
-                return
-            except lmdb.MapFullError:
-                # The `with` block has aborted the transaction; grow the map and redo it.
-                with self._sharing:
-                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
-            except lmdb.Error as exc:
-                raise CatalogError(f"{self.path}: catalog write failed: {exc}", path=self.path) from None
+        with self._writing:
+            while True:
+                env = self._env
+                if env is None:
+                    raise CatalogError(f"{self.path}: the catalog is closed", path=self.path)
+                try:
+                    with env.begin(write=True) as txn:
+                        apply(txn)
+                        if self.before_commit is not None:
+                            self.before_commit()
+                    return
+                except lmdb.MapFullError:
+                    # The `with` block has aborted the transaction; grow the map and redo it.
+                    with self._sharing:
+                        env.set_mapsize(env.info()["map_size"] * 2)
+                except lmdb.Error as exc:
+                    raise CatalogError(f"{self.path}: catalog write failed: {exc}", path=self.path) from None
 
     def close(self) -> None:
-        """Close the environment. Idempotent."""
+        """Close the environment, once a write transaction in flight on another thread has
+        ended (a later write raises :class:`CatalogError`). Idempotent."""
         with _WRITERS_LOCK:
             if _WRITERS.get(os.path.realpath(self.path)) is self:
                 del _WRITERS[os.path.realpath(self.path)]
-        with self._sharing:
+        with self._writing, self._sharing:
             env, self._env = getattr(self, "_env", None), None
         if env is not None:
             env.close()
