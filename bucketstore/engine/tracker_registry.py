@@ -8,8 +8,8 @@ to a newer handle.
 
 from __future__ import annotations
 
-import threading
-from typing import Generic, Protocol, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ["TrackerRegistry"]
 
@@ -25,7 +25,7 @@ T = TypeVar("T", bound=_Named)
 class TrackerRegistry(Generic[T]):
     """Mixed into a store handle, which sets ``_lock`` and ``_trackers`` and defines ``_check_open``."""
 
-    _lock: threading.Lock | threading.RLock
+    _lock: AbstractContextManager[Any]  # the handle's lock (a Lock or an RLock)
     _trackers: dict[str, T]
 
     def _check_open(self) -> None:
