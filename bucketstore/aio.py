@@ -4,7 +4,8 @@
 touches the disk, so neither may run on the event loop. Each await here runs one
 ``wait_scheduled`` in a daemon thread of its own and resolves an asyncio future when it
 returns; an earlier add, ``close`` or the clock wakes that thread exactly as it wakes a
-synchronous waiter.
+synchronous waiter. A read-only tracker's ``peek_scheduled`` (which may read segments)
+is awaited the same way (:func:`peek_scheduled`).
 
 **Cancellation never loses a batch.** When the awaiting task is cancelled, the thread
 is asked to stop (a :class:`~bucketstore.waiting.CancelToken`); if it had already taken
@@ -31,7 +32,7 @@ from .errors import StoreClosedError
 from .tracker_protocol import DelayedDeliveryTracker
 from .waiting import CancelToken
 
-__all__ = ["AsyncTracker", "next_due", "deliveries"]
+__all__ = ["AsyncTracker", "next_due", "deliveries", "peek_scheduled"]
 
 Batch = list[tuple[int, int]]
 
@@ -82,6 +83,23 @@ class AsyncTracker:
                 threading.Thread(target=token.cancel, name="bucketstore-aio-cancel", daemon=True).start()
                 raise
 
+    async def peek_scheduled(self, max_messages: int) -> Batch:
+        """The positions due now, without taking them: ``tracker.peek_scheduled`` (a tracker of a
+        store opened ``read_only=True``) off the loop, as it may read segments from disk.
+
+        It neither waits nor changes anything, so it runs beside a pending :meth:`next_due`
+        instead of after it.
+
+        :raises TypeError: the tracker has no ``peek_scheduled`` (a writable one: looking
+            without delivering is what a read-only open is for).
+        :raises StoreClosedError: the tracker is closed.
+        """
+        peek = getattr(self.tracker, "peek_scheduled", None)
+        if peek is None:
+            raise TypeError(f"{type(self.tracker).__name__} has no peek_scheduled: open the store with "
+                            "read_only=True to look at due positions without delivering them")
+        return await _in_thread(lambda: peek(max_messages))
+
     def _keep(self, future: asyncio.Future[Batch]) -> None:
         """A cancelled await's thread ended: keep its batch for the next call."""
         if future.cancelled():
@@ -128,6 +146,12 @@ def deliveries(tracker: DelayedDeliveryTracker, max_messages: int) -> AsyncItera
     """``async for batch in deliveries(tracker, 100)``: :meth:`AsyncTracker.deliveries` on the
     tracker's shared wrapper."""
     return _wrapper(tracker).deliveries(max_messages)
+
+
+async def peek_scheduled(tracker: Any, max_messages: int) -> Batch:
+    """``await peek_scheduled(tracker, 100)``: :meth:`AsyncTracker.peek_scheduled` on the tracker's
+    shared wrapper."""
+    return await _wrapper(tracker).peek_scheduled(max_messages)
 
 
 def _in_thread(work: Callable[[], Batch]) -> asyncio.Future[Batch]:

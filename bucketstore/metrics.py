@@ -25,6 +25,7 @@ from typing import Any
 
 from .engine.journal import journal_directory
 from .engine.op_stats import LATENCY_BUCKETS
+from .engine.read_only import ReadOnlyStore
 from .engine.store import Store
 from .errors import StoreClosedError
 
@@ -90,6 +91,15 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("bucketstore_tracker_operation_duration_seconds", "histogram", _T + ("op",), "Latency of the "
                "operations (add_message sampled 1 in 16; add_messages, and every other op, each call).",
                "tracker.operations", source="live"),
+    MetricInfo("bucketstore_tracker_pending_maintenance_failures", "gauge", _T, "Background failures not yet "
+               "raised to the tracker's writer (its next change raises MaintenanceError and this drops to 0).",
+               "tracker.pending_maintenance_failures", source="live"),
+    MetricInfo("bucketstore_tracker_held_for_replay_buckets", "gauge", _T, "Sealed buckets kept, file and key, "
+               "for indexes that sealed-mode recovery skipped as due, until replay_done().",
+               "tracker.held_for_replay_buckets", source="live"),
+    MetricInfo("bucketstore_tracker_held_for_replay_indexes", "gauge", _T, "Indexes those buckets hold that "
+               "recovery skipped as due (the embedder's replay re-adds them), until replay_done().",
+               "tracker.held_for_replay_indexes", source="live"),
     MetricInfo("bucketstore_tracker_last_delivery_time_seconds", "gauge", _T, "How far ahead the backlog "
                "reaches: the latest delivery time tracked, in Unix seconds (an upper bound; absent when nothing "
                "is tracked).", "tracker.last_delivery_time_seconds", source="live"),
@@ -108,15 +118,17 @@ def _dir_bytes(path: str) -> int:
         return 0
 
 
-def collect(store: Store) -> dict[str, Any]:
-    """The figures of ``store`` and of the trackers open in this process, as a dict::
+def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
+    """The figures of ``store`` and of the trackers open on it, as a dict::
 
         {"store": {"trackers": 2, "ledger_bytes": ..., ...},
          "trackers": {"sub-1": {"delayed_indexes": ..., "operations": {"add": {...}, ...}, ...}}}
 
     The keys are the ``key`` fields of :data:`METRICS`; ``operations`` maps each op label to
     ``ok``, ``failed``, ``buckets`` (per :data:`~bucketstore.engine.op_stats.LATENCY_BUCKETS`,
-    not cumulative, +Inf last), ``sum_seconds`` and ``observed``.
+    not cumulative, +Inf last), ``sum_seconds`` and ``observed``. On a read-only handle
+    (``bucketstore.open(path, read_only=True)``) the trackers are those opened on it, with
+    their snapshot's figures, and the journal descriptor pool (it has none) is left out.
     """
     summary = store.stats()
     trackers: dict[str, dict[str, Any]] = {}
@@ -137,6 +149,9 @@ def collect(store: Store) -> dict[str, Any]:
             "resident_bytes": st["memory_bytes"],
             "pending_maintenance": maint["queued"],
             "maintenance_failures": maint["failed"],
+            "pending_maintenance_failures": st["pending_maintenance_failures"],
+            "held_for_replay_buckets": st["held_for_replay_buckets"],
+            "held_for_replay_indexes": st["held_for_replay_indexes"],
             "delivered": ops["delivered"],
             "operations": {_OP_LABEL[name]: op for name, op in ops["operations"].items()},
         }
@@ -146,11 +161,13 @@ def collect(store: Store) -> dict[str, Any]:
     journal_bytes = 0
     if os.path.isdir(journal_root):
         journal_bytes = sum(_dir_bytes(os.path.join(journal_root, d)) for d in os.listdir(journal_root))
-    return {"store": {"trackers": summary["trackers"], "open_trackers": len(trackers),
-                      "ledger_files": summary["ledger_files"], "ledger_bytes": summary["ledger_bytes"],
-                      "journal_bytes": journal_bytes, "journal_open_files": len(store.journal_fds),
-                      "journal_open_files_limit": store.journal_fds.capacity},
-            "trackers": trackers}
+    figures = {"trackers": summary["trackers"], "open_trackers": len(trackers),
+               "ledger_files": summary["ledger_files"], "ledger_bytes": summary["ledger_bytes"],
+               "journal_bytes": journal_bytes}
+    pool = getattr(store, "journal_fds", None)  # a read-only handle opens no journal for writing
+    if pool is not None:
+        figures.update(journal_open_files=len(pool), journal_open_files_limit=pool.capacity)
+    return {"store": figures, "trackers": trackers}
 
 
 def from_description(doc: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +249,7 @@ def _histogram(name: str, labels: tuple[tuple[str, str], ...], h: dict[str, Any]
     return lines
 
 
-def prometheus_text(store: Store) -> str:
+def prometheus_text(store: Store | ReadOnlyStore) -> str:
     """The store's metrics (:func:`collect`) in the Prometheus text exposition format 0.0.4,
     ready to serve as ``text/plain; version=0.0.4``."""
     return render(collect(store))

@@ -204,3 +204,30 @@ def test_a_timeout_returns_empty(make) -> None:
         return await task
 
     assert run(main()) == []
+
+
+def test_peek_scheduled_awaits_a_read_only_trackers_look_and_takes_nothing(tmp_path) -> None:
+    clock = FakeClock(0)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        writer = store.tracker("sub", STRICT, clock)
+        writer.add_messages([(1, e, 100 + e) for e in range(5)] + [(2, 0, 10**6)])
+        writer.flush()
+        with bucketstore.open(tmp_path / "s", read_only=True) as view:
+            looked = view.tracker("sub", STRICT, clock)
+            clock.now = 102
+
+            async def main():
+                first = await aio.peek_scheduled(looked, 10)
+                again = await aio.AsyncTracker(looked).peek_scheduled(2)
+                return first, again
+
+            first, again = run(main())
+            assert first == [(1, 0), (1, 1), (1, 2)] == looked.peek_scheduled(10)
+            assert again == [(1, 0), (1, 1)]
+            assert writer.get_scheduled_messages(10) == first  # nothing was taken
+
+            async def writable():
+                await aio.peek_scheduled(writer, 10)
+
+            with pytest.raises(TypeError, match="read_only=True"):
+                run(writable())

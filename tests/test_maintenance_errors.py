@@ -72,6 +72,20 @@ def test_reads_never_raise_it_and_stats_shows_it(tmp_path):
         store.close()
 
 
+def test_a_gauge_counts_the_failures_not_yet_raised(tmp_path):
+    store, t, _ = _failed_seal(tmp_path / "s")
+    gauge = "bucketstore_tracker_pending_maintenance_failures"
+    try:
+        assert t.stats()["pending_maintenance_failures"] == 1
+        assert f'{gauge}{{tracker="sub"}} 1\n' in bucketstore.metrics.prometheus_text(store)
+        with pytest.raises(MaintenanceError):
+            t.flush()
+        assert t.stats()["pending_maintenance_failures"] == 0
+        assert f'{gauge}{{tracker="sub"}} 0\n' in bucketstore.metrics.prometheus_text(store)
+    finally:
+        store.close()
+
+
 def test_a_metrics_thread_does_not_take_the_writers_error(tmp_path):
     store, t, _ = _failed_seal(tmp_path / "s")
     stop = threading.Event()

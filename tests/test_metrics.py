@@ -115,6 +115,26 @@ def test_collect_is_the_same_figures_as_a_dict(busy) -> None:
     assert keys <= set(t)
 
 
+def test_a_read_only_handle_renders_its_trackers_snapshot(busy) -> None:
+    """Beside the live writer of this process: every figure a read-only tracker has, from its
+    snapshot; the journal descriptor pool, which a read-only handle has none of, left out."""
+    store, tracker, _, _ = busy
+    with bucketstore.open(store.path, read_only=True) as view:
+        looked = view.tracker("sub-1", SMALL)
+        st = looked.stats()
+        fams = parse(metrics.prometheus_text(view))
+        doc = metrics.collect(view)
+    t = {"tracker": "sub-1"}
+    assert sample(fams, "bucketstore_store_trackers") == 1 and sample(fams, "bucketstore_store_open_trackers") == 1
+    assert sample(fams, "bucketstore_tracker_delayed_indexes", **t) == st["number_of_delayed_messages"] \
+        == tracker.number_of_delayed_messages > 0
+    assert sample(fams, "bucketstore_tracker_buckets", **t) == st["immutable_buckets"] >= 1
+    assert sample(fams, "bucketstore_store_journal_bytes") > 0
+    assert "journal_open_files" not in doc["store"] and "bucketstore_store_journal_open_files" not in fams
+    keys = {m.key.split(".")[1] for m in metrics.METRICS if m.key.startswith("tracker.") and m.source != "disk"}
+    assert keys <= set(doc["trackers"]["sub-1"])
+
+
 def test_label_values_are_escaped(tmp_path) -> None:
     name = 'odd "name" \\ with\nnewline'
     with bucketstore.open(tmp_path / "s") as store:

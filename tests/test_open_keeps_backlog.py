@@ -79,6 +79,23 @@ def test_a_clock_stepped_forward_deletes_nothing_until_replay_done(tmp_path, cap
     assert len(logged) == 3 and all("rows skipped at open" in m and ".ledger" in m for m in logged), logged
 
 
+def test_metrics_show_what_is_held_for_replay(tmp_path) -> None:
+    path = tmp_path / "s"
+    clock = FakeClock(0)
+    sealed = _seal_buckets(path, clock)
+    clock.now = 10_000_000
+    with bucketstore.open(path, durability="sealed", background=False) as store:
+        t = store.tracker("t", CFG, clock)
+        held = {k: v for k, v in bucketstore.metrics.collect(store)["trackers"]["t"].items() if "held" in k}
+        assert held == {"held_for_replay_buckets": 3, "held_for_replay_indexes": sealed}
+        text = bucketstore.metrics.prometheus_text(store)
+        assert 'bucketstore_tracker_held_for_replay_buckets{tracker="t"} 3\n' in text
+        assert f'bucketstore_tracker_held_for_replay_indexes{{tracker="t"}} {sealed}\n' in text
+        t.replay_done()
+        text = bucketstore.metrics.prometheus_text(store)
+        assert 'bucketstore_tracker_held_for_replay_buckets{tracker="t"} 0\n' in text
+
+
 def test_a_mark_delete_past_held_buckets_deletes_them(tmp_path, caplog) -> None:
     path = tmp_path / "s"
     clock = FakeClock(0)

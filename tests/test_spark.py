@@ -148,6 +148,17 @@ def test_order_positions_keeps_the_earliest_time_of_a_repeated_position():
     assert order_positions(wide).ledgers.tolist() == [5, 2**64 - 1]
 
 
+def test_order_positions_returns_rows_already_in_order_as_they_are():
+    ledgers = np.repeat(np.arange(3, dtype=U64), 4)
+    rows = Rows(ledgers, np.tile(np.arange(4, dtype=U64), 3), np.arange(12, dtype=U64)[::-1].copy())
+    out = order_positions(rows)
+    assert out.ledgers is rows.ledgers and out.timestamps is rows.timestamps  # no sort, no gather
+    # In order but for one repeated position: still one row per position, the earliest time.
+    repeated = Rows(np.array([1, 1, 2], dtype=U64), np.array([5, 5, 0], dtype=U64), np.array([9, 3, 7], dtype=U64))
+    out = order_positions(repeated)
+    assert list(zip(out.ledgers.tolist(), out.entries.tolist(), out.timestamps.tolist())) == [(1, 5, 3), (2, 0, 7)]
+
+
 def test_a_failing_task_removes_its_files_and_a_crash_leaves_only_orphans(tmp_path, monkeypatch):
     store = str(tmp_path / "store")
     bucketstore.open(store).close()

@@ -103,7 +103,11 @@ class Catalog:
         #: The store's identity (None only for a read-only catalog written before store ids existed).
         self.store_id: str | None = None
         #: Every transaction of this process on the environment holds it shared; a map resize
-        #: and :meth:`close` hold it alone (LMDB remaps the file on a resize: see map_gate).
+        #: and :meth:`close` hold it alone. LMDB remaps the file on a resize (see map_gate); and
+        #: py-lmdb's close from another thread marks a live write transaction finished without
+        #: ending it, then waits for its owner to end it, which then commits nothing and reports
+        #: no error, or (an operation raised, its error kept with the transaction in its
+        #: traceback) never ends it: the close hung.
         self._gate = MapGate()
         data = os.path.join(self.path, "data.mdb")
         try:
@@ -430,7 +434,8 @@ class Catalog:
                 raise CatalogError(f"{self.path}: catalog write failed: {exc}", path=self.path) from None
 
     def close(self) -> None:
-        """Close the environment. Idempotent."""
+        """Close the environment, once a write transaction in flight on another thread has
+        ended (a later write raises :class:`CatalogError`). Idempotent."""
         with _WRITERS_LOCK:
             if _WRITERS.get(os.path.realpath(self.path)) is self:
                 del _WRITERS[os.path.realpath(self.path)]

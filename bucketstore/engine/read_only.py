@@ -59,6 +59,7 @@ from .shared_queue import Run
 from .store_lock import writer_pid
 from .store_services import StoreServices
 from .tracker import BucketTracker
+from .tracker_registry import TrackerRegistry
 
 __all__ = ["ReadOnlyStore", "ReadOnlyTracker", "SNAPSHOT_ATTEMPTS"]
 
@@ -323,7 +324,7 @@ class _DueRows:
         return list(zip(ledgers[order].tolist(), entries[order].tolist()))
 
 
-class ReadOnlyStore:
+class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker]):
     """A store opened with ``bucketstore.open(path, read_only=True)`` (see the module's docstring).
 
     :ivar path: the store directory.
@@ -430,21 +431,10 @@ class ReadOnlyStore:
                                 "read_only creates nothing")
         return snapshot
 
-    def _forget(self, tracker: BucketTracker) -> None:
-        with self._lock:
-            if self._trackers.get(tracker.name) is tracker:
-                del self._trackers[tracker.name]
-
     def trackers(self) -> list[str]:
         """Names of every tracker in the store as of the open, sorted."""
         self._check_open()
         return self.snapshot.tracker_names()
-
-    def open_trackers(self) -> list[ReadOnlyTracker]:
-        """The trackers open on this handle, by name."""
-        with self._lock:
-            self._check_open()
-            return [self._trackers[name] for name in sorted(self._trackers)]
 
     def ledger_path(self, ledger_id: int) -> str:
         """The path of ledger file ``ledger_id``."""

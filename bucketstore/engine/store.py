@@ -47,6 +47,7 @@ from .read_ahead import SegmentReader
 from .read_only import ReadOnlyStore
 from .store_lock import acquire_write_lock
 from .store_services import StoreServices
+from .tracker_registry import TrackerRegistry
 from ..format.ledger_file import LedgerReader
 from ..format.snapshot import BucketFile
 from .tracker import BucketTracker
@@ -62,7 +63,7 @@ JOURNAL_OPEN_FILES = 64
 CONFIRM_SYNC_MS = 100
 
 
-class Store:
+class Store(TrackerRegistry[BucketTracker]):
     """An open bucketstore directory. Use :func:`bucketstore.open` to get one.
 
     :ivar path: the store directory.
@@ -280,17 +281,6 @@ class Store:
             tracker = BucketTracker(self._services, name, config, clock)
             self._trackers[name] = tracker
             return tracker
-
-    def _forget(self, tracker: BucketTracker) -> None:
-        with self._lock:
-            if self._trackers.get(tracker.name) is tracker:
-                del self._trackers[tracker.name]
-
-    def open_trackers(self) -> list[BucketTracker]:
-        """The trackers open in this process, by name (what :mod:`bucketstore.metrics` reports on)."""
-        with self._lock:
-            self._check_open()
-            return [self._trackers[name] for name in sorted(self._trackers)]
 
     def trackers(self) -> list[str]:
         """Names of every tracker in the store (open or not), sorted."""

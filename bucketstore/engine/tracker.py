@@ -1071,8 +1071,9 @@ class BucketTracker:
         """Counters: buckets, indexes, loaded indexes, bytes on disk and in memory, op counts/latencies.
 
         ``maintenance_failure`` is the background failure not yet raised to a writer (see
-        :meth:`_check_open`), as text, or None; ``maintenance_failures`` counts every
-        failure so far. Never raises a background failure itself.
+        :meth:`_check_open`), as text, or None, and ``pending_maintenance_failures`` how many
+        failures it stands for; ``maintenance_failures`` counts every failure so far. Never
+        raises a background failure itself.
         """
         with self._lock:
             self._check_alive()
@@ -1095,6 +1096,7 @@ class BucketTracker:
                 "maintenance_failure": (None if self._failure is None else
                                         f"{type(self._failure).__name__}: {self._failure}"),
                 "maintenance_failures": self._maint.failed,
+                "pending_maintenance_failures": self._unraised,
                 "held_for_replay_buckets": sum(1 for b in self._buckets.values() if b.held_rows),
                 "held_for_replay_indexes": sum(b.held_rows for b in self._buckets.values()),
             }

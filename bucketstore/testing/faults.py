@@ -465,8 +465,10 @@ def abandon_store(store: object) -> None:
     runs none), so nothing is flushed, deleted or committed."""
     # A dead process has no threads. The store's worker and reader threads are stopped first,
     # their queued items dropped (an item in flight runs into the crashed file layer at its
-    # next call, so nothing more becomes durable): LMDB closes an environment only once a write
-    # transaction another thread holds has ended, and closing beside a live worker hung.
+    # next call, so nothing more becomes durable), so that no thread of the dead store goes on
+    # running its jobs beside the next process's store (nor lingers for the rest of the test
+    # run). The catalog's close below no longer needs it: it waits for a commit in flight
+    # (Catalog._writing; without that, closing beside a live worker could hang).
     for worker in (getattr(store, "maintenance", None), getattr(store, "segment_reader", None)):
         # Only a running thread: a SteppedWorker runs on the test's thread, and stopping it would
         # run its queued jobs; they simply never run.
