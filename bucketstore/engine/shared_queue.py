@@ -48,6 +48,8 @@ class SegmentSource(Protocol):
     """What the queue needs from a sealed bucket to load its segments lazily."""
 
     dead: bool
+    #: False while the bucket's file is unread (its queued rows came from the catalog).
+    opened: bool
 
     def has_next_segment(self) -> bool: ...
 
@@ -318,9 +320,12 @@ class SharedQueue:
             return False
         rows = max(FRONTIER_ROWS, min(FRONTIER_ROWS_MAX, FRONTIER_ROWS_PER_RUN * len(runs)))
         rows = max(min(rows, self._grown), FRONTIER_CALLS * need)
-        self._grown = min(2 * self._grown, FRONTIER_ROWS_MAX)
+        grown = min(2 * self._grown, FRONTIER_ROWS_MAX)
         cap = max(FRONTIER_MIN_CAP, -(-rows // len(runs)))
         limit = max(cutoff, min(cutoff + FRONTIER_AHEAD_MS, _TS_MAX))
+        # Unopened buckets wait only while the due runs hold rows enough for the batch: else
+        # (few buckets) the batch needs their files anyway, and opening them now saves rebuilds.
+        defer = sum(run.remaining for run in runs) >= 2 * need
         seen = 0
         while True:
             for run in runs[seen:]:
@@ -328,10 +333,18 @@ class SharedQueue:
                 # A short run may be followed, in its bucket, by a segment that starts within
                 # the limit. One that is due, or already read ahead, joins the run now; one
                 # not due is not read under the lock ahead of need: the limit stops before it.
+                # So does the rest of a bucket not opened yet (its run is the prefix its catalog
+                # summary keeps), due or not, while the run ends before it (and ``defer``): the
+                # bucket's file is opened only once a batch reaches past its prefix (the first
+                # batch after a restart reads no file it does not need).
                 while (run.remaining <= cap and owner is not None and not owner.dead
                        and owner.has_next_segment() and owner.next_segment_min_ts() <= limit):
-                    if owner.next_segment_min_ts() > cutoff and not owner.next_segment_ready():
-                        limit = owner.next_segment_min_ts() - 1
+                    nxt = owner.next_segment_min_ts()
+                    if (nxt > cutoff or (defer and not owner.opened and int(run.ts[-1]) < nxt)) \
+                            and not owner.next_segment_ready():
+                        if nxt <= cutoff:
+                            grown = self._grown  # cut short, not full: the next one is no bigger
+                        limit = nxt - 1
                         break
                     if not self._extend(run):
                         limit = min(limit, owner.next_segment_min_ts() - 1)
@@ -343,6 +356,7 @@ class SharedQueue:
             limit = self._pop_ahead(limit, runs)
             if len(runs) == seen:
                 break
+        self._grown = grown
         # Every row at or before the limit goes in, also one at the limit in a next segment
         # (a failed read lowers the limit: then look again).
         settled = False

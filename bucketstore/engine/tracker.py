@@ -41,6 +41,7 @@ from .op_stats import OpStats
 from .read_ahead import LOW_FRACTION, ReadAhead
 from .identity import LedgerIdentityError, check_identity
 from .bucket_summary import BucketSummary, decode_summary, encode_summary, summary_mismatch
+from .bucket_prefix import take_head, track_heads, without_delivered_head
 from .seal_pipeline import SealJob
 from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
@@ -1110,6 +1111,7 @@ class BucketTracker:
         dropped: list[str] = []
         doomed: list[SealedBucket] = []
         backfill: dict[str, bytes] = {}
+        heads: list[Run] = []
         first_live = self._mark_delete[0] if self._mark_delete else 0
         for (start, end), ledger_id in ranges:
             key = bucket_key(start, end)
@@ -1183,9 +1185,15 @@ class BucketTracker:
                     self._forget_unopened(bucket)
                     continue
             if bucket.has_next_segment():
-                self._queue.push(Slot(bucket))
+                # Its first rows from the summary, if it keeps them: the file waits (bucket_prefix).
+                head = None if self._read_only or not bucket.summary else take_head(bucket)
+                if head is not None:
+                    heads.append(head)
+                    self._unopened_rows -= head.remaining  # tracked in the index instead
+                self._queue.push(head or Slot(bucket))
             else:
                 self._held_drained.append(bucket)  # every segment skipped: nothing to deliver
+        track_heads(self._index, heads)
         if (stale_keys or backfill) and not self._read_only:
             # Summaries of keys written before summaries existed, in one transaction with
             # the stale keys' removal; a crash before it only means reading entry 0 again.
@@ -1259,6 +1267,7 @@ class BucketTracker:
         frontier = self._recovered_frontier
         skip = bucket.current
         live, skipped = split_positions(bucket, meta, skip, need_skipped=frontier is not None)
+        live = without_delivered_head(self._index, bucket, live)
         for ledger, bm in live.items():
             self._index.add_bitmap(ledger, bm)
         if skipped is not None:

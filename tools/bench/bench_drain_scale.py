@@ -59,6 +59,7 @@ sys.path.insert(0, ROOT)
 
 import bucketstore  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
+from bucketstore.engine.bucket_summary import encode_summary  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
 
 START = 1_700_000_000_000  # the delay window's start (ms)
@@ -74,7 +75,7 @@ def generate_store(path: str, total: int, ledgers_per_bucket: int, ordered: bool
     store.tracker("t", TrackerConfig())
     cfg = TrackerConfig()
     per_bucket = ENTRIES_PER_LEDGER * ledgers_per_bucket
-    put = {}
+    put, summaries = {}, {}
     buckets = max(1, total // per_bucket)
     for b in range(buckets):
         first = b * ledgers_per_bucket
@@ -90,9 +91,10 @@ def generate_store(path: str, total: int, ledgers_per_bucket: int, ordered: bool
         meta, payloads = build_bucket(first, first + ledgers_per_bucket - 1, ts, ls, es,
                                       time_step_ms=cfg.max_time_step_per_segment_ms,
                                       max_indexes_per_segment=cfg.max_indexes_per_segment)
-        write_bucket(store.ledgers_dir, b, meta, payloads, {"tracker": "t", "store_id": store.store_id})
+        file = write_bucket(store.ledgers_dir, b, meta, payloads, {"tracker": "t", "store_id": store.store_id})
         put[meta.key] = b
-    store.catalog.commit("t", put=put, next_ledger_id=buckets)
+        summaries[meta.key] = encode_summary(meta, b, os.path.getsize(file), (ts, ls, es))  # as a seal commits it
+    store.catalog.commit("t", put=put, next_ledger_id=buckets, summaries=summaries)
     store.close()
     return buckets
 
