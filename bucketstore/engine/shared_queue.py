@@ -232,9 +232,16 @@ class SharedQueue:
             heapq.heapify(live)
             self._heap = live
 
-    def first_slots(self, k: int) -> list[Slot]:
-        """The live slots among the ``k`` earliest entries (what opening buckets ahead looks at)."""
-        return [e[-1] for e in heapq.nsmallest(k, self._heap) if isinstance(e[-1], Slot) and not e[-1].dead]
+    def first_unopened(self, k: int) -> list[SegmentSource]:
+        """The live unopened buckets among the ``k`` earliest entries' (slots, and runs of a
+        summary's prefix): what opening buckets ahead looks at."""
+        out = []
+        for e in heapq.nsmallest(k, self._heap):
+            item = e[-1]
+            bucket = item.bucket if isinstance(item, Slot) else item.owner
+            if bucket is not None and not item.dead and not bucket.opened:
+                out.append(bucket)
+        return out
 
     def items(self) -> list[Run | Slot]:
         """Every run and slot (a frontier is folded back first, so runs' positions are current)."""
@@ -523,8 +530,15 @@ class SharedQueue:
         while need > 0:
             f = self._frontier
             if f is None:
-                if not self._build(cutoff, need, index):
-                    break
+                try:
+                    if not self._build(cutoff, need, index):
+                        break
+                except (BucketStoreError, OSError):
+                    if out:
+                        # Rows were taken already (from a bucket's prefix, say): they are returned,
+                        # and the read that failed, queued again, raises at the next call.
+                        break
+                    raise
                 f = self._frontier
                 assert f is not None
             else:

@@ -1299,8 +1299,7 @@ class BucketTracker:
         """Have the reader thread read the entry 0 of the unopened buckets due soonest."""
         if not self._unopened or self._store.segment_reader is None:
             return
-        for slot in self._queue.first_slots(OPEN_AHEAD):
-            b = slot.bucket
+        for b in self._queue.first_unopened(OPEN_AHEAD):
             if b.summary is not None and b.ahead is None:
                 self._read_ahead.open_ahead(b, partial(self._read_entry0, b.path, b.ledger_id, b.key, b.summary))
 
