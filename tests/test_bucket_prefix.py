@@ -7,6 +7,9 @@ what an eager open (entry 0 of every bucket read at the open) answers.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import random
 import struct
 
@@ -231,3 +234,29 @@ def test_summary_round_trip_and_malformed_prefixes():
             continue
         with pytest.raises(CatalogError, match="cat"):
             decode_summary(blob, path="cat", key="k")
+
+
+GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_golden_summaries_read_back_and_today_writes_the_same_bytes(version):
+    """``formats/golden/summary_v*.bin``: the committed bytes are the format (catalog.md)."""
+    with open(os.path.join(GOLDEN, f"summary_v{version}.bin"), "rb") as f:
+        raw = f.read()
+    with open(os.path.join(GOLDEN, "summary.json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    s = decode_summary(raw, path="golden", key="k")
+    assert (s.ledger_id, s.size, s.count) == (doc["ledger_id"], doc["size"], doc["count"])
+    assert [list(map(int, row)) for row in zip(*s.table())] == doc["segments"]
+    if version == 1:
+        assert s.prefix_rows == 0
+        return
+    assert (s.prefix_rows, s.prefix_next) == (doc["prefix_rows"], doc["prefix_next"])
+    assert [list(row) for row in zip(*(c.tolist() for c in s.prefix()))] == doc["prefix"]
+    spec = importlib.util.spec_from_file_location("make_summary_golden",
+                                                  os.path.join(GOLDEN, "make_summary_golden.py"))
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    meta, rows = maker.golden_bucket()
+    assert encode_summary(meta, doc["ledger_id"], doc["size"], rows) == raw
