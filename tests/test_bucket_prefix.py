@@ -181,6 +181,22 @@ def test_a_version_1_summary_opens_the_bucket_for_its_first_rows(tmp_path):
         assert t.stats()["unopened_buckets"] < LEDGERS
 
 
+def test_the_backfill_of_a_format_1_catalog_writes_the_prefix(tmp_path):
+    """The upgrade path: the first open summarises every bucket from its file, prefix included,
+    so the next restart's first batch opens no file."""
+    rows = _build(tmp_path / "s")
+    as_format1_catalog(tmp_path / "s")
+    with bucketstore.open(tmp_path / "s", background=False) as store:
+        t = store.tracker("t", CFG, FakeClock(1_000))
+        assert t.recovery_report["summaries_backfilled"] == LEDGERS
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path / "s", background=False) as store:
+        t = store.tracker("t", CFG, clock)
+        clock.now = WINDOW[0] + 1_000
+        assert t.get_scheduled_messages(50) == _first(rows, 50, clock.now)
+        assert t.stats()["unopened_buckets"] == LEDGERS
+
+
 def test_a_prefix_that_disagrees_with_its_file_is_damage(tmp_path, capsys):
     _build(tmp_path / "s")
 

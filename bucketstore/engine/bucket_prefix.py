@@ -26,12 +26,13 @@ import numpy as np
 from pyroaring import BitMap64
 
 from ..errors import CatalogError
-from ..format.snapshot import EntryBitmap, ledger_bitmaps
+from ..format.snapshot import BucketFile, BucketMetadata, EntryBitmap, ledger_bitmaps
+from . import bucket_summary
 from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run
 
-__all__ = ["take_head", "track_heads", "without_delivered_head"]
+__all__ = ["first_rows", "take_head", "track_heads", "without_delivered_head"]
 
 _U64 = np.dtype("<u8")
 
@@ -85,3 +86,16 @@ def without_delivered_head(index: DelayedIndexSet, bucket: SealedBucket,
         else:
             del out[ledger]
     return out
+
+
+def first_rows(path: str, meta: BucketMetadata) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Segment 1's rows read from the file, for the prefix of a summary derived from entry 0
+    (the backfill of a catalog written before summaries); None when segment 1 is too short
+    to keep one.
+
+    :raises CorruptLedgerError: segment 1 is damaged."""
+    if not meta.segments or meta.segments[0].count <= bucket_summary.PREFIX_ROWS:
+        return None
+    with BucketFile(path) as bf:
+        seg = bf.read_segment(1)
+    return seg.timestamps, seg.ledger_ids, seg.entry_ids

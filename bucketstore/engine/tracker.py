@@ -41,7 +41,7 @@ from .op_stats import OpStats
 from .read_ahead import LOW_FRACTION, ReadAhead
 from .identity import LedgerIdentityError, check_identity
 from .bucket_summary import BucketSummary, decode_summary, encode_summary, summary_mismatch
-from .bucket_prefix import take_head, track_heads, without_delivered_head
+from .bucket_prefix import first_rows, take_head, track_heads, without_delivered_head
 from .seal_pipeline import SealJob
 from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .shared_queue import Run, RunBuffer, SharedQueue, Slot, sorted_run
@@ -1121,7 +1121,8 @@ class BucketTracker:
             try:
                 if raw is None:
                     meta, size = self._read_entry0(path, ledger_id, key, None)
-                    raw = backfill[key] = encode_summary(meta, ledger_id, size)
+                    raw = backfill[key] = encode_summary(meta, ledger_id, size,
+                                                         None if self._read_only else first_rows(path, meta))
                 summary = decode_summary(raw, path=store.catalog.path, key=key)
                 if summary.ledger_id != ledger_id:
                     raise CatalogError(f"{store.catalog.path}: tracker {self.name!r} key {key} names ledger "
