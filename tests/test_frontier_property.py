@@ -258,8 +258,9 @@ def test_a_slowly_moving_clock_over_many_overlapping_buckets(seed, size, ahead):
     "read ahead", peeks. Every call matches a sorted model: index order, never early, never
     twice, none skipped; count and membership exact after every step."""
     rng = random.Random(seed)
-    saved_ahead = shared_queue.FRONTIER_AHEAD_MS
+    saved_ahead, saved_opens = shared_queue.FRONTIER_AHEAD_MS, shared_queue.FRONTIER_OPENS
     shared_queue.FRONTIER_AHEAD_MS = ahead
+    shared_queue.FRONTIER_OPENS = rng.choice([1, 2, 16])  # unopened buckets a build opens at most
     try:
         with small_frontiers(*size):
             index = DelayedIndexSet()
@@ -340,7 +341,7 @@ def test_a_slowly_moving_clock_over_many_overlapping_buckets(seed, size, ahead):
             assert list(zip(ts.tolist(), ledgers.tolist(), entries.tolist())) == model.due(10**6)
             assert sorted(map(id, exhausted)) == sorted(map(id, buckets))  # each read to its end once
     finally:
-        shared_queue.FRONTIER_AHEAD_MS = saved_ahead
+        shared_queue.FRONTIER_AHEAD_MS, shared_queue.FRONTIER_OPENS = saved_ahead, saved_opens
 
 
 def test_a_compaction_while_a_frontier_holds_the_runs_never_brings_a_delivered_row_back(tmp_path):

@@ -330,39 +330,32 @@ class SharedQueue:
         grown = min(2 * self._grown, FRONTIER_ROWS_MAX)
         cap = max(FRONTIER_MIN_CAP, -(-rows // len(runs)))
         limit = max(cutoff, min(cutoff + FRONTIER_AHEAD_MS, _TS_MAX))
-        # Unopened buckets wait only while the due runs hold rows enough for the batch: else
-        # (few buckets) the batch needs their files anyway, and opening them now saves rebuilds.
-        defer = sum(run.remaining for run in runs) >= 2 * need
+        # A run of a bucket not opened yet is its catalog summary's prefix: the rest of the bucket
+        # waits, due or not, unless the batch needs it (see _lengthen; the first batch after a
+        # restart reads no file it does not need). Not when the due runs hold too few rows for
+        # the batch anyway (few buckets): opening them at once saves rebuilds.
+        waiting: list[Run] | None = [] if sum(run.remaining for run in runs) >= 2 * need else None
         seen = 0
         while True:
             for run in runs[seen:]:
-                owner = run.owner
-                # A short run may be followed, in its bucket, by a segment that starts within
-                # the limit. One that is due, or already read ahead, joins the run now; one
-                # not due is not read under the lock ahead of need: the limit stops before it.
-                # So does the rest of a bucket not opened yet (its run is the prefix its catalog
-                # summary keeps), due or not, while the run ends before it (and ``defer``): the
-                # bucket's file is opened only once a batch reaches past its prefix (the first
-                # batch after a restart reads no file it does not need).
-                while (run.remaining <= cap and owner is not None and not owner.dead
-                       and owner.has_next_segment() and owner.next_segment_min_ts() <= limit):
-                    nxt = owner.next_segment_min_ts()
-                    if (nxt > cutoff or (defer and not owner.opened and int(run.ts[-1]) < nxt)) \
-                            and not owner.next_segment_ready():
-                        if nxt <= cutoff:
-                            grown = self._grown  # cut short, not full: the next one is no bigger
-                        limit = nxt - 1
-                        break
-                    if not self._extend(run):
-                        limit = min(limit, owner.next_segment_min_ts() - 1)
-                        break
-                if run.remaining > cap:
-                    # Its cap-th row bounds the limit (a scalar read, not a search per run).
-                    limit = min(limit, int(run.ts[run.pos + cap - 1]))
+                limit = self._lengthen(run, cap, limit, cutoff, waiting)
             seen = len(runs)
             limit = self._pop_ahead(limit, runs)
             if len(runs) == seen:
                 break
+        if waiting:
+            waiting = sorted((r for r in waiting if r.owner.next_segment_min_ts() <= limit),
+                             key=lambda r: r.owner.next_segment_min_ts())
+        if waiting:
+            # The prefixes alone serve the batch if rows enough come before the first of the
+            # waiting rests; else the earliest few waiting buckets are opened now, the rest wait.
+            first = waiting[0].owner.next_segment_min_ts()
+            opens = 0 if sum(r.due_count(min(limit, first - 1)) for r in runs) >= need else FRONTIER_OPENS
+            for run in waiting[:opens]:
+                limit = self._lengthen(run, cap, limit, cutoff, None)
+            if len(waiting) > opens:
+                limit = min(limit, waiting[opens].owner.next_segment_min_ts() - 1)
+                grown = self._grown  # cut short, not full: the next one is no bigger
         self._grown = grown
         # Every row at or before the limit goes in, also one at the limit in a next segment
         # (a failed read lowers the limit: then look again).
@@ -409,6 +402,30 @@ class SharedQueue:
         index.changes()  # liveness is current as of now: only later changes matter
         self._frontier = _Frontier(ts, ledgers, entries, src, members, live, limit)
         return True
+
+    def _lengthen(self, run: Run, cap: int, limit: int, cutoff: int, waiting: list[Run] | None) -> int:
+        """Extend a short run with its bucket's next segments that start within the limit; return
+        the limit, lowered where a segment is not read now and by the run's ``cap``-th row.
+
+        A segment that is due, or already read ahead, joins the run now; one not due is not read
+        under the lock ahead of need: the limit stops before it. So, when ``waiting`` is given,
+        may the rest of a bucket not opened yet (its run is its summary's prefix): the run goes
+        to ``waiting`` and the caller decides (open it now, or stop the limit before it)."""
+        owner = run.owner
+        while (run.remaining <= cap and owner is not None and not owner.dead
+               and owner.has_next_segment() and owner.next_segment_min_ts() <= limit):
+            nxt = owner.next_segment_min_ts()
+            if nxt > cutoff and not owner.next_segment_ready():
+                return nxt - 1
+            if waiting is not None and not owner.opened:
+                waiting.append(run)
+                return limit
+            if not self._extend(run):
+                return min(limit, nxt - 1)
+        if run.remaining > cap:
+            # Its cap-th row bounds the limit (a scalar read, not a search per run).
+            limit = min(limit, int(run.ts[run.pos + cap - 1]))
+        return limit
 
     def _pop_ahead(self, limit: int, runs: list[Run]) -> int:
         """Move the queue's live items that start at or before ``limit`` (not due yet: the
@@ -588,6 +605,10 @@ FRONTIER_FIRST_ROWS = 1 << 14
 FRONTIER_CALLS = 4
 #: No run's share is cut below this many rows (tests lower all five to exercise small frontiers).
 FRONTIER_MIN_CAP = 16
+#: Buckets not opened yet whose rest is due that one build opens when their prefixes (what the
+#: catalog keeps of them) do not serve the batch: the others wait for later builds, so no call
+#: opens every overlapping bucket at once.
+FRONTIER_OPENS = 16
 
 
 class _Frontier:
