@@ -284,3 +284,17 @@ def test_golden_summaries_read_back_and_today_writes_the_same_bytes(version):
     spec.loader.exec_module(maker)
     meta, rows = maker.golden_bucket()
     assert encode_summary(meta, doc["ledger_id"], doc["size"], rows) == raw
+
+
+def test_a_prefix_naming_a_ledger_outside_its_bucket_is_catalog_damage_at_the_open(tmp_path):
+    _build(tmp_path / "s")
+
+    def damage(raw: bytes) -> bytes:
+        k = decode_summary(raw, path="", key="").prefix_rows
+        at = len(raw) - 16 * k  # the ledger ids column: the first row's ledger, far outside
+        return raw[:at] + struct.pack("<Q", 10**9) + raw[at + 8:]
+
+    _rewrite_summaries(tmp_path / "s", damage)
+    with bucketstore.open(tmp_path / "s", background=False) as store:
+        with pytest.raises(CatalogError, match="outside ledgers"):
+            store.tracker("t", CFG, FakeClock(1_000))
