@@ -179,16 +179,20 @@ class SharedQueue:
     :param on_low: called with a sealed bucket whose loaded run is low — at most
         ``low_fraction`` of it left unread, or read to its end with a segment still on
         disk — so its next segment can be read ahead.
+    :param on_opening: called with the unopened buckets a frontier is about to open one after
+        the other, so their entry 0 can be read ahead while the first ones are read.
     """
 
     def __init__(self, on_bucket_exhausted: Callable[[SegmentSource], None],
                  load: Callable[[SegmentSource], Run] | None = None,
-                 on_low: Callable[[SegmentSource], None] | None = None, low_fraction: float = 0.5) -> None:
+                 on_low: Callable[[SegmentSource], None] | None = None, low_fraction: float = 0.5,
+                 on_opening: Callable[[list[SegmentSource]], None] | None = None) -> None:
         self._heap: list[tuple[int, int, int, int, Run | Slot]] = []
         self._seq = itertools.count()
         self._on_exhausted = on_bucket_exhausted
         self._load: Callable[[SegmentSource], Run] = load or (lambda bucket: bucket.load_next_segment())
         self._on_low = on_low
+        self._on_opening = on_opening
         self._low_fraction = low_fraction
         self._frontier: _Frontier | None = None
         # Frontiers start small and double up to their full size: the first batch after an
@@ -327,7 +331,7 @@ class SharedQueue:
             return False
         rows = max(FRONTIER_ROWS, min(FRONTIER_ROWS_MAX, FRONTIER_ROWS_PER_RUN * len(runs)))
         rows = max(min(rows, self._grown), FRONTIER_CALLS * need)
-        grown = min(2 * self._grown, FRONTIER_ROWS_MAX)
+        self._grown = min(2 * self._grown, FRONTIER_ROWS_MAX)
         cap = max(FRONTIER_MIN_CAP, -(-rows // len(runs)))
         limit = max(cutoff, min(cutoff + FRONTIER_AHEAD_MS, _TS_MAX))
         # A run of a bucket not opened yet is its catalog summary's prefix: the rest of the bucket
@@ -351,12 +355,12 @@ class SharedQueue:
             # waiting rests; else the earliest few waiting buckets are opened now, the rest wait.
             first = waiting[0].owner.next_segment_min_ts()
             opens = 0 if sum(r.due_count(min(limit, first - 1)) for r in runs) >= need else FRONTIER_OPENS
+            if opens and self._on_opening is not None:
+                self._on_opening([run.owner for run in waiting[:opens]])
             for run in waiting[:opens]:
                 limit = self._lengthen(run, cap, limit, cutoff, None)
             if len(waiting) > opens:
                 limit = min(limit, waiting[opens].owner.next_segment_min_ts() - 1)
-                grown = self._grown  # cut short, not full: the next one is no bigger
-        self._grown = grown
         # Every row at or before the limit goes in, also one at the limit in a next segment
         # (a failed read lowers the limit: then look again).
         settled = False

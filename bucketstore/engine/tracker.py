@@ -90,7 +90,7 @@ class BucketTracker:
         #: Segment read-ahead (off when the store has no reader: segments are read when needed).
         self._read_ahead = ReadAhead(store.segment_reader)
         self._queue = SharedQueue(self._bucket_exhausted, load=self._load_segment, on_low=self._read_ahead.low,
-                                  low_fraction=LOW_FRACTION)
+                                  low_fraction=LOW_FRACTION, on_opening=self._open_ahead_of)
         #: Sealed buckets known from their catalog summary only (entry 0 unread), and the
         #: indexes they hold: counted, not yet in the index (see _open_bucket).
         self._unopened = 0
@@ -1298,9 +1298,14 @@ class BucketTracker:
 
     def _open_ahead(self) -> None:
         """Have the reader thread read the entry 0 of the unopened buckets due soonest."""
-        if not self._unopened or self._store.segment_reader is None:
+        if self._unopened and self._store.segment_reader is not None:
+            self._open_ahead_of(self._queue.first_unopened(OPEN_AHEAD))
+
+    def _open_ahead_of(self, buckets: list[SealedBucket]) -> None:
+        """Have the reader thread read these unopened buckets' entry 0."""
+        if self._store.segment_reader is None:
             return
-        for b in self._queue.first_unopened(OPEN_AHEAD):
+        for b in buckets:
             if b.summary is not None and b.ahead is None:
                 self._read_ahead.open_ahead(b, partial(self._read_entry0, b.path, b.ledger_id, b.key, b.summary))
 
