@@ -41,7 +41,8 @@ wrote and reads (``--baseline-summaries 2`` leaves them). Each measurement is th
 
 Run:  python tools/bench/bench_drain_scale.py [--sizes 1e6,1e7] [--big] [--batches 100,1000,10000]
           [--regimes catchup,keepup] [--shapes overlap,ordered] [--merged 1e7]
-          [--modes sealed,journal] [--drain 2e6] [--repeat 3] [--baseline /tmp/base [--baseline-drain 3e5]]
+          [--modes sealed,journal] [--drain 2e6] [--repeat 3]
+          [--baseline /tmp/base [--baseline-drain 3e5] [--baseline-summaries 1|2]]
 """
 
 from __future__ import annotations
