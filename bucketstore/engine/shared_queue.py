@@ -354,7 +354,8 @@ class SharedQueue:
             # The prefixes alone serve the batch if rows enough come before the first of the
             # waiting rests; else the earliest few waiting buckets are opened now, the rest wait.
             first = waiting[0].owner.next_segment_min_ts()
-            opens = 0 if sum(r.due_count(min(limit, first - 1)) for r in runs) >= need else FRONTIER_OPENS
+            opens = 0 if sum(r.due_count(min(limit, first - 1)) for r in runs) >= need \
+                else max(FRONTIER_OPENS, len(waiting) // 2)
             if opens and self._on_opening is not None:
                 self._on_opening([run.owner for run in waiting[:opens]])
             for run in waiting[:opens]:
@@ -609,10 +610,11 @@ FRONTIER_FIRST_ROWS = 1 << 14
 FRONTIER_CALLS = 4
 #: No run's share is cut below this many rows (tests lower all five to exercise small frontiers).
 FRONTIER_MIN_CAP = 16
-#: Buckets not opened yet whose rest is due that one build opens when their prefixes (what the
-#: catalog keeps of them) do not serve the batch: the others wait for later builds, so no call
-#: opens every overlapping bucket at once (~20 ms for 64 here). Fewer per build cost the catch-up
-#: drain more builds (16: ~10% slower at 10 M overlapping, tools/bench/bench_drain_scale.py).
+#: Buckets not opened yet whose rest is due that one build opens (at least; half of those
+#: waiting when more) when their prefixes (what the catalog keeps of them) do not serve the
+#: batch: the others wait for later builds, so no call opens every overlapping bucket at once.
+#: Each build visits every due run, so opening a few per build costs the catch-up drain many
+#: builds (a fixed 64 halved its rate at 100 M, 2,000 buckets; tools/bench/bench_drain_scale.py).
 FRONTIER_OPENS = 64
 
 
