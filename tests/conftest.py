@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import settings
 
 import bucketstore
+from bucketstore.engine import bucket_summary
 from helpers import FakeClock
 
 settings.register_profile("ci", deadline=None, print_blob=True)
 settings.load_profile("ci")
+
+# BUCKETSTORE_TEST_PREFIX_ROWS=1 runs any test file with summaries that keep a prefix of that many
+# rows (the default, 32, is longer than most tests' segments: they then keep none).
+if os.environ.get("BUCKETSTORE_TEST_PREFIX_ROWS"):
+    bucket_summary.PREFIX_ROWS = int(os.environ["BUCKETSTORE_TEST_PREFIX_ROWS"])
 
 
 @pytest.fixture

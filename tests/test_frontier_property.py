@@ -207,7 +207,11 @@ def test_many_buckets_drain_in_order_with_counts_exact_after_every_call(tmp_path
 
 class _FakeBucket:
     """A sealed bucket's segments in memory (a SegmentSource): sorted, each starting at or after
-    the previous one's end; ``ready`` says whether its next segment is "read ahead"."""
+    the previous one's end; ``ready`` says whether its next segment is "read ahead".
+
+    :meth:`take_head` makes it an *unopened* bucket whose first rows are queued from its
+    "catalog summary" (bucket_prefix): the rest of segment 1 follows them, and the first load
+    "opens" it (``loads_unopened`` counts those)."""
 
     def __init__(self, segments: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         self.segments = segments
@@ -215,18 +219,30 @@ class _FakeBucket:
         self.dead = False
         self.ready = False
         self.exhausted = False
+        self.opened = True
+        self.head = 0
+        self.loads_unopened = 0
+
+    def take_head(self, k: int) -> Run:
+        self.opened, self.head = False, k
+        return Run(*(c[:k] for c in self.segments[0]), owner=self)
 
     def has_next_segment(self) -> bool:
         return self.current < len(self.segments)
 
     def next_segment_min_ts(self) -> int:
-        return int(self.segments[self.current][0][0])
+        return int(self.segments[self.current][0][self.head if self.current == 0 else 0])
 
     def next_segment_ready(self) -> bool:
-        return self.ready
+        return self.ready and self.opened
 
     def load_next_segment(self) -> Run:
+        if not self.opened:
+            self.loads_unopened += 1
+            self.opened = True
         cols = self.segments[self.current]
+        if self.current == 0 and self.head:
+            cols = tuple(c[self.head:] for c in cols)
         self.current += 1
         self.ready = False
         return Run(*cols, owner=self)
@@ -242,8 +258,9 @@ def test_a_slowly_moving_clock_over_many_overlapping_buckets(seed, size, ahead):
     "read ahead", peeks. Every call matches a sorted model: index order, never early, never
     twice, none skipped; count and membership exact after every step."""
     rng = random.Random(seed)
-    saved_ahead = shared_queue.FRONTIER_AHEAD_MS
+    saved_ahead, saved_opens = shared_queue.FRONTIER_AHEAD_MS, shared_queue.FRONTIER_OPENS
     shared_queue.FRONTIER_AHEAD_MS = ahead
+    shared_queue.FRONTIER_OPENS = rng.choice([1, 2, 16])  # unopened buckets a build opens at most
     try:
         with small_frontiers(*size):
             index = DelayedIndexSet()
@@ -264,7 +281,10 @@ def test_a_slowly_moving_clock_over_many_overlapping_buckets(seed, size, ahead):
                 for t, l, e in rows:
                     assert index.add(l, e, t)
                     model.time[(l, e)] = t
-                queue.push(shared_queue.Slot(bucket))
+                if len(cols[0][0]) > 1 and rng.random() < 0.5:  # its first rows from its summary
+                    queue.push(bucket.take_head(rng.randint(1, len(cols[0][0]) - 1)))
+                else:
+                    queue.push(shared_queue.Slot(bucket))
             cutoff = rng.randint(0, 20)
             delivered: set[tuple[int, int]] = set()
             for _ in range(400):
@@ -321,7 +341,7 @@ def test_a_slowly_moving_clock_over_many_overlapping_buckets(seed, size, ahead):
             assert list(zip(ts.tolist(), ledgers.tolist(), entries.tolist())) == model.due(10**6)
             assert sorted(map(id, exhausted)) == sorted(map(id, buckets))  # each read to its end once
     finally:
-        shared_queue.FRONTIER_AHEAD_MS = saved_ahead
+        shared_queue.FRONTIER_AHEAD_MS, shared_queue.FRONTIER_OPENS = saved_ahead, saved_opens
 
 
 def test_a_compaction_while_a_frontier_holds_the_runs_never_brings_a_delivered_row_back(tmp_path):

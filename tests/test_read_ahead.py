@@ -194,11 +194,15 @@ def test_damage_found_during_read_ahead_is_reported_as_without_it(tmp_path, read
             assert isinstance(bucket.ahead.error, CorruptLedgerError)
         clock.now = 1050
         assert t.get_scheduled_messages(5) == [(1, e) for e in range(11, 16)]  # the rest of segment 1
+        # The rows before the damaged segment are returned (once: they were taken), then the
+        # read of the segment raises, at the next call.
+        assert t.get_scheduled_messages(100) == [(1, e) for e in range(16, 20)]
         with pytest.raises(CorruptLedgerError) as info:
             t.get_scheduled_messages(100)
         assert bucket.path in str(info.value)
         assert t.stats()["load"]["failed"] >= 1
         assert t.contains_message(1, 20)  # nothing of the damaged segment was taken
+        assert t.number_of_delayed_messages == 81  # 80 of the bucket, (2, 0)
 
 
 @pytest.mark.parametrize("event", ["merge", "mark_delete", "clear", "close", "delete_tracker"])

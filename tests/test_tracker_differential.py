@@ -145,6 +145,7 @@ def _run(ops_list, tracker, baseline, model, clock, baseline_model=None):
             assert got == expect
             assert baseline.get_scheduled_messages(a) == (others or [expect])[0]
             assert not delivered & set(got), "a position was delivered twice"
+            assert not any(tracker.contains_message(*p) for p in got), "a delivered position is still tracked"
             delivered |= set(got)
         elif kind == "peek":
             for subject, m in pairs:

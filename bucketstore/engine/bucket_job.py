@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import BucketStoreError
 from ..format.snapshot import BucketMetadata, build_bucket, write_bucket
-from .bucket_summary import encode_summary
+from .bucket_summary import PREFIX_ROWS, encode_summary
 
 #: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports the jobs).
 Tracker = Any
@@ -45,6 +45,8 @@ class BucketJob:
         self.meta: BucketMetadata | None = None
         #: Bytes of rows the job holds while in flight, charged to the store's backlog budget.
         self.backlog_bytes = 0
+        #: The first rows written (copies), for the summary's prefix.
+        self.head: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def covers(self, ledger_id: int) -> bool:
         return self.start <= ledger_id <= self.end
@@ -73,6 +75,7 @@ class BucketJob:
                                            max_indexes_per_segment=cfg.max_indexes_per_segment)
         if self.cancelled:
             return
+        self.head = tuple(np.array(c[:PREFIX_ROWS + 1], dtype=np.uint64) for c in (ts, ledgers, entries))
         # write_bucket: temp file, fsync, rename, fsync(dir). Durable before the catalog names it.
         self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
                                  tracker._file_identity, fs=store.fs)
@@ -101,7 +104,8 @@ class BucketJob:
         try:
             # The summary rides in the key's transaction: opening the tracker later reads it
             # instead of the file's entry 0.
-            summaries = {self.meta.key: encode_summary(self.meta, self.ledger_id, os.path.getsize(self.path))} \
+            summaries = {self.meta.key: encode_summary(self.meta, self.ledger_id, os.path.getsize(self.path),
+                                                         self.head)} \
                 if self.meta is not None and self.path is not None and self.meta.key in put else None
             self.tracker._store.catalog.commit(self.tracker.name, put=put, remove=remove or (),
                                                next_ledger_id=self.ledger_id + 1, summaries=summaries)

@@ -182,8 +182,8 @@ class ReadAhead:
 
     def low(self, bucket: Bucket) -> None:
         """The bucket's loaded run is low (or gone): ask for its next segment, once."""
-        if self._reader is None or bucket.dead or not bucket.has_next_segment():
-            return
+        if self._reader is None or bucket.dead or not bucket.has_next_segment() or not bucket.opened:
+            return  # (an unopened bucket's run is its summary's prefix: its entry 0 comes first)
         number = bucket.current + 1
         pending = bucket.ahead
         if pending is not None:

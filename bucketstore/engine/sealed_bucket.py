@@ -22,7 +22,7 @@ from ..format.ledger_file import LedgerReader
 from ..format.segment_codec import SegmentCodecError, decode_segment
 from .shared_queue import Run
 from ..format.snapshot import BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps, union_bitmaps
-from .bucket_summary import BucketSummary
+from .bucket_summary import BucketSummary, prefix_mismatch
 
 __all__ = ["SealedBucket", "BucketMap", "split_positions"]
 
@@ -35,6 +35,9 @@ class SealedBucket:
         ignores its runs and slots.
     :ivar ahead: the read-ahead of a later segment, if one was asked for
         (:class:`~bucketstore.engine.read_ahead.SegmentRead`; see ``read_ahead``).
+    :ivar head: the catalog summary whose prefix (segment 1's first rows) the queue holds as
+        a run of their own (see :mod:`~bucketstore.engine.bucket_prefix`), until segment 1 is
+        read: its load then hands over only the rows after the prefix. None: no prefix queued.
     :ivar held_rows: rows of segments that ``sealed`` recovery skipped as already due
         and that no one has received: the file is their only copy until the embedder's
         replay is done or mark-delete passes the bucket, so it is neither deleted nor
@@ -42,7 +45,7 @@ class SealedBucket:
     """
 
     __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
-                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows")
+                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head")
 
     def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
                  first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> None:
@@ -59,6 +62,7 @@ class SealedBucket:
         self.merging = False
         self.ahead = None
         self.held_rows = 0
+        self.head: BucketSummary | None = None
         self._on_load = on_load
         #: The catalog's summary while entry 0 is unread (the bucket is *unopened*: its
         #: positions are not in the tracker's index yet); None once opened.
@@ -76,6 +80,7 @@ class SealedBucket:
         b.dead = b.merging = False
         b.ahead = None
         b.held_rows = 0
+        b.head = None
         b._on_load = on_load
         b.summary = summary
         return b
@@ -107,7 +112,8 @@ class SealedBucket:
         """Indexes in segments not yet handed to the queue (an upper bound on what is left on disk)."""
         summary = self.summary
         if summary is not None and self.current == 0:
-            return summary.count
+            # Prefix rows queued from the summary are in the tracker's index already.
+            return summary.count - (self.head.prefix_rows if self.head is not None else 0)
         return int(self.counts[self.current:].sum())
 
     def covers(self, ledger_id: int) -> bool:
@@ -117,11 +123,17 @@ class SealedBucket:
         return self.current < self.segment_count
 
     def next_segment_ready(self) -> bool:
-        """Whether the next segment was read ahead and waits to be taken (no disk read then)."""
+        """Whether the next segment was read ahead and waits to be taken (no disk read then).
+        Never for an unopened bucket: taking it would read entry 0 under the lock first."""
+        if self.summary is not None:
+            return False
         a = self.ahead
         return a is not None and a.done and a.run is not None and a.number == self.current + 1
 
     def next_segment_min_ts(self) -> int:
+        """The first timestamp not yet handed to the queue (after the prefix, if one is queued)."""
+        if self.current == 0 and self.head is not None:
+            return self.head.prefix_next
         summary = self.summary
         if summary is not None and self.current == 0:
             return summary.first_min
@@ -163,7 +175,7 @@ class SealedBucket:
         number = self.current + 1
         started = time.perf_counter()
         try:
-            run = self.read_segment(number)
+            run = self._past_head(number, self.read_segment(number))
         except (OSError, CorruptLedgerError):
             if self._on_load:
                 self._on_load(time.perf_counter() - started, False)
@@ -177,10 +189,24 @@ class SealedBucket:
         """Take segment ``number``, read ahead off the lock, as the next segment (it must be
         ``current + 1``). Recorded as a load that cost the caller nothing."""
         assert number == self.current + 1, (number, self.current)
+        run = self._past_head(number, run)
         self.current = number
         if self._on_load:
             self._on_load(0.0, True)
         return run
+
+    def _past_head(self, number: int, run: Run) -> Run:
+        """Segment 1 without the prefix rows the queue took from the summary (checked against
+        the file: they were delivered on the summary's word). Other segments unchanged."""
+        head = self.head
+        if number != 1 or head is None:
+            return run
+        why = prefix_mismatch(head, run.ts, run.ledgers, run.entries)
+        if why is not None:
+            raise CorruptLedgerError(self.path, 0, f"bucket {self.key}: {why}")
+        self.head = None
+        k = head.prefix_rows
+        return Run(run.ts[k:], run.ledgers[k:], run.entries[k:], owner=self)
 
     def file_exists(self) -> bool:
         return os.path.exists(self.path)

@@ -48,6 +48,8 @@ class SegmentSource(Protocol):
     """What the queue needs from a sealed bucket to load its segments lazily."""
 
     dead: bool
+    #: False while the bucket's file is unread (its queued rows came from the catalog).
+    opened: bool
 
     def has_next_segment(self) -> bool: ...
 
@@ -177,16 +179,20 @@ class SharedQueue:
     :param on_low: called with a sealed bucket whose loaded run is low — at most
         ``low_fraction`` of it left unread, or read to its end with a segment still on
         disk — so its next segment can be read ahead.
+    :param on_opening: called with the unopened buckets a frontier is about to open one after
+        the other, so their entry 0 can be read ahead while the first ones are read.
     """
 
     def __init__(self, on_bucket_exhausted: Callable[[SegmentSource], None],
                  load: Callable[[SegmentSource], Run] | None = None,
-                 on_low: Callable[[SegmentSource], None] | None = None, low_fraction: float = 0.5) -> None:
+                 on_low: Callable[[SegmentSource], None] | None = None, low_fraction: float = 0.5,
+                 on_opening: Callable[[list[SegmentSource]], None] | None = None) -> None:
         self._heap: list[tuple[int, int, int, int, Run | Slot]] = []
         self._seq = itertools.count()
         self._on_exhausted = on_bucket_exhausted
         self._load: Callable[[SegmentSource], Run] = load or (lambda bucket: bucket.load_next_segment())
         self._on_low = on_low
+        self._on_opening = on_opening
         self._low_fraction = low_fraction
         self._frontier: _Frontier | None = None
         # Frontiers start small and double up to their full size: the first batch after an
@@ -230,9 +236,16 @@ class SharedQueue:
             heapq.heapify(live)
             self._heap = live
 
-    def first_slots(self, k: int) -> list[Slot]:
-        """The live slots among the ``k`` earliest entries (what opening buckets ahead looks at)."""
-        return [e[-1] for e in heapq.nsmallest(k, self._heap) if isinstance(e[-1], Slot) and not e[-1].dead]
+    def first_unopened(self, k: int) -> list[SegmentSource]:
+        """The live unopened buckets among the ``k`` earliest entries' (slots, and runs of a
+        summary's prefix): what opening buckets ahead looks at."""
+        out = []
+        for e in heapq.nsmallest(k, self._heap):
+            item = e[-1]
+            bucket = item.bucket if isinstance(item, Slot) else item.owner
+            if bucket is not None and not item.dead and not bucket.opened:
+                out.append(bucket)
+        return out
 
     def items(self) -> list[Run | Slot]:
         """Every run and slot (a frontier is folded back first, so runs' positions are current)."""
@@ -321,28 +334,34 @@ class SharedQueue:
         self._grown = min(2 * self._grown, FRONTIER_ROWS_MAX)
         cap = max(FRONTIER_MIN_CAP, -(-rows // len(runs)))
         limit = max(cutoff, min(cutoff + FRONTIER_AHEAD_MS, _TS_MAX))
+        # A run of a bucket not opened yet is its catalog summary's prefix: the rest of the bucket
+        # waits, due or not, unless the batch needs it (see _lengthen; the first batch after a
+        # restart reads no file it does not need). Not when the due runs hold too few rows for
+        # the batch anyway (few buckets): opening them at once saves rebuilds.
+        waiting: list[Run] | None = [] if sum(run.remaining for run in runs) >= 2 * need else None
         seen = 0
         while True:
             for run in runs[seen:]:
-                owner = run.owner
-                # A short run may be followed, in its bucket, by a segment that starts within
-                # the limit. One that is due, or already read ahead, joins the run now; one
-                # not due is not read under the lock ahead of need: the limit stops before it.
-                while (run.remaining <= cap and owner is not None and not owner.dead
-                       and owner.has_next_segment() and owner.next_segment_min_ts() <= limit):
-                    if owner.next_segment_min_ts() > cutoff and not owner.next_segment_ready():
-                        limit = owner.next_segment_min_ts() - 1
-                        break
-                    if not self._extend(run):
-                        limit = min(limit, owner.next_segment_min_ts() - 1)
-                        break
-                if run.remaining > cap:
-                    # Its cap-th row bounds the limit (a scalar read, not a search per run).
-                    limit = min(limit, int(run.ts[run.pos + cap - 1]))
+                limit = self._lengthen(run, cap, limit, cutoff, waiting)
             seen = len(runs)
             limit = self._pop_ahead(limit, runs)
             if len(runs) == seen:
                 break
+        if waiting:
+            waiting = sorted((r for r in waiting if r.owner.next_segment_min_ts() <= limit),
+                             key=lambda r: r.owner.next_segment_min_ts())
+        if waiting:
+            # The prefixes alone serve the batch if rows enough come before the first of the
+            # waiting rests; else the earliest few waiting buckets are opened now, the rest wait.
+            first = waiting[0].owner.next_segment_min_ts()
+            opens = 0 if sum(r.due_count(min(limit, first - 1)) for r in runs) >= need \
+                else max(FRONTIER_OPENS, len(waiting) // 2)
+            if opens and self._on_opening is not None:
+                self._on_opening([run.owner for run in waiting[:opens]])
+            for run in waiting[:opens]:
+                limit = self._lengthen(run, cap, limit, cutoff, None)
+            if len(waiting) > opens:
+                limit = min(limit, waiting[opens].owner.next_segment_min_ts() - 1)
         # Every row at or before the limit goes in, also one at the limit in a next segment
         # (a failed read lowers the limit: then look again).
         settled = False
@@ -388,6 +407,30 @@ class SharedQueue:
         index.changes()  # liveness is current as of now: only later changes matter
         self._frontier = _Frontier(ts, ledgers, entries, src, members, live, limit)
         return True
+
+    def _lengthen(self, run: Run, cap: int, limit: int, cutoff: int, waiting: list[Run] | None) -> int:
+        """Extend a short run with its bucket's next segments that start within the limit; return
+        the limit, lowered where a segment is not read now and by the run's ``cap``-th row.
+
+        A segment that is due, or already read ahead, joins the run now; one not due is not read
+        under the lock ahead of need: the limit stops before it. So, when ``waiting`` is given,
+        may the rest of a bucket not opened yet (its run is its summary's prefix): the run goes
+        to ``waiting`` and the caller decides (open it now, or stop the limit before it)."""
+        owner = run.owner
+        while (run.remaining <= cap and owner is not None and not owner.dead
+               and owner.has_next_segment() and owner.next_segment_min_ts() <= limit):
+            nxt = owner.next_segment_min_ts()
+            if nxt > cutoff and not owner.next_segment_ready():
+                return nxt - 1
+            if waiting is not None and not owner.opened:
+                waiting.append(run)
+                return limit
+            if not self._extend(run):
+                return min(limit, nxt - 1)
+        if run.remaining > cap:
+            # Its cap-th row bounds the limit (a scalar read, not a search per run).
+            limit = min(limit, int(run.ts[run.pos + cap - 1]))
+        return limit
 
     def _pop_ahead(self, limit: int, runs: list[Run]) -> int:
         """Move the queue's live items that start at or before ``limit`` (not due yet: the
@@ -509,8 +552,15 @@ class SharedQueue:
         while need > 0:
             f = self._frontier
             if f is None:
-                if not self._build(cutoff, need, index):
-                    break
+                try:
+                    if not self._build(cutoff, need, index):
+                        break
+                except (BucketStoreError, OSError):
+                    if out:
+                        # Rows were taken already (from a bucket's prefix, say): they are returned,
+                        # and the read that failed, queued again, raises at the next call.
+                        break
+                    raise
                 f = self._frontier
                 assert f is not None
             else:
@@ -560,6 +610,12 @@ FRONTIER_FIRST_ROWS = 1 << 14
 FRONTIER_CALLS = 4
 #: No run's share is cut below this many rows (tests lower all five to exercise small frontiers).
 FRONTIER_MIN_CAP = 16
+#: Buckets not opened yet whose rest is due that one build opens (at least; half of those
+#: waiting when more) when their prefixes (what the catalog keeps of them) do not serve the
+#: batch: the others wait for later builds, so no call opens every overlapping bucket at once.
+#: Each build visits every due run, so opening a few per build costs the catch-up drain many
+#: builds (a fixed 64 halved its rate at 100 M, 2,000 buckets; tools/bench/bench_drain_scale.py).
+FRONTIER_OPENS = 64
 
 
 class _Frontier:

@@ -42,6 +42,7 @@ from .op_stats import OpStats
 from .read_ahead import LOW_FRACTION, ReadAhead
 from .identity import LedgerIdentityError, check_identity
 from .bucket_summary import BucketSummary, decode_summary, encode_summary, summary_mismatch
+from .bucket_prefix import first_rows, head_holds, take_head, track_heads, without_delivered_head
 from .seal_pipeline import SealJob
 from .sealed_bucket import BucketMap, SealedBucket, split_positions
 from .sealed_membership import SpilledMembership
@@ -91,7 +92,7 @@ class BucketTracker:
         #: Segment read-ahead (off when the store has no reader: segments are read when needed).
         self._read_ahead = ReadAhead(store.segment_reader)
         self._queue = SharedQueue(self._bucket_exhausted, load=self._load_segment, on_low=self._read_ahead.low,
-                                  low_fraction=LOW_FRACTION)
+                                  low_fraction=LOW_FRACTION, on_opening=self._open_ahead_of)
         #: Sealed buckets known from their catalog summary only (entry 0 unread), and the
         #: indexes they hold: counted, not yet in the index (see _open_bucket).
         self._unopened = 0
@@ -1178,6 +1179,7 @@ class BucketTracker:
         dropped: list[str] = []
         doomed: list[SealedBucket] = []
         backfill: dict[str, bytes] = {}
+        heads: list[Run] = []
         first_live = self._mark_delete[0] if self._mark_delete else 0
         for (start, end), ledger_id in ranges:
             key = bucket_key(start, end)
@@ -1187,7 +1189,8 @@ class BucketTracker:
             try:
                 if raw is None:
                     meta, size = self._read_entry0(path, ledger_id, key, None)
-                    raw = backfill[key] = encode_summary(meta, ledger_id, size)
+                    raw = backfill[key] = encode_summary(meta, ledger_id, size,
+                                                         None if self._read_only else first_rows(path, meta))
                 summary = decode_summary(raw, path=store.catalog.path, key=key)
                 if summary.ledger_id != ledger_id:
                     raise CatalogError(f"{store.catalog.path}: tracker {self.name!r} key {key} names ledger "
@@ -1251,9 +1254,15 @@ class BucketTracker:
                     self._forget_unopened(bucket)
                     continue
             if bucket.has_next_segment():
-                self._queue.push(Slot(bucket))
+                # Its first rows from the summary, if it keeps them: the file waits (bucket_prefix).
+                head = None if self._read_only or not bucket.summary else take_head(bucket)
+                if head is not None:
+                    heads.append(head)
+                    self._unopened_rows -= head.remaining  # tracked in the index instead
+                self._queue.push(head or Slot(bucket))
             else:
                 self._held_drained.append(bucket)  # every segment skipped: nothing to deliver
+        track_heads(self._index, heads)
         if (stale_keys or backfill) and not self._read_only:
             # Summaries of keys written before summaries existed, in one transaction with
             # the stale keys' removal; a crash before it only means reading entry 0 again.
@@ -1327,6 +1336,7 @@ class BucketTracker:
         frontier = self._recovered_frontier
         skip = bucket.current
         live, skipped = split_positions(bucket, meta, skip, need_skipped=frontier is not None)
+        live = without_delivered_head(self._index, bucket, live)
         for ledger, bm in live.items():
             self._index.add_bitmap(ledger, bm)
         if skipped is not None:
@@ -1347,7 +1357,11 @@ class BucketTracker:
     def _unopened_contains(self, bucket: SealedBucket, ledger_id: int, entry_id: int) -> bool:
         """``contains_message`` on an unopened bucket's ledger, without opening it: the index holds
         nothing of its ledgers yet, and its live positions are those recovery left it (see
-        :mod:`~bucketstore.engine.sealed_membership`). Raises what opening it would raise."""
+        :mod:`~bucketstore.engine.sealed_membership`), but for its prefix rows, which the index
+        tracks from the open (delivery untracks them: :mod:`~bucketstore.engine.bucket_prefix`).
+        Raises what opening it would raise."""
+        if head_holds(bucket, ledger_id, entry_id):
+            return self._index.contains(ledger_id, entry_id)
         answer = self._membership.contains(bucket.ledger_id, ledger_id, entry_id)
         if answer is not None:
             return answer
@@ -1371,10 +1385,14 @@ class BucketTracker:
 
     def _open_ahead(self) -> None:
         """Have the reader thread read the entry 0 of the unopened buckets due soonest."""
-        if not self._unopened or self._store.segment_reader is None:
+        if self._unopened and self._store.segment_reader is not None:
+            self._open_ahead_of(self._queue.first_unopened(OPEN_AHEAD))
+
+    def _open_ahead_of(self, buckets: list[SealedBucket]) -> None:
+        """Have the reader thread read these unopened buckets' entry 0."""
+        if self._store.segment_reader is None:
             return
-        for slot in self._queue.first_slots(OPEN_AHEAD):
-            b = slot.bucket
+        for b in buckets:
             if b.summary is not None and b.ahead is None:
                 self._read_ahead.open_ahead(b, partial(self._read_entry0, b.path, b.ledger_id, b.key, b.summary))
 

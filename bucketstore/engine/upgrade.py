@@ -103,7 +103,7 @@ def _upgrade_bucket(store: Store, name: str, key: str, ledger_id: int, report: U
         new_path = write_bucket(store.ledgers_dir, new_id, meta, payloads, extra, fs=store.fs)
         # The one step that switches: the key now names the new file, atomically.
         store.catalog.commit(name, put={key: new_id}, next_ledger_id=new_id + 1,
-                             summaries={key: encode_summary(meta, new_id, os.path.getsize(new_path))})
+                             summaries={key: encode_summary(meta, new_id, os.path.getsize(new_path), _head(segments))})
     except BaseException:
         if new_path is not None:
             store.remove_ledger_file(new_path)  # an orphan either way; removing it now is tidier
@@ -113,3 +113,10 @@ def _upgrade_bucket(store: Store, name: str, key: str, ledger_id: int, report: U
     report.upgraded += 1
     report.bytes_before += old_size
     report.bytes_after += os.path.getsize(new_path)
+
+
+def _head(segments: list) -> tuple | None:
+    """Segment 1's rows (the summary keeps its first ones), or None when there is none."""
+    if not segments:
+        return None
+    return segments[0].timestamps, segments[0].ledger_ids, segments[0].entry_ids

@@ -133,7 +133,8 @@ def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltB
                 identity["store_id"] = job.store_id
             path = write_bucket(ledgers_dir(job.store), ledger_id, meta, payloads, identity)
             written.append(BuiltBucket(meta.key, ledger_id, cut.start_ledger, cut.end_ledger, meta.count, path,
-                                       encode_summary(meta, ledger_id, os.path.getsize(path))))
+                                       encode_summary(meta, ledger_id, os.path.getsize(path),
+                                                      (part.timestamps, part.ledgers, part.entries))))
         if is_aborted(job.store, job.job_id):
             raise JobAborted(f"build {job.job_id} was aborted")
     except BaseException:

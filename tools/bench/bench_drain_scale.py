@@ -23,8 +23,10 @@ The first ``--drain`` positions are timed (the whole store when smaller), the op
 not. Rates are per wall-clock second and, in the next column, per second of the
 process's CPU time (on a shared machine CPU time is what contention inflates least).
 The last column is the first call's time (ms, part of the timed drain): the open reads the
-catalog only, so the first call opens every bucket with a row due and reads its
-first segment (at 10 M overlapping, all 200 buckets).
+catalog only, and the catalog summaries (version 2) keep each bucket's first rows, so
+the first call takes its batch from them and opens only the buckets whose prefix it
+reaches past (before summary version 2 it opened every bucket with a row due and read
+its first segment: at 10 M overlapping, all 200).
 
 Configurations: the default ``TrackerConfig`` (one bucket per ledger: 20 buckets
 at 1 M, 200 at 10 M, 2,000 at 100 M) in ``sealed`` and ``journal`` durability, and
@@ -32,12 +34,15 @@ one *merged* store (20 ledgers per bucket, what merging leaves behind).
 
 ``--baseline DIR`` runs every measurement a second time with the package found in
 DIR (e.g. ``git archive main | tar -x -C /tmp/base``), alternating with this tree,
-so before and after are measured in one run. Each measurement is the best of
+so before and after are measured in one run. The baseline's copy of the store has
+its summaries rewritten as version 1 (no prefix), what a release before version 2
+wrote and reads (``--baseline-summaries 2`` leaves them). Each measurement is the best of
 ``--repeat`` fresh processes, each on its own copy of the store.
 
 Run:  python tools/bench/bench_drain_scale.py [--sizes 1e6,1e7] [--big] [--batches 100,1000,10000]
           [--regimes catchup,keepup] [--shapes overlap,ordered] [--merged 1e7]
-          [--modes sealed,journal] [--drain 2e6] [--repeat 3] [--baseline /tmp/base [--baseline-drain 3e5]]
+          [--modes sealed,journal] [--drain 2e6] [--repeat 3]
+          [--baseline /tmp/base [--baseline-drain 3e5] [--baseline-summaries 1|2]]
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ sys.path.insert(0, ROOT)
 
 import bucketstore  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
+from bucketstore.engine.bucket_summary import encode_summary  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
 
 START = 1_700_000_000_000  # the delay window's start (ms)
@@ -74,7 +80,7 @@ def generate_store(path: str, total: int, ledgers_per_bucket: int, ordered: bool
     store.tracker("t", TrackerConfig())
     cfg = TrackerConfig()
     per_bucket = ENTRIES_PER_LEDGER * ledgers_per_bucket
-    put = {}
+    put, summaries = {}, {}
     buckets = max(1, total // per_bucket)
     for b in range(buckets):
         first = b * ledgers_per_bucket
@@ -90,9 +96,10 @@ def generate_store(path: str, total: int, ledgers_per_bucket: int, ordered: bool
         meta, payloads = build_bucket(first, first + ledgers_per_bucket - 1, ts, ls, es,
                                       time_step_ms=cfg.max_time_step_per_segment_ms,
                                       max_indexes_per_segment=cfg.max_indexes_per_segment)
-        write_bucket(store.ledgers_dir, b, meta, payloads, {"tracker": "t", "store_id": store.store_id})
+        file = write_bucket(store.ledgers_dir, b, meta, payloads, {"tracker": "t", "store_id": store.store_id})
         put[meta.key] = b
-    store.catalog.commit("t", put=put, next_ledger_id=buckets)
+        summaries[meta.key] = encode_summary(meta, b, os.path.getsize(file), (ts, ls, es))  # as a seal commits it
+    store.catalog.commit("t", put=put, next_ledger_id=buckets, summaries=summaries)
     store.close()
     return buckets
 
@@ -141,11 +148,27 @@ print(json.dumps({"held": held, "delivered": got, "calls": calls, "short": short
 """
 
 
+def as_version1_summaries(path: str) -> None:
+    """Rewrite a closed store's catalog summaries as version 1: the table without the prefix."""
+    store = bucketstore.open(path, durability="sealed")
+    try:
+        _, summaries = store.catalog.keys_and_summaries("t")
+        old = {}
+        for key, raw in summaries.items():
+            n = int.from_bytes(raw[25:29], "little")
+            old[key] = b"\x01" + raw[1:29 + 24 * n]
+        store.catalog.commit("t", summaries=old)
+    finally:
+        store.close()
+
+
 def measure(code: str, store: str, scratch: str, mode: str, batch: int, limit: int, total: int,
-            regime: str) -> dict:
+            regime: str, version1: bool = False) -> dict:
     copy = os.path.join(scratch, "run")
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(store, copy)
+    if version1:
+        as_version1_summaries(copy)
     out = subprocess.check_output([sys.executable, "-c", _DRAIN, code, copy, mode, str(batch), str(limit),
                                    str(total), regime], env={**os.environ, "PYTHONPATH": code})
     shutil.rmtree(copy)
@@ -171,6 +194,8 @@ def main() -> None:
     p.add_argument("--drain", type=float, default=2e6, help="positions timed per measurement (default 2e6)")
     p.add_argument("--repeat", type=int, default=3, help="fresh processes per measurement (best is kept)")
     p.add_argument("--baseline", default=None, help="a source tree of the code to compare with")
+    p.add_argument("--baseline-summaries", type=int, choices=(1, 2), default=1,
+                   help="the summary version the baseline's store copy gets (default 1: no prefix)")
     p.add_argument("--baseline-drain", type=float, default=None,
                    help="positions timed per baseline measurement (default: --drain; the old code is slow)")
     args = p.parse_args()
@@ -211,7 +236,8 @@ def main() -> None:
                             best: dict[str, dict] = {}
                             for _ in range(args.repeat):
                                 for name, code in codes:  # alternate: load changes hit both alike
-                                    r = measure(code, store, tmp, mode, batch, limits[name], size, regime)
+                                    r = measure(code, store, tmp, mode, batch, limits[name], size, regime,
+                                                version1=name == "base" and args.baseline_summaries == 1)
                                     if name not in best or r["rate"] > best[name]["rate"]:
                                         best[name] = r
                             for name, _code in codes:

@@ -72,7 +72,7 @@ def build_store(path: str, total: int, per_bucket: int, add_rate: float, seed: i
                                           max_indexes_per_segment=cfg.max_indexes_per_segment)
             file = write_bucket(store.ledgers_dir, b, meta, payloads, identity)
             put[meta.key] = b
-            summaries[meta.key] = encode_summary(meta, b, os.path.getsize(file))
+            summaries[meta.key] = encode_summary(meta, b, os.path.getsize(file), (ts, ls, es))  # as a seal does
             if len(put) == 64 or b == buckets - 1:
                 store.catalog.commit("t", put=put, summaries=summaries, next_ledger_id=b + 1)
                 put, summaries = {}, {}
