@@ -74,7 +74,8 @@ SIZES: dict[str, dict[str, object]] = {
               "handoff_messages": 50_000, "handoff_repeat": 1, "peers_positions": 100_000, "peers_repeat": 1,
               "stalls_per_bucket": 500_000, "stalls_seal_at": 250_000, "stalls_total": 3_500_000,
               "stalls_repeat": 1, "steps_per_bucket": 500_000, "merge_repeat": 1, "merge_simulate": 200_000,
-              "sparse_runs": [(10_000_000, 50_000, "1,dense", 1)], "sparse_use": 20_000,
+              "sparse_runs": [(10_000_000, 50_000, "1,10,dense", 1)], "sparse_use": 20_000,
+              "readahead_messages": 1_000_000, "readahead_repeat": 1,
               "spark_rows": 2_000_000, "spark_repeat": 1, "timebucket_messages": 10_000_000,
               "nack_messages": 500_000},
     "full": {"codec_indexes": 50_000, "codec_repeat": 5, "seal_indexes": 1_000_000, "seal_repeat": 5,
@@ -84,7 +85,8 @@ SIZES: dict[str, dict[str, object]] = {
              "peers_positions": 1_000_000, "peers_repeat": 3,
              "stalls_per_bucket": 1_000_000, "stalls_seal_at": 500_000, "stalls_total": 7_000_000,
              "stalls_repeat": 3, "steps_per_bucket": 1_000_000, "merge_repeat": 5, "merge_simulate": 1_000_000,
-             "sparse_runs": [(10_000_000, 50_000, "1,dense", 5), (100_000_000, 500_000, "1", 2)],
+             "sparse_runs": [(10_000_000, 50_000, "1,10,dense", 5), (100_000_000, 500_000, "1,dense", 2)],
+             "readahead_messages": 1_000_000, "readahead_repeat": 3,
              "sparse_use": 20_000, "spark_rows": 10_000_000, "spark_repeat": 3,
              "timebucket_messages": 10_000_000, "nack_messages": 1_000_000},
 }
@@ -450,6 +452,37 @@ def maintenance(run: Run) -> None:
                                    + "\n\n" + steps)
 
 
+def readahead(run: Run) -> None:
+    n, repeat = int(run.params["readahead_messages"]), int(run.params["readahead_repeat"])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="figures-") as tmp:
+        for segment in (5_000, 50_000):
+            path = os.path.join(tmp, f"sealed-{segment}")
+            bench_maintenance.make_sealed_store(path, n, segment)
+            runs: dict[bool, list[dict]] = {False: [], True: []}
+            for _ in range(repeat):  # off and on back to back
+                for on in (False, True):
+                    runs[on].append(bench_maintenance.bench_read_ahead(path, n, segment, on, 1.0))
+            off, on = (bench_maintenance._median_of(runs[m]) for m in (False, True))
+            rows.append([f"{segment:,}" + (" (the default)" if segment == 5_000 else ""),
+                         f"{off['load_ms_per_segment']:.2f}", f"**{on['load_ms_per_segment']:.2f}**",
+                         f"{on['hits']:.0f} / {on['hits'] + on['misses'] + on['late']:.0f}",
+                         f"{off['p50_ms']:.2f} / {off['p99_ms']:.1f} / {off['max_ms']:.1f}",
+                         f"{on['p50_ms']:.2f} / {on['p99_ms']:.1f} / {on['max_ms']:.1f}"])
+    run.sections["readahead"] = (
+        "## Segment read-ahead\n\n"
+        f"A store holding {n:,} sealed indexes (random delays) is reopened and drained with "
+        "`get_scheduled_messages(1000)` while the clock is past every index, the caller pausing 1 ms between "
+        "calls (its dispatch); `read_ahead` off and on (`Store(read_ahead=True)`, the default when "
+        f"`background=True`), back to back, median of {repeat}. *Hits* are segment loads the reader thread had "
+        "decoded before the queue reached them; per-call percentiles also hold the bucket deletions and the "
+        "merge of due runs. "
+        f"`python tools/bench/bench_maintenance.py --cases readahead --messages {n} --repeats {repeat}` prints "
+        "the same figures.\n\n"
+        + table(["segments of", "off: caller's wait per segment load, ms", "on: per load, ms",
+                 "on: hits / loads", "per call p50 / p99 / max ms, off", "on"], rows))
+
+
 def merge(run: Run) -> None:
     repeat, messages = int(run.params["merge_repeat"]), int(run.params["merge_simulate"])
     with tempfile.TemporaryDirectory(prefix="figures-") as tmp:
@@ -648,7 +681,7 @@ def compact(run: Run) -> None:
 SECTIONS: dict[str, Callable[[Run], None]] = {
     "simulate": simulate, "codec": codec, "seal": seal, "tracker": tracker, "restart": restart, "drain": drain,
     "handoff": handoff, "peers": peers, "maintenance": maintenance, "merge": merge, "sparse": sparse,
-    "spark": spark, "compact": compact,
+    "readahead": readahead, "spark": spark, "compact": compact,
 }
 
 
