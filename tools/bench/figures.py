@@ -104,8 +104,9 @@ class Run:
 
 
 # -- the machine -------------------------------------------------------------------------------------------
-def machine() -> str:
-    """One line a reader can compare with their own machine."""
+def machine(load: tuple[float, float, float] | None = None) -> str:
+    """One line a reader can compare with their own machine; ``load``: the load average when the section
+    started (now, if not given)."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -113,11 +114,11 @@ def machine() -> str:
     except OSError:
         pass
     try:
-        load = "load average %.1f / %.1f / %.1f at the start" % os.getloadavg()
+        loads = "load average %.1f / %.1f / %.1f at the start" % (load or os.getloadavg())
     except OSError:
-        load = "load average unknown"
+        loads = "load average unknown"
     return (f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, numpy {np.__version__}; {load}")
+            f"Python {platform.python_version()}, numpy {np.__version__}; {loads}")
 
 
 def command(run: Run, section: str) -> str:
@@ -686,9 +687,9 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
 
 
 # -- writing -------------------------------------------------------------------------------------------------
-def stamp(run: Run, name: str) -> str:
+def stamp(run: Run, name: str, load: tuple[float, float, float] | None = None) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"*Measured {when}, size `{run.size}`, on {machine()}. Command: `{command(run, name)}`.*"
+    return f"*Measured {when}, size `{run.size}`, on {machine(load)}. Command: `{command(run, name)}`.*"
 
 
 #: Regions that are a command's output or a picture, not a table of measurements: they carry no stamp.
@@ -766,8 +767,12 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             print(f"figures: {name} ...", file=sys.stderr, flush=True)
             before = set(run.regions)
+            try:
+                load: tuple[float, float, float] | None = os.getloadavg()
+            except OSError:
+                load = None
             SECTIONS[name](run)
-            stamps[name] = stamp(run, name)
+            stamps[name] = stamp(run, name, load)
             for region in set(run.regions) - before - UNSTAMPED:  # a figure in a doc says where it came from
                 run.regions[region] = f"{run.regions[region].rstrip()}\n\n{stamps[name]}\n"
             print(f"figures: {name} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
