@@ -101,6 +101,7 @@ def test_the_command_table_lists_every_command() -> None:
 
 
 REGION = re.compile(r"<!-- figures: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
+STAMP = re.compile(r"^\*Measured .+, size `\w+`, on .+\. Command: `python tools/bench/figures\.py .+`\.\*$", re.M)
 
 
 def test_generated_figures_come_from_the_script() -> None:
@@ -115,8 +116,16 @@ def test_generated_figures_come_from_the_script() -> None:
     sections = re.split(r"^<!-- section: [\w-]+ -->$", (ROOT / "docs" / "benchmarks.md").read_text(), flags=re.M)[1:]
     assert sections, "docs/benchmarks.md is written by tools/bench/figures.py"
     for section in sections:
-        assert re.search(r"^\*Measured .+, size `\w+`, on .+\. Command: `python tools/bench/figures\.py .+`\.\*$",
-                         section, re.M), f"a table of docs/benchmarks.md without its stamp:\n{section[:300]}"
+        assert STAMP.search(section), f"a table of docs/benchmarks.md without its stamp:\n{section[:300]}"
+
+
+def test_a_table_of_figures_in_a_doc_says_where_it_came_from() -> None:
+    """A generated table in README or docs/ (beside docs/benchmarks.md's own) carries the stamp of the run
+    that measured it: when, the machine, the size and the command, as the benchmarks page does."""
+    unstamped = [f"{page.relative_to(ROOT)}: {m.group('name')}" for page in PAGES
+                 for m in REGION.finditer(page.read_text())
+                 if re.search(r"^\|---", m.group("body"), re.M) and not STAMP.search(m.group("body"))]
+    assert not unstamped, f"generated tables without the stamp of their run: {unstamped}"
 
 
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")

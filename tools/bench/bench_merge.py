@@ -40,7 +40,9 @@ def merge_once(path: str, seed: int) -> dict[str, float]:
     clock = lambda: EPOCH  # noqa: E731 - nothing falls due during the benchmark
     cfg = TrackerConfig(max_num_buckets=4)
     rng = np.random.default_rng(seed)
-    with bucketstore.open(path, durability="sealed") as store:
+    # Maintenance on the caller's thread: the roll below then seals and merges before it returns (with
+    # background maintenance, the default, the stats read next would see no merge yet).
+    with bucketstore.open(path, durability="sealed", background=False) as store:
         t = store.tracker("m", cfg, clock)
         for ledger in range(5):
             at = EPOCH + 10_000 + rng.integers(0, 3_600_000, PER_BUCKET)
@@ -57,7 +59,8 @@ def merge_once(path: str, seed: int) -> dict[str, float]:
 
 def merge_ratio(shape: str, per_bucket: int, seed: int) -> tuple[int, int, int]:
     """(sum of the merged sources' file sizes, the merged file's size, number of sources)."""
-    with tempfile.TemporaryDirectory() as tmp, bucketstore.open(tmp, durability="sealed") as store:
+    with tempfile.TemporaryDirectory() as tmp, bucketstore.open(tmp, durability="sealed",
+                                                                          background=False) as store:
         t = store.tracker("m", TrackerConfig(max_num_buckets=4, min_index_count_per_bucket=per_bucket),
                           lambda: EPOCH)
         sizes: dict[int, tuple[int, int, int]] = {}
@@ -102,33 +105,43 @@ def main() -> None:
         print(f"  {shape}: {k} sources {before:,} bytes -> merged {after:,} bytes: ratio {after / before:.3f}  "
               f"{'ok' if after <= before else 'MISSED'}")
 
-    # Delays within one minute: the held set reaches its steady size after a simulated minute,
-    # so what the run shows past that point is whether memory and bucket count stay level.
-    cfg = SimulationConfig(messages=args.simulate_messages, delay_window_ms=60_000)
+    level = simulate_level(args.simulate_messages)
+    print(f"\nsimulate, {level['messages']:,} messages at {level['rate_per_s']:,}/s, delays within "
+          f"{level['window_s']} s, max_num_buckets={level['max_num_buckets']}: "
+          f"{level['sealed']} seals, {level['merged']} merges, at most {level['peak_buckets']} buckets at once, "
+          f"violations {level['violations']}")
+    print(f"  RSS while publishing: first quarter {level['rss_first_mb']:.0f} MB, "
+          f"last quarter {level['rss_last_mb']:.0f} MB, peak {level['rss_peak_mb']:.0f} MB "
+          "(the simulator's own oracle grows by 9 bytes per message)")
+
+
+def simulate_level(messages: int) -> dict[str, float]:
+    """``bucketstore simulate`` of ``messages`` with delays within one minute, sampling the process's RSS
+    while it publishes: the held set reaches its steady size after a simulated minute, so what the run
+    shows past that point is whether memory and the bucket count stay level."""
+    cfg = SimulationConfig(messages=messages, delay_window_ms=60_000)
     samples: list[tuple[int, int, float]] = []
     import bucketstore.cli.simulate as sim
 
-    original = sim._progress
+    class Sampling(sim.Progress):  # the simulator's progress ticks, each one an RSS sample
+        def update(self, n: int = 1, *, total: int | None = None) -> None:
+            samples.append((self.done, self.phase == "publish", rss_mb()))
+            super().update(n, total=total)
 
-    def sampling_progress(done, total, phase, stream=sys.stderr):
-        samples.append((done, phase == "publish", rss_mb()))
-        original(done, total, phase, stream)
-
-    sim._progress = sampling_progress
+    original = sim.Progress
+    sim.Progress = Sampling
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            report = run_simulation(os.path.join(tmp, "sim"), cfg, progress=True)
+            report = run_simulation(os.path.join(tmp, "sim"), cfg, progress=False)
     finally:
-        sim._progress = original
+        sim.Progress = original
     rss = [r for _, publishing, r in samples if publishing]
     quarter = max(1, len(rss) // 4)
-    print(f"\nsimulate, {cfg.messages:,} messages at {cfg.rate_per_s:,}/s, delays within "
-          f"{cfg.delay_window_ms // 1000} s, max_num_buckets={cfg.tracker.max_num_buckets}: "
-          f"{report.sealed} seals, {report.merged} merges, at most {report.peak_buckets} buckets at once, "
-          f"violations {report.violations}")
-    print(f"  RSS while publishing: first quarter {np.mean(rss[:quarter]):.0f} MB, "
-          f"last quarter {np.mean(rss[-quarter:]):.0f} MB, peak {max(rss):.0f} MB "
-          "(the simulator's own oracle grows by 9 bytes per message)")
+    return {"messages": cfg.messages, "rate_per_s": cfg.rate_per_s, "window_s": cfg.delay_window_ms // 1000,
+            "max_num_buckets": cfg.tracker.max_num_buckets, "sealed": report.sealed, "merged": report.merged,
+            "peak_buckets": report.peak_buckets, "violations": report.violations,
+            "rss_first_mb": float(np.mean(rss[:quarter])), "rss_last_mb": float(np.mean(rss[-quarter:])),
+            "rss_peak_mb": float(max(rss))}
 
 
 if __name__ == "__main__":

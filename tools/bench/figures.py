@@ -9,7 +9,9 @@ the tools on the store it leaves, and rewrites
   machine and the size it was measured at;
 * the regions between ``<!-- figures: NAME -->`` and ``<!-- /figures -->`` in README.md and
   docs/*.md (the README's headline figures, the demo picture, ``simulate``'s reports, console
-  examples);
+  examples, and the tables of the pages that explain a measurement: maintenance, memory, the
+  compact structures, Spark, the codec against Pulsar's layout), each table with the same stamp as
+  in docs/benchmarks.md;
 * ``docs/images/simulate_due.png``.
 
 The full run takes a long time on a small machine (it builds stores of 10^8 indexes). ``--size``
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -49,8 +52,12 @@ sys.path[:0] = [ROOT, HERE]
 import bench_codec  # noqa: E402
 import bench_drain_scale  # noqa: E402
 import bench_handoff  # noqa: E402
+import bench_maintenance  # noqa: E402
+import bench_merge  # noqa: E402
 import bench_restart  # noqa: E402
 import bench_seal  # noqa: E402
+import bench_sparse  # noqa: E402
+import bench_timebucket  # noqa: E402
 import bench_tracker  # noqa: E402
 
 DOCS = os.path.join(ROOT, "docs")
@@ -64,12 +71,24 @@ SIZES: dict[str, dict[str, object]] = {
     "quick": {"codec_indexes": 20_000, "codec_repeat": 1, "seal_indexes": 200_000, "seal_repeat": 1,
               "tracker_messages": 100_000, "restart_sizes": [200_000, 1_000_000], "restart_repeats": 1,
               "drain_sizes": [1_000_000], "drain_repeat": 1, "drain_positions": 300_000,
-              "handoff_messages": 50_000, "handoff_repeat": 1, "peers_positions": 100_000, "peers_repeat": 1},
+              "handoff_messages": 50_000, "handoff_repeat": 1, "peers_positions": 100_000, "peers_repeat": 1,
+              "stalls_per_bucket": 500_000, "stalls_seal_at": 250_000, "stalls_total": 3_500_000,
+              "stalls_repeat": 1, "steps_per_bucket": 500_000, "merge_repeat": 1, "merge_simulate": 200_000,
+              "sparse_runs": [(10_000_000, 50_000, "1,10,dense", 1)], "sparse_use": 20_000,
+              "readahead_messages": 1_000_000, "readahead_repeat": 1,
+              "spark_rows": 2_000_000, "spark_repeat": 1, "timebucket_messages": 10_000_000,
+              "nack_messages": 500_000},
     "full": {"codec_indexes": 50_000, "codec_repeat": 5, "seal_indexes": 1_000_000, "seal_repeat": 5,
              "tracker_messages": 1_000_000, "restart_sizes": [1_000_000, 10_000_000, 100_000_000],
              "restart_repeats": 5, "drain_sizes": [1_000_000, 10_000_000], "drain_repeat": 3,
              "drain_positions": 1_000_000, "handoff_messages": 200_000, "handoff_repeat": 3,
-             "peers_positions": 1_000_000, "peers_repeat": 3},
+             "peers_positions": 1_000_000, "peers_repeat": 3,
+             "stalls_per_bucket": 1_000_000, "stalls_seal_at": 500_000, "stalls_total": 7_000_000,
+             "stalls_repeat": 3, "steps_per_bucket": 1_000_000, "merge_repeat": 5, "merge_simulate": 1_000_000,
+             "sparse_runs": [(10_000_000, 50_000, "1,10,dense", 5), (100_000_000, 500_000, "1,dense", 2)],
+             "readahead_messages": 1_000_000, "readahead_repeat": 3,
+             "sparse_use": 20_000, "spark_rows": 10_000_000, "spark_repeat": 3,
+             "timebucket_messages": 10_000_000, "nack_messages": 1_000_000},
 }
 
 
@@ -85,8 +104,9 @@ class Run:
 
 
 # -- the machine -------------------------------------------------------------------------------------------
-def machine() -> str:
-    """One line a reader can compare with their own machine."""
+def machine(load: tuple[float, float, float] | None = None) -> str:
+    """One line a reader can compare with their own machine; ``load``: the load average when the section
+    started (now, if not given)."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -94,11 +114,11 @@ def machine() -> str:
     except OSError:
         pass
     try:
-        load = "load average %.1f / %.1f / %.1f at the start" % os.getloadavg()
+        loads = "load average %.1f / %.1f / %.1f at the start" % (load or os.getloadavg())
     except OSError:
-        load = "load average unknown"
+        loads = "load average unknown"
     return (f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, numpy {np.__version__}; {load}")
+            f"Python {platform.python_version()}, numpy {np.__version__}; {loads}")
 
 
 def command(run: Run, section: str) -> str:
@@ -122,6 +142,17 @@ def cli(args: list[str], cwd: str, timeout: float = 900) -> tuple[str, float]:
     if done.returncode != 0:
         raise RuntimeError(f"bucketstore {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done.stdout, time.perf_counter() - started
+
+
+def ratio(x: float) -> str:
+    """A ratio as a reader takes it in: 1.3×, 14×, 2,100×."""
+    return f"{x:.1f}×" if x < 10 else f"{x:,.0f}×"
+
+
+def ratios(values: list[float]) -> str:
+    """The span of some ratios: ``5.3×`` or ``5.3× to 13×``."""
+    lo, hi = ratio(min(values)), ratio(max(values))
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def console(cmd: str, out: str) -> str:
@@ -194,6 +225,16 @@ def codec(run: Run) -> None:
         f"Pulsar's protobuf layout; encode and decode in M indexes/s, best of {repeat}. "
         f"`python tools/bench/bench_codec.py` prints the same figures.\n\n"
         + table(["workload", "v2 B/index", "v1 B/index", "Pulsar B/index", "encode M/s", "decode M/s"], rows))
+    parts = [[label, f"{r['file']:.3f}", f"{r['seg']:.3f}", f"{r['entry0']:.3f}", f"{r['v1_file']:.3f}",
+              f"{r['v1_seg']:.3f}", f"{r['v1_entry0']:.3f}", f"{r['p_total']:.2f}", f"{r['p_seg']:.2f}",
+              f"{r['p_entry0']:.3f}", ratio(r['p_total'] / r['file'])]
+             for label, r in ((names[k], results[k]) for k in names)]
+    run.regions["codec-parts"] = (
+        f"Buckets of {n:,} indexes, B/index by part: the whole ledger file, its segments and its entry 0, in the "
+        "current format (v2) and the first (v1), and Pulsar's protobuf layout (segments, then `SnapshotMetadata`), "
+        "with Pulsar's total over v2's file.\n\n"
+        + table(["workload", "v2 file", "v2 segments", "v2 entry 0", "v1 file", "v1 segments", "v1 entry 0",
+                 "Pulsar total", "Pulsar segments", "Pulsar entry 0", "Pulsar / v2"], parts) + "\n")
     run.headline["codec"] = (f"On disk: {results['A']['file']:.3f} B/index for a fixed delay and "
                              f"{results['B']['file']:.2f} B/index for random delays in a 10-minute window, against "
                              f"{results['A']['p_total']:.1f} and {results['B']['p_total']:.1f} B/index in Pulsar's "
@@ -334,20 +375,327 @@ def peers(run: Run) -> None:
             + ".")
 
 
+def child_json(code: str, timeout: float = 7200) -> object:
+    """Run ``code`` in a fresh Python on this tree (tools/bench importable) and return the JSON value it
+    prints last: for figures of a process's own memory, or of code a benchmark patches in place."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"a benchmark's child process exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def stalls_rows(run: Run) -> tuple[str, dict[bool, dict]]:
+    per, seal_at = int(run.params["stalls_per_bucket"]), int(run.params["stalls_seal_at"])
+    total, repeat = int(run.params["stalls_total"]), int(run.params["stalls_repeat"])
+    runs: dict[bool, list[dict]] = {False: [], True: []}
+    for _ in range(repeat):  # the two designs back to back, each in a fresh process (its RSS is the figure)
+        for background in (False, True):
+            runs[background].append(child_json(
+                "import json, tempfile, bench_maintenance as b\n"
+                "with tempfile.TemporaryDirectory() as tmp:\n"
+                f"    print(json.dumps(b.bench_stalls(tmp, {per}, {total}, {background}, 2, {seal_at})))"))
+    med = {m: bench_maintenance._median_of(r) for m, r in runs.items()}
+    rows = [[label, f"{r['other_p50_ms']:.2f}", f"{r['other_p99_ms']:.1f}", f"**{r['other_max_ms']:.0f}**",
+             f"{r['caller_M_per_s']:.2f}", f"{r['all_sealed_M_per_s']:.2f}",
+             f"{r['seals']:.0f} / {r['merges']:.0f}", f"{r['rss_peak_mb']:.0f}", f"{r['backpressure_waits']:.0f}"]
+            for label, r in (("synchronous (`background=False`)", med[False]), ("background (the default)", med[True]))]
+    text = (f"A writer adds {total:,} random-delay indexes in batches of 10,000 on ledgers of {per:,} entries "
+            f"(`min_index_count_per_bucket={seal_at:,}`, `max_num_buckets=4`: a seal at each ledger roll, "
+            "merges of four); a second thread adds one index per millisecond and its calls are timed. Defaults "
+            "otherwise (`max_pending_maintenance=2`, `max_backlog_bytes=256 MiB`). Each run in a fresh process, "
+            f"the two designs back to back, median of {repeat}. `python tools/bench/bench_maintenance.py --cases "
+            f"stalls --per-bucket {per} --seal-at {seal_at} --total {total} --repeats {repeat}` prints the "
+            "same figures.\n\n"
+            + table(["maintenance", "other thread: p50 ms", "p99 ms", "max ms", "writer at the caller M/s",
+                     "until all installed M/s", "seals / merges", "peak RSS MB", "backpressure waits"], rows))
+    return text, med
+
+
+def steps_rows(run: Run) -> str:
+    per, repeat = int(run.params["steps_per_bucket"]), int(run.params["stalls_repeat"])
+    runs = [child_json("import json, tempfile, bench_maintenance as b\nb.trace_steps()\n"
+                       "with tempfile.TemporaryDirectory() as tmp:\n"
+                       f"    print(json.dumps(b.bench_steps(tmp, {per})))") for _ in range(repeat)]
+    labels = ["sort", "drop repeats", "liveness", "read + decode segments", "encode segments", "encode bitmaps",
+              "encode (all)", "fsync", "fsync dir", "write (all, fsyncs included)", "job work (all)"]
+
+    def ms(kind: str, label: str) -> float | None:
+        values = [float(r[f"{kind}: {label}"].split(" ms")[0]) for r in runs if f"{kind}: {label}" in r]
+        return statistics.median(values) if values else None
+
+    rows = []
+    for label in labels:
+        seal_ms, merge_ms = ms("seal", label), ms("merge", label)
+        if seal_ms is None and merge_ms is None:
+            continue
+        rows.append([label.replace("job work (all)", "the job's whole work"),
+                     "" if seal_ms is None else f"{seal_ms:.1f}", "" if merge_ms is None else f"{merge_ms:.1f}"])
+    whole_seal, whole_merge = ms("seal", "job work (all)"), ms("merge", "job work (all)")
+    if whole_seal and whole_merge:
+        rows.append(["rate of the whole work, M indexes/s", f"{per / whole_seal / 1000:.1f}",
+                     f"{4 * per / whole_merge / 1000:.1f}"])
+    return (f"One thread (`background=False`): six ledgers of {per:,} random-delay indexes make six seals, and "
+            f"`max_num_buckets=4` merges four of them ({4 * per:,} indexes); ms per job, median of {repeat}. "
+            "Lines nest: *encode (all)* holds the two encodes, *write* its fsyncs. `python "
+            f"tools/bench/bench_maintenance.py --cases steps --per-bucket {per} --repeats {repeat}` prints "
+            "the same figures (and what of each step releases the GIL).\n\n"
+            + table(["step", f"{per // 1000:,} k seal", f"{4 * per // 1000:,} k merge"], rows))
+
+
+def maintenance(run: Run) -> None:
+    stalls, _ = stalls_rows(run)
+    steps = steps_rows(run)
+    run.regions["maintenance-stalls"] = stalls + "\n"
+    run.regions["maintenance-steps"] = steps + "\n"
+    run.sections["maintenance"] = ("## Maintenance: stalls and the steps of a seal and a merge\n\n" + stalls
+                                   + "\n\n" + steps)
+
+
+def readahead(run: Run) -> None:
+    n, repeat = int(run.params["readahead_messages"]), int(run.params["readahead_repeat"])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="figures-") as tmp:
+        for segment in (5_000, 50_000):
+            path = os.path.join(tmp, f"sealed-{segment}")
+            bench_maintenance.make_sealed_store(path, n, segment)
+            runs: dict[bool, list[dict]] = {False: [], True: []}
+            for _ in range(repeat):  # off and on back to back
+                for on in (False, True):
+                    runs[on].append(bench_maintenance.bench_read_ahead(path, n, segment, on, 1.0))
+            off, on = (bench_maintenance._median_of(runs[m]) for m in (False, True))
+            rows.append([f"{segment:,}" + (" (the default)" if segment == 5_000 else ""),
+                         f"{off['load_ms_per_segment']:.2f}", f"**{on['load_ms_per_segment']:.2f}**",
+                         f"{on['hits']:.0f} / {on['hits'] + on['misses'] + on['late']:.0f}",
+                         f"{off['p50_ms']:.2f} / {off['p99_ms']:.1f} / {off['max_ms']:.1f}",
+                         f"{on['p50_ms']:.2f} / {on['p99_ms']:.1f} / {on['max_ms']:.1f}"])
+    run.sections["readahead"] = (
+        "## Segment read-ahead\n\n"
+        f"A store holding {n:,} sealed indexes (random delays) is reopened and drained with "
+        "`get_scheduled_messages(1000)` while the clock is past every index, the caller pausing 1 ms between "
+        "calls (its dispatch); `read_ahead` off and on (`Store(read_ahead=True)`, the default when "
+        f"`background=True`), back to back, median of {repeat}. *Hits* are segment loads the reader thread had "
+        "decoded before the queue reached them; per-call percentiles also hold the bucket deletions and the "
+        "merge of due runs. "
+        f"`python tools/bench/bench_maintenance.py --cases readahead --messages {n} --repeats {repeat}` prints "
+        "the same figures.\n\n"
+        + table(["segments of", "off: caller's wait per segment load, ms", "on: per load, ms",
+                 "on: hits / loads", "per call p50 / p99 / max ms, off", "on"], rows))
+
+
+def merge(run: Run) -> None:
+    repeat, messages = int(run.params["merge_repeat"]), int(run.params["merge_simulate"])
+    with tempfile.TemporaryDirectory(prefix="figures-") as tmp:
+        runs = [bench_merge.merge_once(os.path.join(tmp, f"s{i}"), i) for i in range(repeat)]
+    best = min(runs, key=lambda r: r["merge_ms"])
+    n = 4 * bench_merge.PER_BUCKET
+    timing = table(["merge", "ms", "M indexes/s", "four files, bytes", "merged file, bytes"],
+                   [[f"4 × {bench_merge.PER_BUCKET:,} indexes, random delays up to 1 h", f"{best['merge_ms']:.0f}",
+                     f"{n / best['merge_ms'] / 1000:.1f}", f"{best['bytes_before']:,.0f}",
+                     f"{best['bytes_after']:,.0f}"]])
+    ratios = []
+    for shape, label, per_bucket in (("A", "A: fixed delay", 50_000), ("B", "B: random delays up to 10 min", 50_000),
+                                     ("S", "S: 1 % of entries delayed", 20_000)):
+        before, after, k = bench_merge.merge_ratio(shape, per_bucket, 0)
+        ratios.append([label, f"{k} × {per_bucket:,}", f"{before:,}", f"{after:,}", f"{after / before:.3f}"])
+    level = child_json(f"import json, bench_merge\nprint(json.dumps(bench_merge.simulate_level({messages})))")
+    run.sections["merge"] = (
+        "## Merge\n\n"
+        f"A tracker with `max_num_buckets=4` (maintenance on the caller's thread) seals four buckets and merges "
+        f"them at the fifth seal: the merge's time, best of {repeat}.\n\n" + timing + "\n\n"
+        "The merged file's size over the sum of the files it replaced (never larger is the aim):\n\n"
+        + table(["workload", "sources", "sources, bytes", "merged, bytes", "ratio"], ratios) + "\n\n"
+        f"`bucketstore simulate` of {level['messages']:,} messages with delays within {level['window_s']} s and "
+        f"`max_num_buckets={level['max_num_buckets']}`, the process's RSS sampled while it publishes (past the "
+        "first simulated minute the held set is at its steady size; the simulator's own oracle grows by 9 bytes "
+        "a message):\n\n"
+        + table(["seals", "merges", "most buckets at once", "RSS, first quarter MB", "last quarter MB",
+                 "peak MB", "violations"],
+                [[f"{level['sealed']}", f"{level['merged']}", f"{level['peak_buckets']}",
+                  f"{level['rss_first_mb']:.0f}", f"{level['rss_last_mb']:.0f}", f"{level['rss_peak_mb']:.0f}",
+                  f"{level['violations']}"]], right=set(range(7)))
+        + f"\n\n`python tools/bench/bench_merge.py --repeat {repeat} --simulate-messages {messages}` prints the "
+        "same figures.")
+
+
+def sparse(run: Run) -> None:
+    uses = int(run.params["sparse_use"])
+    rows, commands = [], []
+    for n, bucket, shapes, repeat in run.params["sparse_runs"]:  # type: ignore[attr-defined]
+        commands.append(f"`python tools/bench/bench_sparse.py --indexes {n} --bucket {bucket} --shapes {shapes} "
+                        f"--repeat {repeat} --use {uses}`")
+        for shape in shapes.split(","):
+            with tempfile.TemporaryDirectory(prefix="figures-", dir=os.environ.get("BUCKETSTORE_BENCH_DIR")) as tmp:
+                disk, last_ledger = bench_sparse.generate(tmp, shape, n, bucket, 0)
+                runs = [bench_sparse.recover(tmp, uses, last_ledger) for _ in range(repeat)]
+            held = runs[0]["held"]
+
+            def med(key: str) -> float:
+                return statistics.median(r[key] for r in runs)
+
+            label = ("dense (every entry, fixed delay)" if shape == "dense" else
+                     f"{shape} % of entries, {held * 100 // int(shape) // bench_sparse.LEDGER_ENTRIES:,} ledgers")
+            rows.append([f"{held:,} ({-(-n // bucket)} × {bucket:,})", label, f"{med('seconds') * 1000:.1f}",
+                         f"{med('rss_growth') / held:.2f}", f"**{med('used_rss_growth') / held:.2f}**",
+                         f"{med('contains_seconds') / uses * 1e6:.1f}", f"{med('batch_seconds') * 1000:.1f}",
+                         f"{disk / held:.2f}"])
+    text = (
+        "Stores as seals leave them (sealed buckets of contiguous ledger ranges; ledgers of 10,000 entries, a "
+        "share of their entries delayed U[0, 10 min), or every entry at a fixed delay). A fresh process opens the "
+        "store and the tracker and asks `next_delivery_time()` (*open*, and the RSS growth after it), then is "
+        f"used as a broker would: `contains_message` of {uses:,} random positions (random ledgers, so every "
+        "bucket) and the first batch due a minute after the first index; *after use* is the RSS growth then. "
+        f"Medians over fresh processes. " + "; ".join(commands)
+        + (" print" if len(commands) > 1 else " prints") + " the same figures. (Its `--baseline "
+        "CHECKOUT` also opens each store with another checkout's bucketstore, alternating, for before/after "
+        "ratios; that needs a second checkout, so this table does not run it.)\n\n"
+        + table(["held (buckets × size)", "shape", "open ms", "resident after open B/index",
+                 "resident after use B/index", "µs per question", "first batch ms", "disk B/index"], rows,
+                right={2, 3, 4, 5, 6, 7}))
+    sparse_rows = [r for r in rows if "ledgers" in r[1]]
+    if sparse_rows:
+        last = sparse_rows[-1]
+        run.headline["sparse"] = (f"Resident memory of a sparse store of {last[0].split(' (')[0]} held indexes "
+                                  f"({last[1].split(', ')[1]}) after a broker's use ({uses:,} `contains_message` "
+                                  f"questions on random ledgers and the first due batch): {last[4].strip('*')} "
+                                  f"B/index.")
+    run.regions["memory-sparse"] = text + "\n"
+    run.sections["sparse"] = "## Sparse stores: open, resident memory after use, disk\n\n" + text
+
+
+SPARK_LINE = re.compile(r"^(?P<what>\S.*?)\s+(?P<rows>[\d,]+) rows\s+(?P<s>[\d.]+) s\s+(?P<rate>[\d.]+) M/s\s+"
+                        r"(?P<core>[\d.]+) M/s/core(?:\s+(?P<cpu>[\d.]+) CPU s\s+(?P<cpurate>[\d.]+) M/CPU-s)?$", re.M)
+
+
+def spark(run: Run) -> None:
+    rows_n, repeat = int(run.params["spark_rows"]), int(run.params["spark_repeat"])
+    command_line = f"python tools/bench/bench_spark.py --rows {rows_n} --repeats {repeat}"
+    if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
+        text = (f"Skipped: PySpark (the `spark` extra) or a Java runtime was not installed where this ran. "
+                f"`{command_line}` measures it.")
+    else:
+        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        with tempfile.TemporaryDirectory(prefix="figures-") as tmp:
+            out = subprocess.run([sys.executable, os.path.join(HERE, "bench_spark.py"), "--rows", str(rows_n),
+                                  "--repeats", str(repeat), "--dir", os.path.join(tmp, "spark")], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=7200)
+        if out.returncode != 0:
+            raise RuntimeError(f"bench_spark.py exited {out.returncode}:\n{out.stderr[-3000:]}")
+        shape = re.search(r"^rows=.*buckets=(\d+)\s+partitions=(\d+)", out.stdout, re.M)
+        rows = [[m["what"].replace("local[", "`local[").replace("]", "]`"), f"{float(m['s']):.2f}",
+                 f"{float(m['rate']):.2f}", f"{float(m['core']):.2f}", m["cpu"] or "-", m["cpurate"] or "-"]
+                for m in SPARK_LINE.finditer(out.stdout)]
+        if len(rows) != 4 or shape is None:
+            raise RuntimeError(f"bench_spark.py printed no figures:\n{out.stdout}")
+        text = (f"{rows_n:,} indexes in log order (ledgers of 10,000 entries, delivery times spread over a day, "
+                f"generated in the JVM), default `TrackerConfig`: {shape.group(1)} buckets, {shape.group(2)} "
+                f"partitions. Warm-up build and read not timed; the Spark lines are the median of {repeat}. "
+                "*CPU s* is what the whole process tree (driver, JVM, Python workers) spent, and *M/CPU-s* the "
+                "rate per CPU-second: the per-core rate on a machine that is all the job's (on a shared "
+                f"machine the wall clock swings, CPU seconds much less). `{command_line}` prints the same "
+                "figures.\n\n"
+                + table(["", "s", "M/s", "M/s/core", "CPU s", "M/CPU-s"], rows))
+    run.regions["spark-performance"] = text + "\n"
+    run.sections["spark"] = "## Spark: bulk build and read\n\n" + text
+
+
+#: Below this RSS growth a row is within the allocator's noise: no ratio is drawn from it.
+NOISE_BYTES = 2**20
+
+
+def compact(run: Run) -> None:
+    n, nn = int(run.params["timebucket_messages"]), int(run.params["nack_messages"])
+    tb = {(kind, x, y, delay): bench_timebucket._run_row(kind, n, x, y, delay)
+          for x, y in [(1, 10), (4, 10), (8, 10), (1, 15), (4, 15), (8, 15)] for delay in ["fixed"]
+          for kind in ("timebucket", "seed-map")}
+    tb.update({(kind, 4, y, "random"): bench_timebucket._run_row(kind, n, 4, y, "random")
+               for y in (10, 15) for kind in ("timebucket", "seed-map")})
+    heap = {delay: bench_timebucket._run_row("heap", n, x, 0, delay) for x, delay in ((1, "fixed"), (4, "random"))}
+
+    def mb(r: dict) -> str:
+        return f"{r['rss_bytes'] / 2**20:.2f} ({r['rss_bytes'] / n:.3f})"
+
+    def est(r: dict) -> str:
+        return f"{r['estimate_bytes'] / 2**20:.2f}" if "estimate_bytes" in r else "-"
+
+    fixed, below_java = [], []
+    for x, y in [(1, 10), (4, 10), (8, 10), (1, 15), (4, 15), (8, 15)]:
+        t, bare = tb[("timebucket", x, y, "fixed")], tb[("seed-map", x, y, "fixed")]
+        java = bench_timebucket.JAVA_MB.get((x, y))
+        if java is not None and t["rss_bytes"] >= NOISE_BYTES:
+            below_java.append(java * n / 10_000_000 * 2**20 / t["rss_bytes"])
+        fixed.append([f"{x}", f"{y}", f"{t['buckets']}", f"**{mb(t)}**", mb(bare),
+                      "–" if java is None else f"{java * n / 10_000_000:.2f}", est(t), f"{t['adds_per_s'] / 1e6:.2f}"])
+    random_rows = [[f"{y}", f"{tb[('timebucket', 4, y, 'random')]['buckets']}", mb(tb[("timebucket", 4, y, "random")]),
+                    mb(tb[("seed-map", 4, y, "random")]), est(tb[("timebucket", 4, y, "random")]),
+                    f"{tb[('timebucket', 4, y, 'random')]['adds_per_s'] / 1e6:.2f}"] for y in (10, 15)]
+    below_heap = [heap["fixed"]["rss_bytes"] / tb[("timebucket", x, y, "fixed")]["rss_bytes"]
+                  for x, y in [(1, 10), (4, 10), (8, 10), (1, 15), (4, 15), (8, 15)]
+                  if tb[("timebucket", x, y, "fixed")]["rss_bytes"] >= NOISE_BYTES]
+    compare = (f" Where its growth is at least {NOISE_BYTES // 2**20} MB (below that a row is within the "
+               f"allocator's noise), TimeBucketIndex is {ratios(below_java)} below the design's Java figures and "
+               f"{ratios(below_heap)} below the tuple heap, its reverse lookup included."
+               if below_java and below_heap else "")
+    random_heap = heap["random"]["rss_bytes"] / tb[("timebucket", 4, 10, "random")]["rss_bytes"]
+    timebucket = (
+        f"{n:,} messages per row, 50,000 entries per ledger, fixed delay (message `i` published and delivered at "
+        "`T0 + i // x`), RSS growth of a fresh process after `gc.collect()` + `malloc_trim(0)`. `bare-map` is the "
+        "design's bare `SortedDict{ts >> y: {ledger: BitMap}}` built the same way (no reverse lookup, no run "
+        "optimization); the Java column is the TimeBucket design's own figures for 10 M messages, scaled to "
+        "this row count. MB (B/msg).\n\n"
+        + table(["x msg/ms", "y bits", "buckets", "**TimeBucketIndex**", "bare-map", "Java, the design",
+                 "`memory_bytes()` MB", "adds M/s"], fixed)
+        + f"\n\nHeap of `(ts, ledger, entry)` tuples (the InMemory baseline), same run: "
+        f"**{heap['fixed']['rss_bytes'] / 2**20:,.0f} MB, {heap['fixed']['rss_bytes'] / n:.1f} B/msg**, "
+        f"{heap['fixed']['adds_per_s'] / 1e6:.2f} M pushes/s ({heap['random']['adds_per_s'] / 1e6:.2f} M/s for "
+        f"the random rows)." + compare + "\n\n"
+        "Random delays (delivery at publish time + U[0, 1 h), x = 4):\n\n"
+        + table(["y bits", "buckets", "TimeBucketIndex", "bare-map", "`memory_bytes()` MB", "adds M/s"],
+                random_rows)
+        + f"\n\nAt y = 10 that is {ratio(random_heap)} below the tuple heap. `python tools/bench/bench_timebucket.py "
+        f"--messages {n}` prints the same figures.")
+    nack_rows, nack = [], {}
+    for shape in ("fixed", "batched", "random"):
+        for kind in ("nack/8", "nack/0", "dict"):
+            nack[(kind, shape)] = child_json(f"import json, bench_nack\nprint(json.dumps(bench_nack.worker("
+                                             f"{kind!r}, {nn}, 10, {shape!r})))")
+        cells = [f"{nack[(k, shape)]['rss_bytes'] / 2**20:.2f} MB ({nack[(k, shape)]['rss_bytes'] / nn:.2f} B/msg)"
+                 for k in ("nack/8", "nack/0", "dict")]
+        nack_rows.append([shape, f"**{cells[0]}**", cells[1], cells[2],
+                          " / ".join(f"{nack[(k, shape)]['adds_per_s'] / 1e6:.2f}" for k in ("nack/8", "nack/0", "dict"))])
+    worst = nack[("nack/0", "random")]["rss_bytes"] / nack[("dict", "random")]["rss_bytes"]
+    nack_text = (
+        f"{nn:,} nacks per row at 10 per ms (PIP-393's 10,000/s), redelivery after a fixed hour (`fixed`), the same "
+        "with 10-message batches each message nacked (`batched`), or after U[0, 1 h) (`random`). `dict` is "
+        "`{(ledger, entry, batch_index, partition): redeliver_at}`. RSS growth of a fresh process.\n\n"
+        + table(["workload", "NackTracker, 8 bits", "NackTracker, 0 bits", "dict", "adds M/s (8 bits / 0 / dict)"],
+                nack_rows)
+        + f"\n\nWith random delays at 0 bits NackTracker takes {ratio(worst)} the dict's memory. "
+        f"`python tools/bench/bench_nack.py --messages {nn}` prints the same figures.")
+    run.regions["compact-timebucket"] = timebucket + "\n"
+    run.regions["compact-nack"] = nack_text + "\n"
+    run.sections["compact"] = ("## Compact in-memory structures\n\n### TimeBucketIndex: bytes per message\n\n"
+                               + timebucket + "\n\n### NackTracker: bytes per nacked message\n\n" + nack_text)
+
+
 SECTIONS: dict[str, Callable[[Run], None]] = {
     "simulate": simulate, "codec": codec, "seal": seal, "tracker": tracker, "restart": restart, "drain": drain,
-    "handoff": handoff, "peers": peers,
+    "handoff": handoff, "peers": peers, "maintenance": maintenance, "merge": merge, "sparse": sparse,
+    "readahead": readahead, "spark": spark, "compact": compact,
 }
 
 
 # -- writing -------------------------------------------------------------------------------------------------
-def stamp(run: Run, name: str) -> str:
+def stamp(run: Run, name: str, load: tuple[float, float, float] | None = None) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"*Measured {when}, size `{run.size}`, on {machine()}. Command: `{command(run, name)}`.*"
+    return f"*Measured {when}, size `{run.size}`, on {machine(load)}. Command: `{command(run, name)}`.*"
 
 
+#: Regions that are a command's output or a picture, not a table of measurements: they carry no stamp.
+UNSTAMPED = {"simulate-report", "demo-verify", "api-prometheus", "api-checkpoint", "journal-report", "readme-image"}
 HEADLINE = re.compile(r"^<!-- headline: (?P<text>.*) -->$", re.M)
-README_ORDER = ("simulate", "drain", "restart", "codec", "peers")
+README_ORDER = ("simulate", "drain", "restart", "sparse", "codec", "peers")
 
 
 def write_benchmarks(run: Run, stamps: dict[str, str]) -> dict[str, str]:
@@ -418,8 +766,15 @@ def main(argv: list[str] | None = None) -> int:
         if name in names:
             started = time.perf_counter()
             print(f"figures: {name} ...", file=sys.stderr, flush=True)
+            before = set(run.regions)
+            try:
+                load: tuple[float, float, float] | None = os.getloadavg()
+            except OSError:
+                load = None
             SECTIONS[name](run)
-            stamps[name] = stamp(run, name)
+            stamps[name] = stamp(run, name, load)
+            for region in set(run.regions) - before - UNSTAMPED:  # a figure in a doc says where it came from
+                run.regions[region] = f"{run.regions[region].rstrip()}\n\n{stamps[name]}\n"
             print(f"figures: {name} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     sections = write_benchmarks(run, stamps)
     regions = dict(run.regions)
