@@ -63,10 +63,12 @@ def test_many_one_message_ledgers_seal_and_deliver_exactly(tmp_path):
                 for ledger, t in zip(ledgers[:half].tolist(), at[:half].tolist()):
                     assert tracker.add_message(ledger, 0, t)
             clock.now = int(at[half - 1])  # every row added so far is due now
+            assert tracker.wait_for_maintenance(30)  # single adds do not wait for the worker's seals
             sealed_before = len(tracker.buckets())
             rest = np.arange(half + 1, half + 51, dtype=np.uint64)
             assert tracker.add_messages((rest, np.zeros(50, np.uint64), 1_000 + rest * 10)) == 50
             # 50 pending rows: below the gate of 100 although the bucket holds more rows.
+            assert tracker.wait_for_maintenance(30)
             assert len(tracker.buckets()) == sealed_before
             rest = np.arange(half + 51, n + 1, dtype=np.uint64)
             if mode == "batch":
@@ -74,6 +76,7 @@ def test_many_one_message_ledgers_seal_and_deliver_exactly(tmp_path):
             else:
                 for ledger in rest.tolist():
                     assert tracker.add_message(ledger, 0, 1_000 + ledger * 10)
+            assert tracker.wait_for_maintenance(30)
             assert len(tracker.buckets()) > sealed_before
             clock.now = 10 ** 9
             got = tracker.get_scheduled_messages(10 * n)
