@@ -46,6 +46,27 @@ CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=8, max_indexe
                        max_time_step_per_segment_ms=100)
 
 
+def fork_child(target, *args: object) -> tuple[int, int]:
+    """Run ``target(*args, ready=w)`` in a forked child; return (pid, read end of its ready pipe).
+
+    The parent holds no store open across the fork (an LMDB environment must
+    not be inherited), and the child never returns into pytest.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(r)
+            target(*args, ready=w)
+        except BaseException:  # noqa: BLE001 - the child reports by exit code only
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
 def resume_point(records: list[dict[str, Any]]) -> tuple[int, int]:
     """Where a new writer continues: after the highest ledger and clock the log has seen."""
     ledger, clock = 0, 1_000
