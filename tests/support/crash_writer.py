@@ -20,7 +20,7 @@ writer goes on; it is the oracle the checker reads after the kill:
 
 Run as a script for a manual soak::
 
-    python tests/crash_writer.py STORE SIDE_LOG [--seed N] [--iterations N]
+    python tests/support/crash_writer.py STORE SIDE_LOG [--seed N] [--iterations N]
 """
 
 from __future__ import annotations
