@@ -217,7 +217,7 @@ def _child(path: str, log_path: str, cfg: JournalSimulationConfig, ready: int) -
     now = [s.clock]
     # confirm_sync_ms=0: the side log records a confirmation as durable once its call returns,
     # so the broker pays one fsync per confirming poll (grouped confirmations would widen the
-    # redelivery window this check allows; tests/test_sigkill.py checks that window).
+    # redelivery window this check allows; tests/crash/test_sigkill.py checks that window).
     store = open_store(path, durability="journal", confirm_sync_ms=0)
     tracker = store.tracker(_NAME, cfg.tracker, lambda: now[0])
     os.write(ready, b"r")

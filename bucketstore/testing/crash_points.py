@@ -15,7 +15,7 @@ store with the real file layer and yields a :class:`CrashState` to check. ::
         tracker = state.store.tracker("orders", CONFIG, FakeClock(1_000))
         assert all(tracker.contains_message(*p) for p in state.acknowledged), state
 
-The engine's own enumerations (``tests/test_crash_points*.py``) use the lower-level
+The engine's own enumerations (``tests/crash/test_crash_points*.py``) use the lower-level
 pieces: a :class:`Workload` is a named sequence of tracker calls; :class:`Run`
 executes it on a fresh store through a faulty file layer; :func:`reference` runs it
 once uncrashed to learn its calls and the catalog state after each commit;

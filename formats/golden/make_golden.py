@@ -10,7 +10,7 @@ the data it was built from: header, properties, entry 0 (per segment its
 bounds, count and bitmaps as sorted entry-id lists) and every index. The JSON
 is derived from the input columns, not read back from the file, so a test
 that reads the file and compares it with the JSON checks the reader against
-the writer's intent. ``tests/test_golden.py`` does that, and re-encodes every
+the writer's intent. ``tests/format/test_golden.py`` does that, and re-encodes every
 JSON to the same bytes.
 
 Running this again must reproduce the committed files exactly; a difference

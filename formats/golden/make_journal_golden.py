@@ -8,7 +8,7 @@ Both hold the same records, written by the library's own journal writer: a
 checkpoint (an untrack, two indexes, a frontier), then two groups. Version 1
 is what a journal without identity writes (every journal before format
 version 2); version 2 names store ``00112233445566778899aabbccddeeff`` and
-tracker ``sub-é``. ``tests/test_journal_golden.py`` reads both back, checks
+tracker ``sub-é``. ``tests/format/test_journal_golden.py`` reads both back, checks
 the records and the identity, and writes them again byte for byte.
 """
 

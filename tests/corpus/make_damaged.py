@@ -8,8 +8,8 @@ Each file is a golden file (``formats/golden``) with one named kind of damage.
 Where the damage sits behind a checksum, the file is re-framed with correct
 CRCs so that the damage reaches the decoder it is aimed at. Every file here
 must be rejected by ``BucketFile`` (plus reading its segments), by
-``bucketstore verify`` and by ``bucketstore dump``; ``tests/test_fuzz.py`` and
-``tests/test_cli.py`` replay them on every run. The output is deterministic.
+``bucketstore verify`` and by ``bucketstore dump``; ``tests/format/test_fuzz.py`` and
+``tests/cli/test_cli.py`` replay them on every run. The output is deterministic.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def _journal_inserted(group: bytes) -> bytes:
 
 
 #: Damaged journal files (``journal_*.journal``, file number 0, the newest file of its
-#: journal) and the offset the reader must name; ``tests/test_journal_golden.py`` replays them.
+#: journal) and the offset the reader must name; ``tests/format/test_journal_golden.py`` replays them.
 JOURNAL_CASES: dict[str, tuple[Callable[[], bytes], int]] = {
     # A version this reader does not know is named at the version field, even with its CRC wrong.
     "journal_version_3": (lambda: b"".join([_journal()[:8], struct.pack("<H", 3), _journal()[10:]]), 8),

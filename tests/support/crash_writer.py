@@ -20,7 +20,7 @@ writer goes on; it is the oracle the checker reads after the kill:
 
 Run as a script for a manual soak::
 
-    python tests/crash_writer.py STORE SIDE_LOG [--seed N] [--iterations N]
+    python tests/support/crash_writer.py STORE SIDE_LOG [--seed N] [--iterations N]
 """
 
 from __future__ import annotations
@@ -44,6 +44,27 @@ from helpers import FakeClock  # noqa: E402
 NAME = "sub"
 CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=8, max_indexes_per_segment=4,
                        max_time_step_per_segment_ms=100)
+
+
+def fork_child(target, *args: object) -> tuple[int, int]:
+    """Run ``target(*args, ready=w)`` in a forked child; return (pid, read end of its ready pipe).
+
+    The parent holds no store open across the fork (an LMDB environment must
+    not be inherited), and the child never returns into pytest.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(r)
+            target(*args, ready=w)
+        except BaseException:  # noqa: BLE001 - the child reports by exit code only
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
 
 
 def resume_point(records: list[dict[str, Any]]) -> tuple[int, int]:

@@ -14,9 +14,9 @@ import pytest
 from bucketstore import JournalError
 from bucketstore.engine.journal import read_identity
 from bucketstore.format.journal_codec import parse_file
+from repo_paths import DAMAGED, GOLDEN
 
-GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
-sys.path.insert(0, GOLDEN)
+sys.path.insert(0, str(GOLDEN))
 from make_journal_golden import STORE_ID, TRACKER, journal_bytes  # noqa: E402
 
 EXPECTED = [("c",), ("x", 3, 3), ("a", [5, 5], [1, 2], [1000, 1001]), ("f", 900, 4, 0), ("e",),
@@ -51,10 +51,7 @@ def test_golden_v2_journal_refuses_another_tracker_or_store():
 
 # -- the damaged journal corpus (tests/corpus/damaged/journal_*.journal) -----------------------------
 
-sys.path.insert(0, os.path.dirname(__file__))
 from corpus.make_damaged import JOURNAL_CASES  # noqa: E402
-
-DAMAGED = os.path.join(os.path.dirname(__file__), "corpus", "damaged")
 
 
 @pytest.mark.parametrize("name", sorted(JOURNAL_CASES))

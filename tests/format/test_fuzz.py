@@ -32,11 +32,11 @@ from bucketstore.errors import CorruptLedgerError
 from bucketstore.format.snapshot import BucketFile
 from bucketstore.checking.ledger_check import check_file
 from corpus.framing import frame_ledger, split_ledger, trailer
+from repo_paths import DAMAGED, GOLDEN
 
 EXAMPLES = int(os.environ.get("BUCKETSTORE_FUZZ_EXAMPLES", "250"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
 BASES = {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(os.path.join(GOLDEN, "*.ledger")))}
 PARTS = {name: split_ledger(os.path.join(GOLDEN, name)) for name in BASES}
 MAX_RSS_GROWTH_KB = 256 * 1024
@@ -290,7 +290,7 @@ def test_wrong_magic_and_newer_version(target: str) -> None:
 
 
 def test_damaged_corpus_is_rejected(tmp_path) -> None:
-    corpus = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "corpus", "damaged", "*.ledger")))
+    corpus = sorted(glob.glob(os.path.join(DAMAGED, "*.ledger")))
     assert len(corpus) >= 10
     for path in corpus:
         with open(path, "rb") as f:

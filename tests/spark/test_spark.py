@@ -31,6 +31,7 @@ from bucketstore.spark.build_plan import default_tasks, plan_partitions  # noqa:
 from bucketstore.spark.build_task import rows_from_batches, write_partition  # noqa: E402
 from bucketstore.spark.scan import plan_scan  # noqa: E402
 from helpers import FakeClock  # noqa: E402
+from repo_paths import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -564,8 +565,7 @@ def test_show_and_limit_print_no_worker_traceback(tmp_path):
         t.add_messages((np.arange(n, dtype=U64) // 100_000, np.arange(n, dtype=U64), 10_000 + np.arange(n, dtype=U64)))
         t.add_message(10, 0, 20_000)
         t.wait_for_maintenance()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "SPARK_LOCAL_IP": "127.0.0.1"}
     run = subprocess.run([sys.executable, "-c", _SHOW_SCRIPT, path], capture_output=True, text=True, env=env,
                          timeout=600)

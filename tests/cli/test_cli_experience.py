@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from repo_paths import GOLDEN
+
 SMALL = ["--messages", "40000", "--rate", "4000", "--delay-window-ms", "60000", "--entries-per-ledger", "1000",
          "--deliver-for-ms", "30000"]
 
@@ -249,7 +251,7 @@ def test_store_commands_refuse_a_directory_that_is_not_a_store(user_files: Path,
 
 def test_verify_still_takes_a_directory_of_ledger_files(tmp_path: Path) -> None:
     import shutil
-    golden = Path(__file__).resolve().parent.parent / "formats" / "golden"
+    golden = GOLDEN
     shutil.copy(golden / "several_ledgers.ledger", tmp_path / "b.ledger")
     run = cli("verify", str(tmp_path))
     assert run.returncode == 0 and run.stdout.startswith("verified 1 file(s)"), run.stdout + run.stderr

@@ -23,10 +23,11 @@ from bucketstore import CatalogError, ReadOnlyError, StaleSnapshotError, StoreCl
 from bucketstore.engine.journal import journal_directory
 
 from helpers import FakeClock, as_format1_catalog
+from repo_paths import SUPPORT
 
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=20, max_indexes_per_segment=7,
                     max_time_step_per_segment_ms=400)
-WRITER = os.path.join(os.path.dirname(__file__), "live_writer.py")
+WRITER = str(SUPPORT / "live_writer.py")
 #: live_writer.py's configuration (a writable twin must recover with the same one).
 LIVE_CFG = TrackerConfig(min_index_count_per_bucket=20, max_indexes_per_segment=8,
                          max_time_step_per_segment_ms=500, max_num_buckets=3, tick_time_ms=0)

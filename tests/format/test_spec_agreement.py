@@ -21,8 +21,7 @@ from bucketstore.engine.catalog import Catalog
 from bucketstore.format.compression import compress
 from bucketstore.format.segment_codec import KIND_FRAME, KIND_PACKED, encode_segment
 from helpers import SMALL, FakeClock, fill_and_seal
-
-FORMATS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "formats")
+from repo_paths import DAMAGED, FORMATS
 
 
 def _spec(name: str) -> str:
@@ -97,7 +96,7 @@ def test_zstd_pieces_join_forward_and_a_short_end_is_a_frame_of_its_own() -> Non
 
 
 def _corpus(name: str) -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "damaged", name + ".ledger")
+    return os.path.join(DAMAGED, name + ".ledger")
 
 
 def test_version_1_buckets_using_version_2_codecs_and_a_wrong_bucket_key_fail_where_the_spec_says() -> None:

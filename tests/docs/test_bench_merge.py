@@ -8,9 +8,12 @@ hook the simulator no longer has. Both ran only by hand, so nothing caught them.
 from __future__ import annotations
 
 import sys
+
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "bench"))
+from repo_paths import ROOT
+
+sys.path.insert(0, str(ROOT / "tools" / "bench"))
 
 import bench_merge  # noqa: E402
 

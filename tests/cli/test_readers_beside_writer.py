@@ -28,9 +28,10 @@ import time
 import pytest
 
 from bucketstore.cli import main
+from repo_paths import SUPPORT
 
 SECONDS = float(os.environ.get("BUCKETSTORE_READER_SECONDS", "8"))
-WRITER = os.path.join(os.path.dirname(__file__), "live_writer.py")
+WRITER = str(SUPPORT / "live_writer.py")
 COMMANDS = [["verify"], ["catalog", "--json"], ["dump"], ["stats"], ["catalog"]]
 
 

@@ -21,8 +21,8 @@ from pyroaring import BitMap, BitMap64
 from bucketstore.format.segment_codec import encode_segment
 from bucketstore.format.snapshot import BucketFile, BucketMetadata, SegmentMetadata, write_bucket
 from bucketstore import check_file
+from repo_paths import GOLDEN
 
-GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
 FILES = sorted(glob.glob(os.path.join(GOLDEN, "*.ledger")))
 AUTOMATIC_PROPERTIES = {"kind", "bucket_key", "start_ledger", "end_ledger"}
 

@@ -28,9 +28,8 @@ import pytest
 
 import bucketstore
 from bucketstore.engine.checkpoint import make_checkpoint
-from crash_writer import JOURNAL_CONFIG, NAME, run_journal_writer
+from crash_writer import JOURNAL_CONFIG, NAME, fork_child, run_journal_writer
 from helpers import FakeClock
-from test_sigkill import _fork
 
 #: One bucket per ledger or two, never merged: the steps below count buckets (the live writer merges).
 CONFIG = bucketstore.TrackerConfig(min_index_count_per_bucket=20, max_indexes_per_segment=8,
@@ -186,7 +185,7 @@ def _must_hold(start: list[dict], end: list[dict]) -> set[tuple[int, int]]:
 
 def test_checkpoints_beside_a_live_writer_hold_every_acknowledged_add(tmp_path: Path) -> None:
     store_path, log_path = tmp_path / "store", tmp_path / "side.log"
-    pid, ready = _fork(lambda *a, ready: run_journal_writer(*a, ready=ready, background=True), store_path,
+    pid, ready = fork_child(lambda *a, ready: run_journal_writer(*a, ready=ready, background=True), store_path,
                        log_path, 7)
     try:
         assert os.read(ready, 1) == b"r"
@@ -311,7 +310,7 @@ def test_a_checkpoint_killed_midway_leaves_nothing_at_its_destination(tmp_path: 
     try:
         for i in range(KILLS):
             dest = parent / f"cp{i}"
-            pid, ready = _fork(lambda src, dst, ready: (os.write(ready, b"r"), make_checkpoint(src, dst)),
+            pid, ready = fork_child(lambda src, dst, ready: (os.write(ready, b"r"), make_checkpoint(src, dst)),
                                tmp_path / "src", dest)
             os.read(ready, 1)
             os.close(ready)

@@ -24,9 +24,8 @@ import pytest
 import bucketstore
 from bucketstore.cli import commands as cli
 from bucketstore.errors import CatalogError, CorruptLedgerError, JournalError
+from repo_paths import ROOT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 
 def _header_size(journal: str) -> int:
@@ -141,7 +140,7 @@ def test_engine_errors_are_damage_not_unexpected(capsys, monkeypatch, tmp_path, 
 # -- a reader that cannot write lock.mdb --------------------------------------------------------------
 def _as_reader_without_write_access(store: str, *argv: str) -> subprocess.CompletedProcess:
     """Run the CLI as a user who may read the store but not write its catalog directory or lock file."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "bucketstore", *argv]
     if os.geteuid() == 0:  # root ignores permission bits unless it drops these capabilities
         if shutil.which("setpriv") is None:
@@ -188,7 +187,7 @@ def test_lockless_reader_refuses_beside_a_live_writer(shared_store) -> None:
     writer = subprocess.Popen([sys.executable, "-c", "import bucketstore, sys; s = bucketstore.open(sys.argv[1]); "
                                "print('open', flush=True); sys.stdin.read()", shared_store],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": ROOT})
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert writer.stdout.readline().strip() == "open"
         done = _as_reader_without_write_access(shared_store, "catalog", shared_store)

@@ -40,32 +40,12 @@ import bucketstore
 from bucketstore.errors import StoreLockedError
 
 from bucketstore.testing.oracle import check_files
-from crash_writer import CONFIG, JOURNAL_CONFIG, NAME, SideLog, read_side_log, run_journal_writer, run_writer
+from crash_writer import (CONFIG, JOURNAL_CONFIG, NAME, SideLog, fork_child, read_side_log, run_journal_writer,
+                          run_writer)
 from helpers import FakeClock
+from repo_paths import SUPPORT
 
 KILLS = int(os.environ.get("BUCKETSTORE_KILLS", "100"))
-HERE = Path(__file__).resolve().parent
-
-
-def _fork(target, *args: object) -> tuple[int, int]:
-    """Run ``target(*args, ready=w)`` in a forked child; return (pid, read end of its ready pipe).
-
-    The parent holds no store open across the fork (an LMDB environment must
-    not be inherited), and the child never returns into pytest.
-    """
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 0
-        try:
-            os.close(r)
-            target(*args, ready=w)
-        except BaseException:  # noqa: BLE001 - the child reports by exit code only
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    return pid, r
 
 
 def _kill_after(pid: int, ready: int, delay: float) -> bool:
@@ -117,10 +97,10 @@ def test_sigkill_writer_and_recovery(tmp_path: Path, background: bool) -> None:
     started = time.perf_counter()
     killed_writers = killed_recoveries = 0
     for i in range(KILLS):
-        pid, ready = _fork(functools.partial(run_writer, background=background), store_path, log_path, i, None)
+        pid, ready = fork_child(functools.partial(run_writer, background=background), store_path, log_path, i, None)
         killed_writers += _kill_after(pid, ready, rng.uniform(0.0, 0.08))
         now = max([1_000] + [r["clock"] for r in read_side_log(log_path) if "clock" in r])
-        pid, ready = _fork(_recover, store_path, now)
+        pid, ready = fork_child(_recover, store_path, now)
         killed_recoveries += _kill_after(pid, ready, rng.uniform(0.0, 0.01))
         check_store(store_path, log_path)
     records = read_side_log(log_path)
@@ -243,11 +223,11 @@ def test_sigkill_journal_writer_at_least_once(tmp_path: Path, background: bool, 
     window_back = 0  # batches whose confirming call returned, back because its commit had not come
     kills = JOURNAL_KILLS if not confirm_sync_ms else max(40, JOURNAL_KILLS // 2)  # the suite's time budget
     for i in range(kills):
-        pid, ready = _fork(functools.partial(run_journal_writer, background=background,
+        pid, ready = fork_child(functools.partial(run_journal_writer, background=background,
                                              confirm_sync_ms=confirm_sync_ms), store_path, log_path, i, None)
         killed_writers += _kill_after(pid, ready, rng.uniform(0.0, 0.15))
         now = max([1_000] + [r["clock"] for r in read_side_log(log_path) if "clock" in r])
-        pid, ready = _fork(_recover_journal, store_path, now)
+        pid, ready = fork_child(_recover_journal, store_path, now)
         killed_recoveries += _kill_after(pid, ready, rng.uniform(0.0, 0.01))
         checked = check_journal_store(store_path, log_path)
         came_back.add(checked["back_batch"])
@@ -276,7 +256,7 @@ def _hold(store_path: Path, ready: int) -> None:
 
 def test_second_process_gets_store_locked_until_holder_is_killed(tmp_path: Path) -> None:
     store_path = tmp_path / "store"
-    pid, ready = _fork(_hold, store_path)
+    pid, ready = fork_child(_hold, store_path)
     assert os.read(ready, 1) == b"r"
     os.close(ready)
     try:
@@ -294,7 +274,7 @@ def test_writer_script_killed_by_signal(tmp_path: Path) -> None:
     """The writer as a separate program (as in a manual soak), killed mid-run."""
     store_path, log_path = tmp_path / "store", tmp_path / "side.log"
     for seed in range(3):
-        proc = subprocess.Popen([sys.executable, str(HERE / "crash_writer.py"), str(store_path), str(log_path),
+        proc = subprocess.Popen([sys.executable, str(SUPPORT / "crash_writer.py"), str(store_path), str(log_path),
                                  "--seed", str(seed)], stdout=subprocess.PIPE,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"

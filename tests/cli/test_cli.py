@@ -16,11 +16,10 @@ from pyroaring import BitMap
 from bucketstore.cli import commands as cli
 from bucketstore.format.snapshot import build_bucket, decode_metadata, encode_metadata
 from corpus.framing import frame_ledger, split_ledger
+import repo_paths
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-GOLDEN = os.path.join(ROOT, "formats", "golden")
-DAMAGED = sorted(glob.glob(os.path.join(HERE, "corpus", "damaged", "*.ledger")))
+GOLDEN = str(repo_paths.GOLDEN)
+DAMAGED = sorted(glob.glob(str(repo_paths.DAMAGED / "*.ledger")))
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -71,7 +70,7 @@ def test_damaged_corpus_through_the_cli(capsys, path) -> None:
 
 
 def test_verify_directory_reports_every_damaged_file(capsys) -> None:
-    code, out, _ = run(capsys, "verify", os.path.join(HERE, "corpus"))
+    code, out, _ = run(capsys, "verify", str(repo_paths.CORPUS))
     assert code == 1
     assert f"in {len(DAMAGED)} file(s)" in out.splitlines()[-1]
 
@@ -138,8 +137,8 @@ def test_unexpected_error_is_one_line(capsys, monkeypatch) -> None:
 
 
 def test_python_dash_m_entry_point() -> None:
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    damaged = os.path.join(HERE, "corpus", "damaged", "entry0_zlib_bomb.ledger")
+    env = {**os.environ, "PYTHONPATH": str(repo_paths.ROOT)}
+    damaged = str(repo_paths.DAMAGED / "entry0_zlib_bomb.ledger")
     done = subprocess.run([sys.executable, "-m", "bucketstore", "verify", damaged], capture_output=True, text=True,
                           env=env, timeout=60)
     assert done.returncode == 1 and "Traceback" not in done.stderr

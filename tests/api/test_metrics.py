@@ -8,7 +8,6 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,8 +16,9 @@ import bucketstore
 from bucketstore import metrics
 from bucketstore.engine.op_stats import ADD_SAMPLE_EVERY, LATENCY_BUCKETS
 from helpers import SMALL, FakeClock
+from repo_paths import DOCS
 
-API_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+API_GUIDE = DOCS / "api.md"
 OPS = {"add", "deliver", "flush", "seal", "load", "merge", "delete", "backpressure"}
 
 

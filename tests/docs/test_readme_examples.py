@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT
+
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"<!--\s*(?:readme-)?examples:\s*skip\b(.*?)-->")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<code>.*?)^```$", re.S | re.M)

@@ -24,6 +24,7 @@ from bucketstore.engine.bucket_summary import PREFIX_ROWS, decode_summary, encod
 from bucketstore.format.snapshot import build_bucket
 
 from helpers import FakeClock, as_format1_catalog, example_count
+import repo_paths
 import test_lazy_open as lazy_open
 
 LEDGERS = 24
@@ -263,7 +264,7 @@ def test_summary_round_trip_and_malformed_prefixes():
             decode_summary(blob, path="cat", key="k")
 
 
-GOLDEN = os.path.join(os.path.dirname(__file__), os.pardir, "formats", "golden")
+GOLDEN = str(repo_paths.GOLDEN)
 
 
 @pytest.mark.parametrize("version", [1, 2])

@@ -15,9 +15,7 @@ import pytest
 import bucketstore
 from bucketstore.cli import commands as cli
 from bucketstore.format.ledger_file import LedgerReader
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-DAMAGED = os.path.join(HERE, "corpus", "damaged")
+from repo_paths import DAMAGED
 
 
 def _sealed_store(path: str) -> str:
