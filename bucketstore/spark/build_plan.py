@@ -24,7 +24,7 @@ import numpy as np
 
 from .bucketing import cut_ledger_groups
 
-__all__ = ["PartitionPlan", "plan_partitions"]
+__all__ = ["PartitionPlan", "plan_partitions", "InPlacePlan", "plan_in_place"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +96,69 @@ def default_tasks(rows: int, parallelism: int, rows_per_partition: int) -> int:
     """
     parallelism = max(parallelism, 1)
     return parallelism * max(1, math.ceil(rows / rows_per_partition / parallelism))
+
+
+@dataclass(frozen=True, slots=True)
+class InPlacePlan:
+    """A build that leaves most rows in the input partition they are in: no shuffle for them.
+
+    Possible when the input's partitions, taken in order, hold ascending
+    ledger ranges (an export in log order, a table sorted by ledger): the
+    buckets of the global cut that lie within one partition are written by
+    that partition's own task, and only the rows of the buckets that span a
+    partition boundary are shuffled, one such bucket per task.
+    """
+
+    rows: int
+    #: Input partitions; task ``k < partitions`` is input partition ``k``.
+    partitions: int
+    #: Input partition -> its buckets ``(start_ledger, end_ledger, rows)`` in ledger order.
+    home: dict[int, list[tuple[int, int, int]]]
+    #: ``(start_ledger, end_ledger)`` of the buckets that span partitions, ascending.
+    spanning: list[tuple[int, int]]
+    spanning_rows: int
+
+
+def plan_in_place(partitions: int, parts: np.ndarray, ledgers: np.ndarray, counts: np.ndarray, min_count: int,
+                  existing: Sequence[tuple[int, int]] = ()) -> InPlacePlan | None:
+    """Plan a build without a shuffle for rows already in ledger order across partitions, or None if they are not.
+
+    :param partitions: how many partitions the input has (some may be empty).
+    :param parts: input partition id of each ``(partition, ledger)`` group.
+    :param ledgers: its ledger id (uint64).
+    :param counts: its row count.
+    :raises LedgerRangeConflict: a ledger of the input lies inside an existing range.
+    """
+    parts = np.asarray(parts, dtype=np.int64)
+    ledgers = np.asarray(ledgers, dtype=np.uint64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if not len(ledgers):
+        return None
+    if int(parts.max()) >= partitions:
+        raise ValueError(f"partition id {int(parts.max())} of {partitions} partitions")
+    order = np.lexsort((ledgers, parts))
+    parts, ledgers, counts = parts[order], ledgers[order], counts[order]
+    # In ledger order across partitions: the (partition, ledger) groups sorted by
+    # partition are then sorted by ledger too; a ledger split between
+    # neighbouring partitions repeats at the boundary.
+    if not (ledgers[1:] >= ledgers[:-1]).all():
+        return None
+    first = np.concatenate(([True], ledgers[1:] != ledgers[:-1]))
+    at = np.flatnonzero(first)
+    distinct = ledgers[at]
+    per_ledger = np.add.reduceat(counts, at)
+    lowest_part = parts[at]
+    highest_part = np.maximum.reduceat(parts, at)
+    cuts = cut_ledger_groups(distinct.tolist(), per_ledger.tolist(), min_count, existing)
+    home: dict[int, list[tuple[int, int, int]]] = {}
+    spanning: list[tuple[int, int]] = []
+    spanning_rows = 0
+    for a, b, start, end in cuts:
+        rows = int(per_ledger[a:b].sum())
+        lo, hi = int(lowest_part[a]), int(highest_part[b - 1])
+        if lo == hi:
+            home.setdefault(lo, []).append((start, end, rows))
+        else:
+            spanning.append((start, end))
+            spanning_rows += rows
+    return InPlacePlan(int(counts.sum()), partitions, home, spanning, spanning_rows)
