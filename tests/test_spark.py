@@ -242,8 +242,8 @@ def test_in_place_plan_keeps_buckets_within_a_partition_and_moves_only_those_spa
     ledgers = np.array([l for _, l in keys], dtype=U64)
     counts = np.array([int(((part_of_row == p) & (rows == l)).sum()) for p, l in keys])
     order = np.random.default_rng(3).permutation(len(keys))  # the aggregation's order is arbitrary
-    plan = plan_in_place(4, parts[order], ledgers[order], counts[order], 30)
-    assert plan.partitions == 4 and plan.rows == 300
+    plan = plan_in_place(parts[order], ledgers[order], counts[order], 30)
+    assert plan.partitions == 3 and plan.rows == 300
     assert plan.spanning == [(9, 11), (18, 20)] and plan.spanning_rows == 60
     assert plan.home == {0: [(0, 2, 30), (3, 5, 30), (6, 8, 30)], 1: [(12, 14, 30), (15, 17, 30)],
                          2: [(21, 23, 30), (24, 26, 30), (27, 29, 30)]}
@@ -251,9 +251,9 @@ def test_in_place_plan_keeps_buckets_within_a_partition_and_moves_only_those_spa
     got = sorted([(s, e) for b in plan.home.values() for s, e, _ in b] + plan.spanning)
     assert got == [(c.start_ledger, c.end_ledger) for c in cut_buckets(rows, 30)]
     # Partitions whose ledger ranges interleave are not in ledger order: no plan.
-    assert plan_in_place(2, np.array([0, 1, 0]), np.array([1, 2, 3], dtype=U64), np.array([5, 5, 5]), 5) is None
+    assert plan_in_place(np.array([0, 1, 0]), np.array([1, 2, 3], dtype=U64), np.array([5, 5, 5]), 5) is None
     with pytest.raises(LedgerRangeConflict):
-        plan_in_place(4, parts, ledgers, counts, 30, existing=[(13, 13)])
+        plan_in_place(parts, ledgers, counts, 30, existing=[(13, 13)])
 
 
 def test_a_planned_task_seals_each_bucket_when_its_rows_are_in_and_refuses_rows_it_was_not_planned(tmp_path):
@@ -550,6 +550,11 @@ def test_input_in_ledger_order_builds_in_place_the_same_buckets_as_the_shuffle(s
     assert in_place.partitions == 3 and in_place.buckets_after == shuffled.buckets_after
     strip = [(t, s, e, k, ts, l, en) for t, s, e, _, k, ts, l, en in file_rows(str(tmp_path / "a"))]
     assert strip == [(t, s, e, k, ts, l, en) for t, s, e, _, k, ts, l, en in file_rows(str(tmp_path / "b"))]
+    # Empty partitions after the last one with rows: their tasks write nothing, the spanning task still runs.
+    padded = ordered.unionAll(ordered.where("ledger_id < 0"))
+    report = bspark.build_store(padded, tmp_path / "c", "sub", CFG)
+    assert report.in_place and report.buckets_after == shuffled.buckets_after
+    assert strip == [(t, s, e, k, ts, l, en) for t, s, e, _, k, ts, l, en in file_rows(str(tmp_path / "c"))]
 
 
 def test_packed_positions_refuse_an_id_the_planning_pass_did_not_see(spark):

@@ -49,7 +49,10 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
     least ``config.min_index_count_per_bucket`` indexes from those counts and
     gives each task a run of whole buckets; one shuffle sends each row to its
     task, which seals its buckets (segmented by the config's time step and
-    segment size). See :mod:`bucketstore.spark.build_plan`.
+    segment size). See :mod:`bucketstore.spark.build_plan`. When the input's
+    partitions are already in ledger order, each one's task seals the buckets
+    within it without a shuffle, and only the rows of buckets spanning two
+    partitions move (:func:`~bucketstore.spark.build_plan.plan_in_place`).
 
     The store (created if missing) is held open, and so locked, on this driver
     for the whole job: a tracker cannot open it meanwhile, and the build fails
@@ -61,7 +64,8 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
         ``"overwrite"`` replaces all the tracker's buckets in the same commit.
     :param rows_per_partition: the most rows a task should hold (about 40
         bytes each at the peak of its sort); the task count is a multiple of
-        Spark's default parallelism.
+        Spark's default parallelism. Not used in place, where the tasks are
+        the input's partitions and one holds a bucket's rows at a time.
     :raises LedgerRangeConflict: (``append``) rows fall inside an existing bucket;
         nothing was written.
     :raises pyspark.errors.PySparkException: the job failed (the error names the
@@ -85,8 +89,7 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
         tasks = default_tasks(n, spark.sparkContext.defaultParallelism, rows_per_partition)
         existing = [] if mode == "overwrite" else sorted(parse_bucket_key(key) for key in before)
         # Refuses rows inside an existing bucket here, before any task writes a file.
-        in_place = plan_in_place(rows.rdd.getNumPartitions(), parts, ledgers, counts,
-                                 config.min_index_count_per_bucket, existing)
+        in_place = plan_in_place(parts, ledgers, counts, config.min_index_count_per_bucket, existing)
         if in_place is not None and in_place.spanning_rows > in_place.rows // 2:
             in_place = None  # partitions smaller than buckets: most rows would move anyway
         if in_place is None:
@@ -132,8 +135,8 @@ def _rows_per_ledger(rows: DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     input partition too costs little (a ledger is usually in one partition)
     and tells whether the input is already in ledger order.
     """
-    table = rows.groupBy(F.spark_partition_id().alias("part"), "ledger_id").agg(F.count(F.lit(1)).alias("rows"), F.min("entry_id").alias("lo"),
-                                          F.max("entry_id").alias("hi")).toArrow()
+    table = rows.groupBy(F.spark_partition_id().alias("part"), "ledger_id").agg(
+        F.count(F.lit(1)).alias("rows"), F.min("entry_id").alias("lo"), F.max("entry_id").alias("hi")).toArrow()
     column = table.column("ledger_id")
     if column.null_count:
         raise ValueError("column ledger_id holds nulls; every row needs a ledger_id, entry_id and deliver_at")

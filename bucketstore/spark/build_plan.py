@@ -110,7 +110,8 @@ class InPlacePlan:
     """
 
     rows: int
-    #: Input partitions; task ``k < partitions`` is input partition ``k``.
+    #: Input partitions up to the last that holds rows; task ``k < partitions`` is input partition ``k``.
+    #: (Empty partitions after it come before the spanning buckets' tasks in the write, and write nothing.)
     partitions: int
     #: Input partition -> its buckets ``(start_ledger, end_ledger, rows)`` in ledger order.
     home: dict[int, list[tuple[int, int, int]]]
@@ -119,11 +120,10 @@ class InPlacePlan:
     spanning_rows: int
 
 
-def plan_in_place(partitions: int, parts: np.ndarray, ledgers: np.ndarray, counts: np.ndarray, min_count: int,
+def plan_in_place(parts: np.ndarray, ledgers: np.ndarray, counts: np.ndarray, min_count: int,
                   existing: Sequence[tuple[int, int]] = ()) -> InPlacePlan | None:
     """Plan a build without a shuffle for rows already in ledger order across partitions, or None if they are not.
 
-    :param partitions: how many partitions the input has (some may be empty).
     :param parts: input partition id of each ``(partition, ledger)`` group.
     :param ledgers: its ledger id (uint64).
     :param counts: its row count.
@@ -134,8 +134,6 @@ def plan_in_place(partitions: int, parts: np.ndarray, ledgers: np.ndarray, count
     counts = np.asarray(counts, dtype=np.int64)
     if not len(ledgers):
         return None
-    if int(parts.max()) >= partitions:
-        raise ValueError(f"partition id {int(parts.max())} of {partitions} partitions")
     order = np.lexsort((ledgers, parts))
     parts, ledgers, counts = parts[order], ledgers[order], counts[order]
     # In ledger order across partitions: the (partition, ledger) groups sorted by
@@ -161,4 +159,4 @@ def plan_in_place(partitions: int, parts: np.ndarray, ledgers: np.ndarray, count
         else:
             spanning.append((start, end))
             spanning_rows += rows
-    return InPlacePlan(int(counts.sum()), partitions, home, spanning, spanning_rows)
+    return InPlacePlan(int(counts.sum()), int(parts.max()) + 1, home, spanning, spanning_rows)
