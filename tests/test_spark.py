@@ -250,6 +250,24 @@ def test_in_place_plan_keeps_buckets_within_a_partition_and_moves_only_those_spa
     # Together they are the global cut of the rows.
     got = sorted([(s, e) for b in plan.home.values() for s, e, _ in b] + plan.spanning)
     assert got == [(c.start_ledger, c.end_ledger) for c in cut_buckets(rows, 30)]
+    # Partition ids need not follow ledger order (a file scan orders its splits by size).
+    flipped = plan_in_place(2 - parts, ledgers, counts, 30)
+    assert flipped.spanning == plan.spanning and flipped.home == {2 - k: v for k, v in plan.home.items()}
+    rng = np.random.default_rng(4)
+    for _ in range(30):  # random splits of ordered rows, partitions numbered in any order
+        distinct = np.unique(rng.integers(0, 200, 40)).astype(U64)
+        rows = np.repeat(distinct, rng.integers(1, 20, len(distinct)))
+        bounds = np.sort(rng.integers(0, len(rows), int(rng.integers(0, 6))))
+        ids = rng.permutation(len(bounds) + 1)[np.searchsorted(bounds, np.arange(len(rows)), side="right")]
+        keys = sorted({(int(p), int(l)) for p, l in zip(ids, rows)})
+        got = plan_in_place(np.array([p for p, _ in keys]), np.array([l for _, l in keys], dtype=U64),
+                            np.array([int(((ids == p) & (rows == l)).sum()) for p, l in keys]), 25)
+        whole = [(c.start_ledger, c.end_ledger, c.hi - c.lo) for c in cut_buckets(rows, 25)]
+        assert sorted([b for v in got.home.values() for b in v] + [(s, e, n) for s, e, n in whole
+                                                                   if (s, e) in got.spanning]) == whole
+        for p, buckets in got.home.items():
+            for s, e, n in buckets:
+                assert ((ids == p) & (rows >= s) & (rows <= e)).sum() == n  # all its rows are in partition p
     # Partitions whose ledger ranges interleave are not in ledger order: no plan.
     assert plan_in_place(np.array([0, 1, 0]), np.array([1, 2, 3], dtype=U64), np.array([5, 5, 5]), 5) is None
     with pytest.raises(LedgerRangeConflict):

@@ -102,8 +102,9 @@ def default_tasks(rows: int, parallelism: int, rows_per_partition: int) -> int:
 class InPlacePlan:
     """A build that leaves most rows in the input partition they are in: no shuffle for them.
 
-    Possible when the input's partitions, taken in order, hold ascending
-    ledger ranges (an export in log order, a table sorted by ledger): the
+    Possible when each input partition holds its own slice of the ledger
+    order (an export in log order, a table sorted by ledger; the slices may
+    come in any partition order, and neighbours may share a ledger): the
     buckets of the global cut that lie within one partition are written by
     that partition's own task, and only the rows of the buckets that span a
     partition boundary are shuffled, one such bucket per task.
@@ -111,11 +112,12 @@ class InPlacePlan:
 
     rows: int
     #: Input partitions up to the last that holds rows; task ``k < partitions`` is input partition ``k``.
-    #: (Empty partitions after it come before the spanning buckets' tasks in the write, and write nothing.)
+    #: (Empty partitions after it come before the spanning buckets' tasks in the write and write nothing.)
     partitions: int
     #: Input partition -> its buckets ``(start_ledger, end_ledger, rows)`` in ledger order.
     home: dict[int, list[tuple[int, int, int]]]
     #: ``(start_ledger, end_ledger)`` of the buckets that span partitions, ascending.
+    #: (Their tasks come after the input's partitions in the write.)
     spanning: list[tuple[int, int]]
     spanning_rows: int
 
@@ -134,26 +136,32 @@ def plan_in_place(parts: np.ndarray, ledgers: np.ndarray, counts: np.ndarray, mi
     counts = np.asarray(counts, dtype=np.int64)
     if not len(ledgers):
         return None
-    order = np.lexsort((ledgers, parts))
-    parts, ledgers, counts = parts[order], ledgers[order], counts[order]
-    # In ledger order across partitions: the (partition, ledger) groups sorted by
-    # partition are then sorted by ledger too; a ledger split between
-    # neighbouring partitions repeats at the boundary.
-    if not (ledgers[1:] >= ledgers[:-1]).all():
+    # Each partition's ledger range; taken in order of their first ledger, each
+    # range must start where the one before ends or after it (a ledger split
+    # between neighbouring partitions is shared). Partition ids need not follow
+    # ledger order: Spark orders a file scan's splits by size.
+    by_part = np.lexsort((ledgers, parts))
+    part_at = np.flatnonzero(np.concatenate(([True], parts[by_part][1:] != parts[by_part][:-1])))
+    lowest = ledgers[by_part][part_at]
+    highest = np.maximum.reduceat(ledgers[by_part], part_at)
+    ranked = np.lexsort((highest, lowest))
+    if not (lowest[ranked][1:] >= highest[ranked][:-1]).all():
         return None
-    first = np.concatenate(([True], ledgers[1:] != ledgers[:-1]))
-    at = np.flatnonzero(first)
+    order = np.lexsort((parts, ledgers))
+    parts, ledgers, counts = parts[order], ledgers[order], counts[order]
+    at = np.flatnonzero(np.concatenate(([True], ledgers[1:] != ledgers[:-1])))
     distinct = ledgers[at]
     per_ledger = np.add.reduceat(counts, at)
-    lowest_part = parts[at]
-    highest_part = np.maximum.reduceat(parts, at)
     cuts = cut_ledger_groups(distinct.tolist(), per_ledger.tolist(), min_count, existing)
     home: dict[int, list[tuple[int, int, int]]] = {}
     spanning: list[tuple[int, int]] = []
     spanning_rows = 0
-    for a, b, start, end in cuts:
+    # The (partition, ledger) groups of each bucket follow one another in ledger order.
+    first_group = at[[a for a, _, _, _ in cuts]]
+    lowest_part = np.minimum.reduceat(parts, first_group) if cuts else parts[:0]
+    highest_part = np.maximum.reduceat(parts, first_group) if cuts else parts[:0]
+    for (a, b, start, end), lo, hi in zip(cuts, lowest_part.tolist(), highest_part.tolist()):
         rows = int(per_ledger[a:b].sum())
-        lo, hi = int(lowest_part[a]), int(highest_part[b - 1])
         if lo == hi:
             home.setdefault(lo, []).append((start, end, rows))
         else:
