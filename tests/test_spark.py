@@ -291,7 +291,7 @@ def test_a_planned_task_seals_each_bucket_when_its_rows_are_in_and_refuses_rows_
     built = write_planned(job, watching(), [(0, 1, 200), (2, 3, 200)], 0)
     assert [b.key for b in built] == [b.key for b in write_partition(plan_build(store, "u", CFG), rows, 0)]
     assert sealed_after[6] == 1  # the first bucket was written once its 200th row came in (the 7th chunk)
-    for bad in ([(0, 1, 200)], [(0, 1, 200), (2, 3, 199)], [(0, 1, 200), (2, 3, 201)]):
+    for bad in ([], [(0, 1, 200)], [(0, 1, 200), (2, 3, 199)], [(0, 1, 200), (2, 3, 201)]):
         before = ledger_files(store)
         with pytest.raises(ValueError, match="is the input DataFrame deterministic"):
             write_planned(plan_build(store, "v", CFG), iter(chunks), bad, 0)

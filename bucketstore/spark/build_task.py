@@ -155,9 +155,9 @@ def write_planned(job: BuildJob, chunks: Iterable[Rows], buckets: Sequence[tuple
             if not len(chunk):
                 continue
             which = np.searchsorted(starts, chunk.ledgers, side="right") - 1
-            outside = (which < 0) | (chunk.ledgers > ends[np.maximum(which, 0)])
-            if len(buckets) == 0 or outside.any():
-                bad = int(chunk.ledgers[np.argmax(outside)]) if len(buckets) else int(chunk.ledgers[0])
+            outside = (which < 0) | (chunk.ledgers > ends[np.maximum(which, 0)]) if len(buckets) else which < 0
+            if outside.any():
+                bad = int(chunk.ledgers[np.argmax(outside)])
                 raise ValueError(f"task {partition_id} got a row of ledger {bad}, which the planning pass did not "
                                  f"see in this partition; {_NOT_DETERMINISTIC}")
             lo, hi = int(which[0]), int(which[-1])
