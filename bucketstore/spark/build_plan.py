@@ -24,7 +24,7 @@ import numpy as np
 
 from .bucketing import cut_ledger_groups
 
-__all__ = ["PartitionPlan", "plan_partitions"]
+__all__ = ["PartitionPlan", "plan_partitions", "InPlacePlan", "plan_in_place"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +96,75 @@ def default_tasks(rows: int, parallelism: int, rows_per_partition: int) -> int:
     """
     parallelism = max(parallelism, 1)
     return parallelism * max(1, math.ceil(rows / rows_per_partition / parallelism))
+
+
+@dataclass(frozen=True, slots=True)
+class InPlacePlan:
+    """A build that leaves most rows in the input partition they are in: no shuffle for them.
+
+    Possible when each input partition holds its own slice of the ledger
+    order (an export in log order, a table sorted by ledger; the slices may
+    come in any partition order, and neighbours may share a ledger): the
+    buckets of the global cut that lie within one partition are written by
+    that partition's own task, and only the rows of the buckets that span a
+    partition boundary are shuffled, one such bucket per task.
+    """
+
+    rows: int
+    #: Input partitions up to the last that holds rows; task ``k < partitions`` is input partition ``k``.
+    #: (Empty partitions after it come before the spanning buckets' tasks in the write and write nothing.)
+    partitions: int
+    #: Input partition -> its buckets ``(start_ledger, end_ledger, rows)`` in ledger order.
+    home: dict[int, list[tuple[int, int, int]]]
+    #: ``(start_ledger, end_ledger)`` of the buckets that span partitions, ascending.
+    #: (Their tasks come after the input's partitions in the write.)
+    spanning: list[tuple[int, int]]
+    spanning_rows: int
+
+
+def plan_in_place(parts: np.ndarray, ledgers: np.ndarray, counts: np.ndarray, min_count: int,
+                  existing: Sequence[tuple[int, int]] = ()) -> InPlacePlan | None:
+    """Plan a build without a shuffle for rows already in ledger order across partitions, or None if they are not.
+
+    :param parts: input partition id of each ``(partition, ledger)`` group.
+    :param ledgers: its ledger id (uint64).
+    :param counts: its row count.
+    :raises LedgerRangeConflict: a ledger of the input lies inside an existing range.
+    """
+    parts = np.asarray(parts, dtype=np.int64)
+    ledgers = np.asarray(ledgers, dtype=np.uint64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if not len(ledgers):
+        return None
+    # Each partition's ledger range; taken in order of their first ledger, each
+    # range must start where the one before ends or after it (a ledger split
+    # between neighbouring partitions is shared). Partition ids need not follow
+    # ledger order: Spark orders a file scan's splits by size.
+    by_part = np.lexsort((ledgers, parts))
+    part_at = np.flatnonzero(np.concatenate(([True], parts[by_part][1:] != parts[by_part][:-1])))
+    lowest = ledgers[by_part][part_at]
+    highest = np.maximum.reduceat(ledgers[by_part], part_at)
+    ranked = np.lexsort((highest, lowest))
+    if not (lowest[ranked][1:] >= highest[ranked][:-1]).all():
+        return None
+    order = np.lexsort((parts, ledgers))
+    parts, ledgers, counts = parts[order], ledgers[order], counts[order]
+    at = np.flatnonzero(np.concatenate(([True], ledgers[1:] != ledgers[:-1])))
+    distinct = ledgers[at]
+    per_ledger = np.add.reduceat(counts, at)
+    cuts = cut_ledger_groups(distinct.tolist(), per_ledger.tolist(), min_count, existing)
+    home: dict[int, list[tuple[int, int, int]]] = {}
+    spanning: list[tuple[int, int]] = []
+    spanning_rows = 0
+    # The (partition, ledger) groups of each bucket follow one another in ledger order.
+    first_group = at[[a for a, _, _, _ in cuts]]
+    lowest_part = np.minimum.reduceat(parts, first_group) if cuts else parts[:0]
+    highest_part = np.maximum.reduceat(parts, first_group) if cuts else parts[:0]
+    for (a, b, start, end), lo, hi in zip(cuts, lowest_part.tolist(), highest_part.tolist()):
+        rows = int(per_ledger[a:b].sum())
+        if lo == hi:
+            home.setdefault(lo, []).append((start, end, rows))
+        else:
+            spanning.append((start, end))
+            spanning_rows += rows
+    return InPlacePlan(int(counts.sum()), int(parts.max()) + 1, home, spanning, spanning_rows)

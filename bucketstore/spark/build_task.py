@@ -10,7 +10,7 @@ whatever a crash leaves is removed by the next ``bucketstore.open``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,8 +25,8 @@ from .bucketing import Rows, cut_buckets, order_positions, time_order
 from .build_job import BuildJob
 from .store_access import ledger_path, ledgers_dir
 
-__all__ = ["BuiltBucket", "BUILD_COLUMNS", "PACKED_COLUMNS", "rows_from_batches", "write_partition", "JOB_PROPERTY",
-           "remove_file"]
+__all__ = ["BuiltBucket", "BUILD_COLUMNS", "PACKED_COLUMNS", "rows_from_batches", "write_partition", "write_planned",
+           "JOB_PROPERTY", "remove_file"]
 
 #: The columns a bulk build reads; any other columns are ignored.
 BUILD_COLUMNS = ("ledger_id", "entry_id", "deliver_at")
@@ -38,6 +38,8 @@ _LOW32 = np.uint64(0xFFFFFFFF)
 #: Ledger header property naming the build that wrote a file.
 JOB_PROPERTY = "build_job"
 _U64 = np.dtype("<u8")
+_NOT_DETERMINISTIC = ("is the input DataFrame deterministic (the same rows in the same partitions each time it is "
+                      "evaluated)? Nothing was registered")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,21 +122,8 @@ def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltB
     written: list[BuiltBucket] = []
     try:
         for n, cut in enumerate(slices):
-            if is_aborted(job.store, job.job_id):
-                raise JobAborted(f"build {job.job_id} was aborted")
-            ledger_id = job.ledger_id(partition_id, n)
-            _claim(job, ledger_id)
-            part = time_order(rows.take(slice(cut.lo, cut.hi)))
-            meta, payloads = build_bucket(cut.start_ledger, cut.end_ledger, part.timestamps, part.ledgers,
-                                          part.entries, time_step_ms=job.config.max_time_step_per_segment_ms,
-                                          max_indexes_per_segment=job.config.max_indexes_per_segment)
-            identity = {"tracker": job.tracker, JOB_PROPERTY: job.job_id}
-            if job.store_id is not None:
-                identity["store_id"] = job.store_id
-            path = write_bucket(ledgers_dir(job.store), ledger_id, meta, payloads, identity)
-            written.append(BuiltBucket(meta.key, ledger_id, cut.start_ledger, cut.end_ledger, meta.count, path,
-                                       encode_summary(meta, ledger_id, os.path.getsize(path),
-                                                      (part.timestamps, part.ledgers, part.entries))))
+            written.append(_seal(job, partition_id, n, cut.start_ledger, cut.end_ledger,
+                                 rows.take(slice(cut.lo, cut.hi))))
         if is_aborted(job.store, job.job_id):
             raise JobAborted(f"build {job.job_id} was aborted")
     except BaseException:
@@ -142,3 +131,75 @@ def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltB
             remove_file(bucket.path)
         raise
     return written
+
+
+def write_planned(job: BuildJob, chunks: Iterable[Rows], buckets: Sequence[tuple[int, int, int]],
+                  partition_id: int) -> list[BuiltBucket]:
+    """Write the planned buckets ``(start_ledger, end_ledger, rows)`` of one task, each as soon as its rows are in.
+
+    The task of an in-place build (see :func:`~bucketstore.spark.build_plan.plan_in_place`)
+    reads an input partition that was not shuffled. The driver counted its
+    rows per bucket, so a bucket is sealed the moment its last row arrives:
+    a partition in ledger order holds one bucket's rows at a time, however
+    large it is; rows in any other order are held until their bucket is
+    complete. Rows the plan did not count (an input that yields other rows
+    when evaluated again) fail the task; cleanup as in :func:`write_partition`.
+    """
+    starts = np.array([b[0] for b in buckets], dtype=_U64)
+    ends = np.array([b[1] for b in buckets], dtype=_U64)
+    pending: dict[int, list[Rows]] = {}
+    filled = [0] * len(buckets)
+    written: list[BuiltBucket] = []
+    try:
+        for chunk in chunks:
+            if not len(chunk):
+                continue
+            which = np.searchsorted(starts, chunk.ledgers, side="right") - 1
+            outside = (which < 0) | (chunk.ledgers > ends[np.maximum(which, 0)]) if len(buckets) else which < 0
+            if outside.any():
+                bad = int(chunk.ledgers[np.argmax(outside)])
+                raise ValueError(f"task {partition_id} got a row of ledger {bad}, which the planning pass did not "
+                                 f"see in this partition; {_NOT_DETERMINISTIC}")
+            lo, hi = int(which[0]), int(which[-1])
+            groups = [(lo, chunk)] if lo == hi and (which == lo).all() else \
+                [(int(n), chunk.take(which == n)) for n in np.unique(which)]
+            for n, part in groups:
+                filled[n] += len(part)
+                if filled[n] > buckets[n][2]:
+                    raise ValueError(f"task {partition_id} got more rows for ledgers [{buckets[n][0]}, "
+                                     f"{buckets[n][1]}] than the planning pass counted; {_NOT_DETERMINISTIC}")
+                pending.setdefault(n, []).append(part)
+                if filled[n] == buckets[n][2]:
+                    parts = pending.pop(n)
+                    rows = order_positions(Rows(*(np.concatenate([getattr(p, c) for p in parts])
+                                                  for c in ("ledgers", "entries", "timestamps"))))
+                    written.append(_seal(job, partition_id, n, buckets[n][0], buckets[n][1], rows))
+        if sum(filled) != sum(b[2] for b in buckets):
+            raise ValueError(f"task {partition_id} got {sum(filled)} rows, the planning pass counted "
+                             f"{sum(b[2] for b in buckets)}; {_NOT_DETERMINISTIC}")
+        if is_aborted(job.store, job.job_id):
+            raise JobAborted(f"build {job.job_id} was aborted")
+    except BaseException:
+        for bucket in written:
+            remove_file(bucket.path)
+        raise
+    return written
+
+
+def _seal(job: BuildJob, partition_id: int, n: int, start_ledger: int, end_ledger: int, rows: Rows) -> BuiltBucket:
+    """Write position-ordered ``rows`` as the task's ``n``-th bucket, over ``[start_ledger, end_ledger]``."""
+    if is_aborted(job.store, job.job_id):
+        raise JobAborted(f"build {job.job_id} was aborted")
+    ledger_id = job.ledger_id(partition_id, n)
+    _claim(job, ledger_id)
+    part = time_order(rows)
+    meta, payloads = build_bucket(start_ledger, end_ledger, part.timestamps, part.ledgers, part.entries,
+                                  time_step_ms=job.config.max_time_step_per_segment_ms,
+                                  max_indexes_per_segment=job.config.max_indexes_per_segment)
+    identity = {"tracker": job.tracker, JOB_PROPERTY: job.job_id}
+    if job.store_id is not None:
+        identity["store_id"] = job.store_id
+    path = write_bucket(ledgers_dir(job.store), ledger_id, meta, payloads, identity)
+    return BuiltBucket(meta.key, ledger_id, start_ledger, end_ledger, meta.count, path,
+                       encode_summary(meta, ledger_id, os.path.getsize(path),
+                                      (part.timestamps, part.ledgers, part.entries)))

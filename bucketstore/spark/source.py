@@ -7,10 +7,11 @@ input partition).
 Writer options: ``path`` (from ``save(path)``), ``tracker`` (required),
 ``min_index_count_per_bucket``, ``max_time_step_per_segment_ms``,
 ``max_indexes_per_segment`` (as in :class:`~bucketstore.TrackerConfig`),
-``ledger_id_stride`` (ledger ids reserved per task). ``lock_holder_pid`` is set
-and ``positions`` (``packed``: the frame holds ``position = ledger_id << 32 |
-entry_id`` and ``deliver_at``) are set by :func:`bucketstore.spark.build_store`
-and are not for direct use.
+``ledger_id_stride`` (ledger ids reserved per task). ``lock_holder_pid``,
+``positions`` (``packed``: the frame holds ``position = ledger_id << 32 |
+entry_id`` and ``deliver_at``) and ``in_place`` (the planned buckets of the
+tasks that read unshuffled input partitions) are set by
+:func:`bucketstore.spark.build_store` and are not for direct use.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .build_task import BUILD_COLUMNS, PACKED_COLUMNS
 from .reader import StoreReader
 from .scan import DEFAULT_PARTITION_BYTES
 from .schema import READ_DDL
-from .writer import StoreWriter
+from .writer import InPlaceTasks, StoreWriter
 
 __all__ = ["BucketStoreDataSource", "FORMAT_NAME", "check_build_schema"]
 
@@ -75,7 +76,8 @@ class BucketStoreDataSource(DataSource):
         job = plan_build(self._store(), tracker, config, overwrite=overwrite,
                          lock_holder_pid=int(holder) if holder else None,
                          id_stride=self._int_option("ledger_id_stride", DEFAULT_ID_STRIDE))
-        return StoreWriter(job, packed)
+        raw_plan = self.options.get("in_place")
+        return StoreWriter(job, packed, InPlaceTasks.from_json(raw_plan) if raw_plan else None)
 
 
 def check_build_schema(schema: StructType, columns: tuple[str, ...] = BUILD_COLUMNS) -> None:

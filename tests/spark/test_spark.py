@@ -27,8 +27,8 @@ from bucketstore.spark.bucketing import (LedgerRangeConflict, Rows, cut_buckets,
                                          order_positions)
 from bucketstore.spark.build import _partition_id, packed_positions  # noqa: E402
 from bucketstore.spark.build_job import plan_build  # noqa: E402
-from bucketstore.spark.build_plan import default_tasks, plan_partitions  # noqa: E402
-from bucketstore.spark.build_task import rows_from_batches, write_partition  # noqa: E402
+from bucketstore.spark.build_plan import default_tasks, plan_in_place, plan_partitions  # noqa: E402
+from bucketstore.spark.build_task import rows_from_batches, write_partition, write_planned  # noqa: E402
 from bucketstore.spark.scan import plan_scan  # noqa: E402
 from helpers import FakeClock  # noqa: E402
 from repo_paths import ROOT  # noqa: E402
@@ -232,6 +232,71 @@ def test_partition_plan_cuts_the_whole_input_once_and_splits_it_on_bucket_bounda
         plan_partitions(ledgers, counts, 2000, tasks=2, existing=[(1150, 1250)])
     assert plan_partitions(np.zeros(0, U64), np.zeros(0, np.int64), 10, tasks=4).starts == (0,)
     assert [default_tasks(r, 2, 2_000_000) for r in (0, 3_000_000, 10_000_000)] == [2, 2, 6]
+
+
+def test_in_place_plan_keeps_buckets_within_a_partition_and_moves_only_those_spanning_two():
+    # Ledgers 0..29, 10 rows each, in 3 partitions split inside ledgers 9 and 20; buckets of 3 ledgers.
+    rows = np.repeat(np.arange(30, dtype=U64), 10)
+    part_of_row = np.searchsorted([95, 205], np.arange(300), side="right")
+    keys = sorted({(int(p), int(l)) for p, l in zip(part_of_row, rows)})
+    parts = np.array([p for p, _ in keys])
+    ledgers = np.array([l for _, l in keys], dtype=U64)
+    counts = np.array([int(((part_of_row == p) & (rows == l)).sum()) for p, l in keys])
+    order = np.random.default_rng(3).permutation(len(keys))  # the aggregation's order is arbitrary
+    plan = plan_in_place(parts[order], ledgers[order], counts[order], 30)
+    assert plan.partitions == 3 and plan.rows == 300
+    assert plan.spanning == [(9, 11), (18, 20)] and plan.spanning_rows == 60
+    assert plan.home == {0: [(0, 2, 30), (3, 5, 30), (6, 8, 30)], 1: [(12, 14, 30), (15, 17, 30)],
+                         2: [(21, 23, 30), (24, 26, 30), (27, 29, 30)]}
+    # Together they are the global cut of the rows.
+    got = sorted([(s, e) for b in plan.home.values() for s, e, _ in b] + plan.spanning)
+    assert got == [(c.start_ledger, c.end_ledger) for c in cut_buckets(rows, 30)]
+    # Partition ids need not follow ledger order (a file scan orders its splits by size).
+    flipped = plan_in_place(2 - parts, ledgers, counts, 30)
+    assert flipped.spanning == plan.spanning and flipped.home == {2 - k: v for k, v in plan.home.items()}
+    rng = np.random.default_rng(4)
+    for _ in range(30):  # random splits of ordered rows, partitions numbered in any order
+        distinct = np.unique(rng.integers(0, 200, 40)).astype(U64)
+        rows = np.repeat(distinct, rng.integers(1, 20, len(distinct)))
+        bounds = np.sort(rng.integers(0, len(rows), int(rng.integers(0, 6))))
+        ids = rng.permutation(len(bounds) + 1)[np.searchsorted(bounds, np.arange(len(rows)), side="right")]
+        keys = sorted({(int(p), int(l)) for p, l in zip(ids, rows)})
+        got = plan_in_place(np.array([p for p, _ in keys]), np.array([l for _, l in keys], dtype=U64),
+                            np.array([int(((ids == p) & (rows == l)).sum()) for p, l in keys]), 25)
+        whole = [(c.start_ledger, c.end_ledger, c.hi - c.lo) for c in cut_buckets(rows, 25)]
+        assert sorted([b for v in got.home.values() for b in v] + [(s, e, n) for s, e, n in whole
+                                                                   if (s, e) in got.spanning]) == whole
+        for p, buckets in got.home.items():
+            for s, e, n in buckets:
+                assert ((ids == p) & (rows >= s) & (rows <= e)).sum() == n  # all its rows are in partition p
+    # Partitions whose ledger ranges interleave are not in ledger order: no plan.
+    assert plan_in_place(np.array([0, 1, 0]), np.array([1, 2, 3], dtype=U64), np.array([5, 5, 5]), 5) is None
+    with pytest.raises(LedgerRangeConflict):
+        plan_in_place(parts, ledgers, counts, 30, existing=[(13, 13)])
+
+
+def test_a_planned_task_seals_each_bucket_when_its_rows_are_in_and_refuses_rows_it_was_not_planned(tmp_path):
+    store = str(tmp_path / "store")
+    bucketstore.open(store).close()
+    job = plan_build(store, "t", CFG)
+    ledgers = np.repeat(np.arange(4, dtype=U64), 100)
+    rows = Rows(ledgers, np.tile(np.arange(100, dtype=U64), 4), np.arange(400, dtype=U64) + 1)
+    chunks = [rows.take(slice(i, i + 30)) for i in range(0, 400, 30)]
+    sealed_after = []
+
+    def watching():
+        for chunk in chunks:
+            yield chunk
+            sealed_after.append(len(ledger_files(store)))
+
+    built = write_planned(job, watching(), [(0, 1, 200), (2, 3, 200)], 0)
+    assert [b.key for b in built] == [b.key for b in write_partition(plan_build(store, "u", CFG), rows, 0)]
+    assert sealed_after[6] == 1  # the first bucket was written once its 200th row came in (the 7th chunk)
+    for bad in ([], [(0, 1, 200)], [(0, 1, 200), (2, 3, 199)], [(0, 1, 200), (2, 3, 201)]):
+        before = ledger_files(store)
+        with pytest.raises(ValueError, match="is the input DataFrame deterministic"):
+            write_planned(plan_build(store, "v", CFG), iter(chunks), bad, 0)
+        assert ledger_files(store) == before
 
 
 def test_packed_positions_unpack_to_the_same_rows():
@@ -491,6 +556,24 @@ def test_build_store_cuts_buckets_across_tasks_as_one_process_would(spark, tmp_p
     ledgers = np.repeat(np.arange(90, dtype=U64), 37)
     assert counts == [c.hi - c.lo for c in cut_buckets(ledgers, CFG.min_index_count_per_bucket)]
     assert min(counts[:-1]) >= CFG.min_index_count_per_bucket
+
+
+def test_input_in_ledger_order_builds_in_place_the_same_buckets_as_the_shuffle(spark, tmp_path):
+    rows = random_rows(15, range(0, 90), 37, duplicates=20)
+    ordered = spark.createDataFrame([(l, e, t) for l, e, t in sorted(rows)],
+                                    "ledger_id BIGINT, entry_id BIGINT, deliver_at BIGINT").coalesce(2)
+    in_place = bspark.build_store(ordered, tmp_path / "a", "sub", CFG)
+    shuffled = bspark.build_store(rows_frame(spark, rows), tmp_path / "b", "sub", CFG)
+    assert in_place.in_place and not shuffled.in_place
+    # Two input partitions, one bucket spanning them in a task of its own.
+    assert in_place.partitions == 3 and in_place.buckets_after == shuffled.buckets_after
+    strip = [(t, s, e, k, ts, l, en) for t, s, e, _, k, ts, l, en in file_rows(str(tmp_path / "a"))]
+    assert strip == [(t, s, e, k, ts, l, en) for t, s, e, _, k, ts, l, en in file_rows(str(tmp_path / "b"))]
+    # Empty partitions after the last one with rows: their tasks write nothing, the spanning task still runs.
+    padded = ordered.unionAll(ordered.where("ledger_id < 0"))
+    report = bspark.build_store(padded, tmp_path / "c", "sub", CFG)
+    assert report.in_place and report.buckets_after == shuffled.buckets_after
+    assert strip == [(t, s, e, k, ts, l, en) for t, s, e, _, k, ts, l, en in file_rows(str(tmp_path / "c"))]
 
 
 def test_packed_positions_refuse_an_id_the_planning_pass_did_not_see(spark):

@@ -6,8 +6,12 @@ Input: ``rows`` delayed indexes in log order (ledgers of 10,000 entries, as an
 export from a topic arrives) with delivery times spread over a day. Measured:
 
 * bulk build, Spark: ``build_store`` from a DataFrame generated in the JVM
-  (so the input is not the bottleneck), end to end: count, range shuffle,
-  Arrow transfer, sealing, one catalog commit;
+  (so the input is not the bottleneck), end to end: the planning aggregation,
+  Arrow transfer, sealing, one catalog commit. The input's partitions are in
+  ledger order, so no row is shuffled (``BuildReport.in_place``);
+* bulk build, Spark, scrambled: the same rows in an order that interleaves
+  ledgers across partitions (position ``id * 7919 mod rows``), which takes the
+  shuffle to the planned tasks;
 * bulk build, one process: the same rows cut into the same buckets with
   ``build_bucket`` + ``write_bucket`` (numpy in, no Spark);
 * reading, Spark: ``spark.read.format("bucketstore")`` of the built store, every
@@ -137,16 +141,28 @@ def main(argv: list[str] | None = None) -> int:
                                                    F.lit(T0).alias("deliver_at")),
                        warmup, "warmup", config)
     spark.read.format("bucketstore").load(warmup).agg(F.max("timestamp")).first()
-    df = spark.range(n).select((F.col("id") / ENTRIES_PER_LEDGER).cast("long").alias("ledger_id"),
-                               (F.col("id") % ENTRIES_PER_LEDGER).alias("entry_id"),
-                               (F.lit(T0) + (F.col("id") * 2_654_435_761) % DAY_MS).alias("deliver_at"))
-    builds, reads, build_cpu, read_cpu = [], [], [], []
+    def frame(ids):
+        return ids.select((F.col("id") / ENTRIES_PER_LEDGER).cast("long").alias("ledger_id"),
+                          (F.col("id") % ENTRIES_PER_LEDGER).alias("entry_id"),
+                          (F.lit(T0) + (F.col("id") * 2_654_435_761) % DAY_MS).alias("deliver_at"))
+
+    df = frame(spark.range(n))
+    # A bijection of 0..n-1 (7919 is prime and divides no n used here) that scatters each ledger's rows.
+    scrambled = frame(spark.range(n).select(((F.col("id") * 7919) % n).alias("id")))
+    builds, reads, build_cpu, read_cpu, mixed, mixed_cpu = [], [], [], [], [], []
     for r in range(args.repeats):
         store = os.path.join(args.dir, f"store-{r}")
         cpu = cpu_seconds()
         report = bspark.build_store(df, store, "bench", config)
         build_cpu.append(cpu_seconds() - cpu)
         builds.append(report.seconds)
+        if n % 7919:
+            cpu = cpu_seconds()
+            other = bspark.build_store(scrambled, os.path.join(args.dir, f"scrambled-{r}"), "bench", config)
+            mixed_cpu.append(cpu_seconds() - cpu)
+            mixed.append(other.seconds)
+            assert other.buckets_after == report.buckets_after
+            shutil.rmtree(os.path.join(args.dir, f"scrambled-{r}"))
         started, cpu = time.perf_counter(), cpu_seconds()
         sums = spark.read.format("bucketstore").load(store).agg(
             F.count("*").alias("n"), F.sum(F.col("timestamp") - T0), F.sum("ledger_id"), F.sum("entry_id"),
@@ -154,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         reads.append(time.perf_counter() - started)
         read_cpu.append(cpu_seconds() - cpu)
         assert sums.n == n, sums
-        print(f"run {r + 1}: build {builds[-1]:.2f} s ({build_cpu[-1]:.2f} CPU s), "
+        tail = f", scrambled build {mixed[-1]:.2f} s ({mixed_cpu[-1]:.2f} CPU s)" if mixed else ""
+        how = ", in place" if getattr(report, "in_place", False) else ""  # the field is absent before 2026-11
+        print(f"run {r + 1}: build {builds[-1]:.2f} s ({build_cpu[-1]:.2f} CPU s{how}){tail}, "
               f"read {reads[-1]:.2f} s ({read_cpu[-1]:.2f} CPU s)", flush=True)
         if r + 1 < args.repeats:
             shutil.rmtree(store)
@@ -174,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
           f"max_indexes_per_segment={config.max_indexes_per_segment}")
     line("bulk build, one process", n, build_s, 1, build_1cpu)
     line(f"bulk build, Spark local[{args.cores}]", n, spark_build_s, args.cores, build_cpu_s)
+    if mixed:
+        line("  the same, scrambled input", n, float(np.median(mixed)), args.cores, float(np.median(mixed_cpu)))
     line("read, one process (BucketFile)", n, read_s, 1, read_1cpu)
     line(f"read, Spark local[{args.cores}]", n, spark_read_s, args.cores, read_cpu_s)
     return 0

@@ -564,7 +564,7 @@ def sparse(run: Run) -> None:
     run.sections["sparse"] = "## Sparse stores: open, resident memory after use, disk\n\n" + text
 
 
-SPARK_LINE = re.compile(r"^(?P<what>\S.*?)\s+(?P<rows>[\d,]+) rows\s+(?P<s>[\d.]+) s\s+(?P<rate>[\d.]+) M/s\s+"
+SPARK_LINE = re.compile(r"^(?P<what>\s*\S.*?)\s+(?P<rows>[\d,]+) rows\s+(?P<s>[\d.]+) s\s+(?P<rate>[\d.]+) M/s\s+"
                         r"(?P<core>[\d.]+) M/s/core(?:\s+(?P<cpu>[\d.]+) CPU s\s+(?P<cpurate>[\d.]+) M/CPU-s)?$", re.M)
 
 
@@ -583,10 +583,11 @@ def spark(run: Run) -> None:
         if out.returncode != 0:
             raise RuntimeError(f"bench_spark.py exited {out.returncode}:\n{out.stderr[-3000:]}")
         shape = re.search(r"^rows=.*buckets=(\d+)\s+partitions=(\d+)", out.stdout, re.M)
-        rows = [[m["what"].replace("local[", "`local[").replace("]", "]`"), f"{float(m['s']):.2f}",
+        rows = [[m["what"].strip().replace("the same, scrambled input", "the same, scrambled input (shuffled)")
+                 .replace("local[", "`local[").replace("]", "]`"), f"{float(m['s']):.2f}",
                  f"{float(m['rate']):.2f}", f"{float(m['core']):.2f}", m["cpu"] or "-", m["cpurate"] or "-"]
                 for m in SPARK_LINE.finditer(out.stdout)]
-        if len(rows) != 4 or shape is None:
+        if len(rows) not in (4, 5) or shape is None:  # 5: the scrambled input's build too
             raise RuntimeError(f"bench_spark.py printed no figures:\n{out.stdout}")
         text = (f"{rows_n:,} indexes in log order (ledgers of 10,000 entries, delivery times spread over a day, "
                 f"generated in the JVM), default `TrackerConfig`: {shape.group(1)} buckets, {shape.group(2)} "
