@@ -8,12 +8,22 @@ background or now), and records its end; the backpressure by job count lives her
 from __future__ import annotations
 
 import logging
+import os
 import time
+from contextlib import AbstractContextManager
+from typing import Any
 
 from ..errors import BucketStoreError
+from ..format.snapshot import BucketMetadata
+from .bucket_job import BucketJob
+from .handoff import HeldRows
+from .index_set import DelayedIndexSet
 from .merge import choose_merge_window
 from .merge_pipeline import MergeJob
 from .seal_pipeline import SealJob
+from .sealed_bucket import SealedBucket
+from .shared_queue import Run, Slot
+from .store_services import StoreServices
 
 __all__ = ["JobRunning"]
 
@@ -21,7 +31,8 @@ log = logging.getLogger("bucketstore")
 
 
 class JobRunning:
-    """The tracker's side of its seal and merge jobs."""
+    """The tracker's side of its seal and merge jobs, and the job interface
+    (:class:`~bucketstore.engine.bucket_job.JobHost`) they install through."""
 
     # -- sealing and merging (see seal_pipeline, merge_pipeline, maintenance) -------------------
     def _start_seal(self, cutoff: int) -> None:
@@ -43,7 +54,7 @@ class JobRunning:
         self._sealing_end = max(self._sealing_end, end)
         self._run_job(job)
 
-    def _merge_while_too_many(self) -> None:
+    def merge_while_too_many(self) -> None:
         limit = self.config.max_num_buckets
         while limit > 0 and len(self._buckets) > limit and not self._merging and not self._closed:
             window = choose_merge_window(self._buckets.values())
@@ -78,7 +89,7 @@ class JobRunning:
             job.work()
             job.install()
 
-    def _finish_job(self, job: SealJob | MergeJob, outcome: str) -> None:
+    def finish_job(self, job: BucketJob, outcome: str) -> None:
         """Record a job's end (under the lock) and wake whoever waits for it."""
         job.finished = True
         self._store.budget.release(job.backlog_bytes)
@@ -111,7 +122,9 @@ class JobRunning:
         self._finished = max(self._finished, job.number)
         self._cond.notify_all()
 
-    def _checkpoint_or_fail(self) -> None:
+    def checkpoint_after_seal(self) -> None:
+        if self._journal is None or self._replaying:
+            return
         try:
             self._checkpoint()
         except (OSError, BucketStoreError) as exc:
@@ -120,7 +133,7 @@ class JobRunning:
             log.error("tracker %r: %s", self.name, self._maint.last_error)
             self._record_failure(exc)
 
-    def _delete_source_files(self, paths: list[str]) -> None:
+    def delete_source_files(self, paths: list[str]) -> None:
         for path in paths:
             self._store.remove_ledger_file(path)
 
@@ -154,3 +167,62 @@ class JobRunning:
 
     def _record_load(self, seconds: float, ok: bool) -> None:
         self._ops.record("load", seconds, ok)
+
+    # -- the job interface (JobHost): what a job reads and installs through ---------------------
+    @property
+    def job_lock(self) -> AbstractContextManager[Any]:
+        return self._lock
+
+    @property
+    def store_services(self) -> StoreServices:
+        return self._store
+
+    @property
+    def file_identity(self) -> dict[str, str]:
+        """The header properties that tie a ledger file to this tracker of this store."""
+        return {"tracker": self.name, "store_id": self._store.store_id}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def live_index(self) -> DelayedIndexSet:
+        return self._index
+
+    @property
+    def mark_delete_position(self) -> tuple[int, int] | None:
+        return self._mark_delete
+
+    def unconfirmed_rows(self, start_ledger: int, end_ledger: int) -> HeldRows:
+        return self._handoff.held_rows(start_ledger, end_ledger)
+
+    def job_started(self) -> None:
+        self._maint.running += 1
+
+    def withdraw_job(self, job: BucketJob) -> None:
+        (self._sealing if isinstance(job, SealJob) else self._merging).remove(job)
+
+    def install_bucket(self, path: str, ledger_id: int, meta: BucketMetadata) -> SealedBucket:
+        bucket = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load)
+        self._buckets.add(bucket)
+        return bucket
+
+    def retire_buckets(self, buckets: list[SealedBucket]) -> None:
+        for b in buckets:
+            b.dead = True  # their runs and slots in the queue die with them
+            self._buckets.remove(b)
+            self._read_ahead.forget(b)
+
+    def enqueue(self, item: Run | Slot) -> None:
+        self._queue.push(item)
+
+    def drop_dead_runs(self) -> None:
+        self._queue.drop_dead()
+
+    def bucket_consumed(self, bucket: SealedBucket) -> None:
+        self._exhausted.append(bucket)
+        self._delete_exhausted()
+
+    def delete_buckets(self, buckets: list[SealedBucket]) -> None:
+        self._delete_buckets(buckets)  # (a read-only tracker overrides _delete_buckets)

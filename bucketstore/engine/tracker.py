@@ -195,11 +195,6 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             self._queue.push(run)
 
     @property
-    def _file_identity(self) -> dict[str, str]:
-        """The header properties that tie a ledger file to this tracker of this store."""
-        return {"tracker": self.name, "store_id": self._store.store_id}
-
-    @property
     def _state(self) -> dict[str, Any]:
         return {"mark_delete": list(self._mark_delete) if self._mark_delete else None,
                 "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}}
