@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..cutoff import as_columns, check_position, check_timestamp
+from .handoff import after_key
 from .index_set import bitmap_of
-from .recovery import _after
 from .shared_queue import sorted_run
 
 __all__ = ["Adding"]
@@ -267,4 +267,4 @@ class Adding:
         frontier = self._handoff.frontier
         if frontier is None or int(floor.min()) > frontier[0]:
             return floor  # the common case: the whole run is after the frontier
-        return np.where(_after(floor, ledgers, entries, frontier), floor, ts).astype(_U64)
+        return np.where(after_key(floor, ledgers, entries, frontier), floor, ts).astype(_U64)

@@ -18,7 +18,7 @@ from ..format.ledger_file import ledger_file_name
 from ..format.snapshot import bucket_key, parse_bucket_key
 from .bucket_prefix import first_rows, take_head, track_heads
 from .bucket_summary import decode_summary, encode_summary
-from .handoff import DeliveryHandoff
+from .handoff import DeliveryHandoff, after_key
 from .identity import LedgerIdentityError
 from .index_set import bitmap_of
 from .sealed_bucket import SealedBucket
@@ -205,7 +205,7 @@ class Recovery:
             if int(bucket.min_ts[number - 1]) > frontier[0]:
                 break
             run = bucket.read_segment(number)
-            done = ~_after(run.ts, run.ledgers, run.entries, frontier)
+            done = ~after_key(run.ts, run.ledgers, run.entries, frontier)
             for ledger, entry in zip(run.ledgers[done].tolist(), run.entries[done].tolist()):
                 self._index.discard(ledger, entry)
                 # Its row stays in this segment: if the journal re-adds the position with
@@ -228,7 +228,7 @@ class Recovery:
                     continue
                 ledgers, entries, ts = rec[1], rec[2], rec[3]
                 if frontier is not None:
-                    keep = _after(ts, ledgers, entries, frontier)
+                    keep = after_key(ts, ledgers, entries, frontier)
                     ledgers, entries, ts = ledgers[keep], entries[keep], ts[keep]
                 if not len(ledgers):
                     continue
@@ -304,10 +304,3 @@ def _resolve_ranges(keys: dict[str, int], tracker: str) -> tuple[list[tuple[tupl
                                "the other", key=key)
         kept.append(((start, end), ledger_id, key))
     return [(r, lid) for r, lid, _ in kept], stale
-
-
-def _after(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, key: tuple[int, int, int]) -> np.ndarray:
-    """Mask of rows whose (timestamp, ledger, entry) sorts after ``key``."""
-    t, l, e = (np.uint64(v) for v in key)
-    return (ts > t) | ((ts == t) & ((ledgers > l) | ((ledgers == l) & (entries > e))))
-
