@@ -3,7 +3,8 @@
 The data flow: ``tracker`` (its methods live by job in ``adding``, ``delivery``, ``job_runner``,
 ``lazy_open`` and ``recovery``) takes an index into ``mutable_bucket`` (or ``mutable_timebucket``);
 a ledger roll seals it through ``format.snapshot`` into a ledger file registered in
-``catalog``; ``sealed_bucket`` reads one segment at a time into ``shared_queue``, from which
+``catalog``; ``sealed_bucket`` reads one segment at a time into ``shared_queue`` (its items,
+runs and slots, in ``queue_runs``), from which
 ``get_scheduled_messages`` delivers (``read_ahead`` reads a bucket's next segment on the store's
 reader thread once its loaded one runs low). ``index_set`` is the tracker-wide set of what is tracked,
 ``merge`` picks adjacent buckets to merge; the seals and merges run as ``seal_pipeline`` and
