@@ -231,3 +231,13 @@ def test_jobs_see_the_tracker_only_through_its_job_interface() -> None:
                 if typed != "JobHost":
                     found.append(f"{path.name}:{node.lineno}: tracker typed {typed}, not JobHost")
     assert not found, found
+
+
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_is_too_long_to_read() -> None:
+    """A module a reader can hold in mind: split by job one that grows past this."""
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long
