@@ -64,7 +64,9 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
     """One subscription's delayed index, backed by sealed bucket snapshots.
 
     Obtain one with :meth:`bucketstore.Store.tracker`; the store owns its files and hands the
-    tracker only its :class:`~bucketstore.engine.store_services.StoreServices`.
+    tracker only its :class:`~bucketstore.engine.store_services.StoreServices`. The members of
+    :class:`~bucketstore.engine.bucket_job.JobHost` (``install_bucket``, ``finish_job``, ...)
+    are the interface of the package's seal and merge jobs, not for applications.
     """
 
     def __init__(self, store: StoreServices, name: str, config: TrackerConfig, clock: Clock | None) -> None:
