@@ -2,28 +2,113 @@
 
 A job is created under its tracker's lock, does its slow part in :meth:`BucketJob.work`
 holding no lock, and installs its result in :meth:`BucketJob.install` under the lock
-again. Whatever goes wrong, a job ends (``tracker._finish_job``), so nobody waiting for
+again. Whatever goes wrong, a job ends (``tracker.finish_job``), so nobody waiting for
 it (``flush``, ``close``, backpressure) waits forever, and a failure is reported by the
 install, never lost. Both write their rows the same way: encoded as a bucket snapshot,
 then a ledger file made durable before any catalog commit names it.
+
+A job sees its tracker only through :class:`JobHost`, the few facts and install steps listed
+there (``tests/test_architecture.py`` fails if a job module reads a private attribute of it).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import numpy as np
 
+from ..config import TrackerConfig
 from ..errors import BucketStoreError
 from ..format.snapshot import BucketMetadata, build_bucket, write_bucket
 from .bucket_summary import PREFIX_ROWS, encode_summary
+from .handoff import HeldRows
+from .index_set import DelayedIndexSet
+from .sealed_bucket import SealedBucket
+from .shared_queue import Run, Slot
+from .store_services import StoreServices
 
-#: The owning :class:`~bucketstore.engine.tracker.BucketTracker` (not imported: it imports the jobs).
-Tracker = Any
+__all__ = ["BucketJob", "JobHost"]
 
-__all__ = ["BucketJob"]
+
+class JobHost(Protocol):
+    """What a seal or merge needs of its tracker: the job interface of
+    :class:`~bucketstore.engine.tracker.BucketTracker` (implemented in
+    :mod:`~bucketstore.engine.job_runner`; for the package's jobs, not for applications).
+
+    Every member is used under :attr:`job_lock` but ``store_services``, ``config``,
+    ``file_identity`` and ``job_started``, which :meth:`BucketJob.work` uses off the lock.
+    """
+
+    name: str
+    config: TrackerConfig
+
+    # -- facts ----------------------------------------------------------------------------------
+    @property
+    def job_lock(self) -> AbstractContextManager[Any]:
+        """The tracker's lock: a job plans and installs holding it."""
+
+    @property
+    def store_services(self) -> StoreServices:
+        """The store's files, catalog and ledger ids."""
+
+    @property
+    def file_identity(self) -> dict[str, str]:
+        """The header properties that tie a ledger file to this tracker of this store."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the tracker is closed (a job installing then abandons its file)."""
+
+    @property
+    def live_index(self) -> DelayedIndexSet:
+        """What is tracked: a job keeps only these rows (read when it is planned)."""
+
+    @property
+    def mark_delete_position(self) -> tuple[int, int] | None:
+        """The acknowledged position, or None."""
+
+    def unconfirmed_rows(self, start_ledger: int, end_ledger: int) -> HeldRows:
+        """The rows of ledgers ``[start, end]`` delivered in a batch not durable yet."""
+
+    # -- install steps --------------------------------------------------------------------------
+    def job_started(self) -> None:
+        """Count the job as running (its ``work`` began)."""
+
+    def withdraw_job(self, job: BucketJob) -> None:
+        """The job installs now: it is no longer among the seals or merges in flight."""
+
+    def install_bucket(self, path: str, ledger_id: int, meta: BucketMetadata) -> SealedBucket:
+        """Add the sealed bucket a job wrote (its catalog key committed) to the tracker's buckets."""
+
+    def retire_buckets(self, buckets: list[SealedBucket]) -> None:
+        """Take merged sources out (keys already removed): dead, unmapped, their read-ahead dropped."""
+
+    def enqueue(self, item: Run | Slot) -> None:
+        """Push a run or a bucket's slot into the shared queue."""
+
+    def drop_dead_runs(self) -> None:
+        """Drop the queue's dead runs and slots (frozen runs, merged sources)."""
+
+    def bucket_consumed(self, bucket: SealedBucket) -> None:
+        """A new bucket holds nothing live: delete it as the delivery that emptied it would."""
+
+    def delete_buckets(self, buckets: list[SealedBucket]) -> None:
+        """Delete buckets: their catalog keys, then their files."""
+
+    def checkpoint_after_seal(self) -> None:
+        """In journal mode (not replaying), let the journal go of the rows a seal made durable."""
+
+    def finish_job(self, job: BucketJob, outcome: str) -> None:
+        """Record the job's end (``"done"``, ``"failed"``, ``"cancelled"``) and wake its waiters."""
+
+    def delete_source_files(self, paths: list[str]) -> None:
+        """Remove merged sources' files (their keys are gone)."""
+
+    def merge_while_too_many(self) -> None:
+        """Plan the next merge if the tracker still has too many buckets."""
 
 
 class BucketJob:
@@ -32,7 +117,7 @@ class BucketJob:
     #: The ``stats()`` operation the job counts as (``"create"`` or ``"merge"``).
     kind = ""
 
-    def __init__(self, tracker: Tracker, start: int, end: int) -> None:
+    def __init__(self, tracker: JobHost, start: int, end: int) -> None:
         self.tracker = tracker
         self.start, self.end = start, end
         self.cancelled = False
@@ -55,7 +140,7 @@ class BucketJob:
     def work(self) -> None:
         started = time.perf_counter()
         self.running = True
-        self.tracker._maint.running += 1
+        self.tracker.job_started()
         try:
             self._work()
         except Exception as exc:  # reported by install(), never lost
@@ -69,7 +154,7 @@ class BucketJob:
     def _write(self, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> None:
         """Encode sorted rows as ledger ``self.ledger_id`` and write it durably, unless cancelled."""
         tracker = self.tracker
-        store, cfg = tracker._store, tracker.config
+        store, cfg = tracker.store_services, tracker.config
         self.meta, payloads = build_bucket(self.start, self.end, ts, ledgers, entries,
                                            time_step_ms=cfg.max_time_step_per_segment_ms,
                                            max_indexes_per_segment=cfg.max_indexes_per_segment)
@@ -78,24 +163,24 @@ class BucketJob:
         self.head = tuple(np.array(c[:PREFIX_ROWS + 1], dtype=np.uint64) for c in (ts, ledgers, entries))
         # write_bucket: temp file, fsync, rename, fsync(dir). Durable before the catalog names it.
         self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
-                                 tracker._file_identity, fs=store.fs)
+                                 tracker.file_identity, fs=store.fs)
 
     # -- under the lock -------------------------------------------------------------------------
     def install(self) -> None:
         tracker = self.tracker
-        with tracker._lock:
+        with tracker.job_lock:
             started = time.perf_counter()
             try:
                 self._install(tracker)
             except Exception as exc:  # a bug: still end the job, so nobody waits for it forever
                 if not self.finished:
                     self.error = exc
-                    tracker._finish_job(self, "failed")
+                    tracker.finish_job(self, "failed")
                 raise
             finally:
                 self.seconds += time.perf_counter() - started
 
-    def _install(self, tracker: Tracker) -> None:
+    def _install(self, tracker: JobHost) -> None:
         raise NotImplementedError
 
     def _commit(self, put: dict[str, int], remove: list[str] | None = None) -> None:
@@ -107,7 +192,7 @@ class BucketJob:
             summaries = {self.meta.key: encode_summary(self.meta, self.ledger_id, os.path.getsize(self.path),
                                                          self.head)} \
                 if self.meta is not None and self.path is not None and self.meta.key in put else None
-            self.tracker._store.catalog.commit(self.tracker.name, put=put, remove=remove or (),
+            self.tracker.store_services.catalog.commit(self.tracker.name, put=put, remove=remove or (),
                                                next_ledger_id=self.ledger_id + 1, summaries=summaries)
         except (OSError, BucketStoreError) as exc:
             self.error = exc
@@ -115,5 +200,5 @@ class BucketJob:
     def _abandon(self, outcome: str) -> None:
         """End the job without installing anything: its file, if written, is removed."""
         if self.path is not None:
-            self.tracker._store.remove_ledger_file(self.path)
-        self.tracker._finish_job(self, outcome)
+            self.tracker.store_services.remove_ledger_file(self.path)
+        self.tracker.finish_job(self, outcome)

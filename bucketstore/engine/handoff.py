@@ -59,7 +59,7 @@ from pyroaring import BitMap, BitMap64
 
 from .index_set import _group_by_ledger, bitmap_of
 
-__all__ = ["DELIVERY_MODES", "DeliveryHandoff", "HeldRows"]
+__all__ = ["DELIVERY_MODES", "DeliveryHandoff", "HeldRows", "after_key"]
 
 #: ``bucketstore.open(..., delivery=...)``: when a returned batch becomes durably delivered.
 DELIVERY_MODES = ("at-least-once", "at-most-once")
@@ -224,3 +224,9 @@ class HeldRows:
         for r in np.flatnonzero(mask).tolist():  # few: at most the held rows
             mask[r] = (int(ts[r]), int(ledgers[r]), int(entries[r])) in self._rows
         return mask
+
+
+def after_key(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, key: Key) -> np.ndarray:
+    """Mask of rows whose (timestamp, ledger, entry) sorts after ``key`` (a delivery frontier)."""
+    t, l, e = (np.uint64(v) for v in key)
+    return (ts > t) | ((ts == t) & ((ledgers > l) | ((ledgers == l) & (entries > e))))

@@ -22,14 +22,12 @@ the queue directly, never into a bucket.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..format.row_sort import sort_row_parts
 from ..format.snapshot import drop_repeats
 from .backlog_budget import ROW_BYTES
-from .bucket_job import BucketJob, Tracker
+from .bucket_job import BucketJob, JobHost
 from .liveness import index_snapshot
 from .sealed_bucket import SealedBucket
 from .shared_queue import Slot
@@ -44,17 +42,17 @@ class MergeJob(BucketJob):
 
     kind = "merge"
 
-    def __init__(self, tracker: Tracker, window: list[SealedBucket]) -> None:
+    def __init__(self, tracker: JobHost, window: list[SealedBucket]) -> None:
         super().__init__(tracker, window[0].start_ledger, window[-1].end_ledger)
         self.window = window
         for b in window:
             b.merging = True
         # The merge reads every row of its sources into memory.
         self.backlog_bytes = ROW_BYTES * sum(int(b.counts.sum()) for b in window)
-        self._live = index_snapshot(tracker._index, self.start, self.end)
+        self._live = index_snapshot(tracker.live_index, self.start, self.end)
         # Rows delivered in a batch whose confirmation is not durable stay in the merged
         # file: the sources are their only durable copy, and a crash must bring them back.
-        self._held = tracker._handoff.held_rows(self.start, self.end)
+        self._held = tracker.unconfirmed_rows(self.start, self.end)
 
     def __repr__(self) -> str:
         return f"MergeJob({self.tracker.name!r}, [{self.start}, {self.end}], {len(self.window)} buckets)"
@@ -74,17 +72,17 @@ class MergeJob(BucketJob):
                 if keep.any():
                     parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
         self._live = self._held = None  # type: ignore[assignment]
-        self.ledger_id = self.tracker._store.allocate_ledger_id()
+        self.ledger_id = self.tracker.store_services.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
         self._write(*drop_repeats(*sort_row_parts(parts)))  # (no concatenated copy of the parts)
 
     # -- under the lock -------------------------------------------------------------------------
-    def _install(self, tracker: Tracker) -> None:
-        tracker._merging.remove(self)
+    def _install(self, tracker: JobHost) -> None:
+        tracker.withdraw_job(self)
         for b in self.window:
             b.merging = False
-        if self.cancelled or tracker._closed or any(b.dead for b in self.window):
+        if self.cancelled or tracker.closed or any(b.dead for b in self.window):
             # A source was deleted meanwhile (acknowledged, exhausted, cleared): the merged
             # file would bring its rows back. Drop it; the next roll plans again.
             self._abandon("cancelled")
@@ -97,16 +95,11 @@ class MergeJob(BucketJob):
         if self.error is not None:
             self._abandon("failed")  # the sources stay, untouched
             return
-        for b in self.window:
-            b.dead = True  # their runs and slots in the queue die with them
-            tracker._buckets.remove(b)
-            tracker._read_ahead.forget(b)
+        tracker.retire_buckets(self.window)  # their runs and slots in the queue die with them
         if self.meta is not None and self.path is not None:
-            merged = SealedBucket(self.path, self.ledger_id, self.meta, os.path.getsize(self.path),
-                                  on_load=tracker._record_load)
-            tracker._buckets.add(merged)
-            tracker._queue.push(Slot(merged))
-        tracker._queue.drop_dead()  # the sources' loaded segments
-        tracker._finish_job(self, "done")
-        tracker._delete_source_files([b.path for b in self.window])
-        tracker._merge_while_too_many()
+            merged = tracker.install_bucket(self.path, self.ledger_id, self.meta)
+            tracker.enqueue(Slot(merged))
+        tracker.drop_dead_runs()  # the sources' loaded segments
+        tracker.finish_job(self, "done")
+        tracker.delete_source_files([b.path for b in self.window])
+        tracker.merge_while_too_many()

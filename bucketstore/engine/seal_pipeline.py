@@ -20,16 +20,13 @@ memory (Pulsar's downgrade).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..format.row_sort import sort_row_parts
 from ..format.snapshot import drop_repeats
 from .backlog_budget import ROW_BYTES
-from .bucket_job import BucketJob, Tracker
+from .bucket_job import BucketJob, JobHost
 from .liveness import FrozenMutableLiveness
-from .sealed_bucket import SealedBucket
 from .shared_queue import Run
 
 __all__ = ["SealJob"]
@@ -42,7 +39,7 @@ class SealJob(BucketJob):
 
     kind = "create"
 
-    def __init__(self, tracker: Tracker, start: int, end: int, runs: list[Run], cutoff: int) -> None:
+    def __init__(self, tracker: JobHost, start: int, end: int, runs: list[Run], cutoff: int) -> None:
         super().__init__(tracker, start, end)
         #: The frozen runs: in the shared queue until install replaces them.
         self.runs = runs
@@ -50,7 +47,7 @@ class SealJob(BucketJob):
         self._views = [r.rest() for r in runs]
         self.backlog_bytes = ROW_BYTES * sum(len(v[0]) for v in self._views)
         self._cutoff = cutoff
-        self._liveness = FrozenMutableLiveness(tracker._index, start, end, tracker._mark_delete)
+        self._liveness = FrozenMutableLiveness(tracker.live_index, start, end, tracker.mark_delete_position)
         self._sealed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._due: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
@@ -75,16 +72,16 @@ class SealJob(BucketJob):
         ts, ledgers, entries = ts[due:], ledgers[due:], entries[due:]
         if not len(ts):
             return
-        self.ledger_id = self.tracker._store.allocate_ledger_id()
+        self.ledger_id = self.tracker.store_services.allocate_ledger_id()
         self._write(ts, ledgers, entries)
         if self.path is None:
             return  # cancelled meanwhile
         self._sealed = (ts, ledgers, entries)
 
     # -- under the lock -------------------------------------------------------------------------
-    def _install(self, tracker: Tracker) -> None:
-        tracker._sealing.remove(self)
-        if self.cancelled or tracker._closed:  # clear(), close() or delete_tracker() meanwhile
+    def _install(self, tracker: JobHost) -> None:
+        tracker.withdraw_job(self)
+        if self.cancelled or tracker.closed:  # clear(), close() or delete_tracker() meanwhile
             self._abandon("cancelled")
             return
         if self.error is None and self.meta is not None:
@@ -97,34 +94,29 @@ class SealJob(BucketJob):
         consumed = all(not run.remaining for run in self.runs)
         for run in self.runs:
             run.kill()
-        queue = tracker._queue
         if self._due is not None and len(self._due[0]):
-            queue.push(Run(*self._due))
+            tracker.enqueue(Run(*self._due))
         bucket = None
         if self.meta is not None and self._sealed is not None and self.path is not None:
-            bucket = SealedBucket(self.path, self.ledger_id, self.meta, os.path.getsize(self.path),
-                                  on_load=tracker._record_load)
-            tracker._buckets.add(bucket)
+            bucket = tracker.install_bucket(self.path, self.ledger_id, self.meta)
             # Segment 1 is in memory already: hand it to the queue without reading it back.
             # Rows delivered since the freeze are in it; the index keeps them dead.
             n1 = self.meta.segments[0].count
             ts, ledgers, entries = self._sealed
             bucket.current = 1
-            queue.push(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
+            tracker.enqueue(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
         self._sealed = self._due = None
-        queue.drop_dead()  # the frozen runs
+        tracker.drop_dead_runs()  # the frozen runs
         if bucket is not None and consumed:
             # Delete it now, as the delivery that emptied it would have deleted it had it been
             # installed then (journal mode first journals its delivered, unconfirmed rows):
             # otherwise its file stays until the next delivery call, and a clean close keeps it.
-            tracker._exhausted.append(bucket)
-            tracker._delete_exhausted()
-        md = tracker._mark_delete
+            tracker.bucket_consumed(bucket)
+        md = tracker.mark_delete_position
         if bucket is not None and not bucket.dead and md is not None and bucket.end_ledger < md[0]:
-            tracker._delete_buckets([bucket])  # acknowledged while it was being written
-        if tracker._journal is not None and not tracker._replaying:
-            # Only now, with the bucket durable and in the catalog, may the journal let
-            # go of its rows (a checkpoint before the commit could lose them in a crash).
-            tracker._checkpoint_or_fail()
-        tracker._finish_job(self, "done")
-        tracker._merge_while_too_many()
+            tracker.delete_buckets([bucket])  # acknowledged while it was being written
+        # Only now, with the bucket durable and in the catalog, may the journal let
+        # go of its rows (a checkpoint before the commit could lose them in a crash).
+        tracker.checkpoint_after_seal()
+        tracker.finish_job(self, "done")
+        tracker.merge_while_too_many()

@@ -110,3 +110,12 @@ def test_a_drifting_signature_is_caught() -> None:
     assert len(problems) == 3, problems
     assert [p.split(":")[0].split(" ")[0] for p in sorted(problems)] == \
         ["Drifted.contains_message", "Drifted.next_delivery_time", "Drifted.number_of_delayed_messages"]
+
+
+def test_bucket_tracker_implements_the_job_interface() -> None:
+    """The seal and merge jobs are typed with ``JobHost``: every member it lists exists on
+    ``BucketTracker`` with the same signature."""
+    from bucketstore.engine.bucket_job import JobHost
+
+    assert members(JobHost), "JobHost lists nothing"
+    assert signature_problems(bucketstore.BucketTracker, JobHost) == []

@@ -209,3 +209,35 @@ def test_each_subpackage_says_what_it_owns_and_may_import() -> None:
     for init in sorted(PACKAGE.glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "May import" in doc or "may import" in doc, f"{init} does not say what it may import"
+
+
+JOB_MODULES = ("bucket_job", "seal_pipeline", "merge_pipeline")
+
+
+def test_jobs_see_the_tracker_only_through_its_job_interface() -> None:
+    """A seal or merge reads no private attribute of its tracker and types it as ``JobHost``:
+    what the jobs may touch is the Protocol's list, which the tracker implements."""
+    found = []
+    for name in JOB_MODULES:
+        path = PACKAGE / "engine" / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+                owner = node.value
+                if (isinstance(owner, ast.Name) and owner.id == "tracker") or \
+                        (isinstance(owner, ast.Attribute) and owner.attr == "tracker"):
+                    found.append(f"{path.name}:{node.lineno}: tracker.{node.attr}")
+            if isinstance(node, ast.arg) and node.arg == "tracker":
+                typed = ast.unparse(node.annotation) if node.annotation is not None else None
+                if typed != "JobHost":
+                    found.append(f"{path.name}:{node.lineno}: tracker typed {typed}, not JobHost")
+    assert not found, found
+
+
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_is_too_long_to_read() -> None:
+    """A module a reader can hold in mind: split by job one that grows past this."""
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long

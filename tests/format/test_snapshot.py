@@ -12,7 +12,7 @@ from bucketstore.format.segment_codec import MAX_SEGMENT_INDEXES
 from bucketstore.format.snapshot import (BucketFile, BucketMetadata, MetadataCodecError, SegmentMetadata, bucket_key,
                                   build_bucket, cut_segments, decode_metadata, encode_metadata, parse_bucket_key,
                                   ledger_bitmaps, segment_bitmaps, serialized_bitmaps, sort_indexes, write_bucket)
-from bucketstore.format import snapshot
+from bucketstore.format import bucket_bitmaps
 from bucketstore import check_file
 
 
@@ -275,7 +275,7 @@ def test_serialized_bitmaps_are_pyroarings_bytes(sets, block, seed) -> None:
     order = np.random.default_rng(seed).permutation(len(ledgers))
     ledgers, entries = ledgers[order], entries[order]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(snapshot, "_BLOCK_ROWS", block)
+        patch.setattr(bucket_bitmaps, "_BLOCK_ROWS", block)
         got = serialized_bitmaps(ledgers, entries)
     want = ledger_bitmaps(ledgers, entries)
     flat = []

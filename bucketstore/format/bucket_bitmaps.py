@@ -1,0 +1,288 @@
+"""The delayed-index bitmaps of a bucket snapshot's entry 0 (see :mod:`~bucketstore.format.snapshot`).
+
+Per ledger, a roaring bitmap of entry ids, serialized in the portable roaring format
+(``BitMap`` for 32-bit entry ids, ``BitMap64`` when one is 2**32 or more): built from
+columns of positions, and held serialized (:class:`LedgerBitmaps`) until someone asks.
+The byte-level specification is ``formats/bucket_snapshot.md``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Mapping
+from typing import Union
+
+import numpy as np
+from pyroaring import BitMap, BitMap64
+
+from .segment_codec import _BLOCK_ROWS
+
+__all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "LedgerBitmaps", "flat_bitmaps", "ledger_bitmaps",
+           "segment_bitmaps", "serialized_bitmaps"]
+
+#: Entry 0's width tags: the bitmap after the tag is a ``BitMap`` (32) or a ``BitMap64`` (64).
+BITMAP32 = 32
+BITMAP64 = 64
+_U64 = np.dtype("<u8")
+
+EntryBitmap = Union[BitMap, BitMap64]
+
+
+def _make_bitmap(entries: np.ndarray) -> EntryBitmap:
+    if len(entries) and int(entries.max()) >= 1 << 32:
+        bm: EntryBitmap = BitMap64(entries.tolist())
+    else:
+        # pyroaring builds fastest from array('I'); a numpy array takes its slow path.
+        bm = BitMap(array("I", entries.astype(np.uint32).tobytes()))
+    bm.run_optimize()
+    bm.shrink_to_fit()
+    return bm
+
+
+def segment_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryBitmap]:
+    """Per-ledger bitmaps of entry ids for one segment's columns."""
+    order = np.lexsort((entries, ledgers))
+    sl, se = ledgers[order], entries[order]
+    cuts = np.flatnonzero(sl[1:] != sl[:-1]) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(sl)]))
+    return {int(sl[a]): _make_bitmap(se[a:b]) for a, b in zip(starts.tolist(), ends.tolist())}
+
+
+def ledger_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryBitmap]:
+    """Per-ledger bitmaps of the entry ids of unsorted columns (a whole bucket's).
+
+    The ids are sorted by (ledger, entry) first: pyroaring, which holds the GIL, builds a
+    bitmap about four times faster from sorted ids (bench_maintenance ``steps``), and
+    numpy's sort releases the GIL, so the maintenance thread leaves more of it to adders.
+    """
+    if not len(ledgers):
+        return {}
+    first = ledgers[0]
+    if (ledgers == first).all():
+        return {int(first): _make_bitmap(np.sort(entries))}
+    lo = int(ledgers.min())
+    shift = 64 - (int(ledgers.max()) - lo).bit_length()
+    if int(entries.max()) < 1 << shift:
+        # One uint64 key per position, (ledger - lo) above the entry id: one vectorised sort.
+        key = ledgers - np.uint64(lo)
+        key <<= np.uint64(shift)
+        key |= entries
+        key.sort()
+        sl = (key >> np.uint64(shift)) + np.uint64(lo)
+        se = key & np.uint64((1 << shift) - 1)
+    else:
+        order = np.lexsort((entries, ledgers))
+        sl, se = ledgers[order], entries[order]
+    cuts = np.flatnonzero(sl[1:] != sl[:-1]) + 1
+    starts = [0, *cuts.tolist()]
+    ends = [*cuts.tolist(), len(sl)]
+    return {int(sl[a]): _make_bitmap(se[a:b]) for a, b in zip(starts, ends)}
+
+
+class LedgerBitmaps(Mapping[int, EntryBitmap]):
+    """Ledger id -> roaring bitmap of entry ids, held as entry 0's serialized bitmaps.
+
+    A seal writes a bucket's bitmaps and never reads them back (the tracker-wide
+    index has the positions already), so :func:`serialized_bitmaps` makes their
+    portable serializations directly; the bitmap objects are deserialized only
+    if someone reads this mapping.
+    """
+
+    __slots__ = ("_ledgers", "_flat", "_loaded", "cardinality")
+
+    def __init__(self, flat: list[object], cardinality: int) -> None:
+        #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list.
+        self._flat = flat
+        self._ledgers = flat[0::3]
+        self._loaded: dict[int, EntryBitmap] | None = None
+        #: The number of positions, the sum of the bitmaps' cardinalities.
+        self.cardinality = cardinality
+
+    def flat(self) -> list[object]:
+        """Entry 0's bitmap list, ``[ledger_id, width, blob, ...]``."""
+        return self._flat
+
+    def _load(self) -> dict[int, EntryBitmap]:
+        if self._loaded is None:
+            flat = self._flat
+            self._loaded = {flat[j]: (BitMap64 if flat[j + 1] == BITMAP64 else BitMap).deserialize(flat[j + 2])
+                            for j in range(0, len(flat), 3)}
+        return self._loaded
+
+    def __getitem__(self, ledger: int) -> EntryBitmap:
+        return self._load()[ledger]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ledgers)
+
+    def __len__(self) -> int:
+        return len(self._ledgers)
+
+
+# The portable 32-bit roaring serialization (RoaringFormatSpec), for the ledgers made
+# by serialized_bitmaps' fast path: every container an array container.
+_COOKIE_NO_RUNS = 12346
+_ARRAY_MAX = 4096  # CRoaring keeps up to 4096 values in an array container, more in a bitset
+
+
+def serialized_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> LedgerBitmaps:
+    """Per-ledger bitmaps of the positions in these columns (any order), serialized as
+    entry 0 stores them: each exactly what ``_make_bitmap(...).serialize()`` gives.
+
+    The common ledger of a sparse bucket (a few hundred entry ids, few of them
+    consecutive) is a roaring bitmap of array containers only; those are laid out
+    for all ledgers at once with array operations. A ledger whose bitmap has a run
+    or a bitset container after run optimization, or an entry id of 2**32 or more,
+    is built by pyroaring, as before. Repeated positions count once.
+    """
+    ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
+    entries = np.ascontiguousarray(entries, dtype=_U64)
+    if not len(ledgers):
+        return LedgerBitmaps([], 0)
+    if (int(ledgers.max()) - int(ledgers.min()) + 1) * _ARRAY_MAX < len(ledgers):
+        # Few ledgers, thousands of positions each (a dense bucket): their containers are
+        # runs or bitsets, pyroaring's to make, and sorting every position would cost more.
+        bitmaps = ledger_bitmaps(ledgers, entries)
+        flat = flat_bitmaps(bitmaps)
+        out = LedgerBitmaps(flat, sum(len(bm) for bm in bitmaps.values()))
+        out._loaded = bitmaps
+        return out
+    sl, se = _positions_in_order(ledgers, entries)
+    flat: list[object] = []
+    total, lo, n = 0, 0, len(sl)
+    # Blocks of whole ledgers (see segment_codec._BLOCK_ROWS: temporaries the allocator reuses).
+    while lo < n:
+        hi = n if n - lo <= _BLOCK_ROWS else int(np.searchsorted(sl, sl[lo + _BLOCK_ROWS], side="left"))
+        if hi == lo:  # one ledger of more than _BLOCK_ROWS positions
+            hi = int(np.searchsorted(sl, sl[lo], side="right"))
+        total += _bitmap_block(sl[lo:hi], se[lo:hi], flat)
+        lo = hi
+    return LedgerBitmaps(flat, total)
+
+
+def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object]) -> int:
+    """Append ``[ledger, width, blob, ...]`` for whole ledgers' sorted positions; return their count."""
+    n = len(sl)
+    if n > 1:  # drop repeated positions: a bitmap is a set
+        fresh = np.ones(n, dtype=np.bool_)
+        fresh[1:] = (sl[1:] != sl[:-1]) | (se[1:] != se[:-1])
+        if not fresh.all():
+            sl, se = sl[fresh], se[fresh]
+            n = len(sl)
+    new_ledger = np.ones(n, dtype=np.bool_)
+    np.not_equal(sl[1:], sl[:-1], out=new_ledger[1:])
+    first_row = np.flatnonzero(new_ledger)
+    per_ledger = np.diff(first_row, append=n)
+    ledger_ids = sl[first_row]
+    high = se >> np.uint64(16)
+    new_container = new_ledger.copy()
+    new_container[1:] |= high[1:] != high[:-1]
+    first_in_container = np.flatnonzero(new_container)
+    cards = np.diff(first_in_container, append=n)
+    # A run starts wherever an entry id does not follow the one before it in its container.
+    run_start = new_container.copy()
+    run_start[1:] |= se[1:] != se[:-1] + np.uint64(1)
+    runs = np.add.reduceat(run_start.astype(np.int64), first_in_container)
+    # run_optimize keeps an array container unless runs are smaller: 2 + 4 runs < 2 + 2 card.
+    array_like = (cards <= _ARRAY_MAX) & (2 * runs >= cards)
+    container_ledger = np.cumsum(new_ledger)[first_in_container] - 1
+    fast = np.logical_and.reduceat(array_like, np.flatnonzero(new_ledger[first_in_container]))
+    wide = np.maximum.reduceat(se, first_row) >= np.uint64(1 << 32)
+    fast &= ~wide
+    blobs: list[bytes] = [b""] * len(ledger_ids)
+    if fast.any():
+        _array_only_blobs(blobs, fast, se, first_row, per_ledger, first_in_container, cards, container_ledger, high)
+    for j in np.flatnonzero(~fast).tolist():
+        lo = int(first_row[j])
+        blobs[j] = _make_bitmap(se[lo:lo + int(per_ledger[j])]).serialize()
+    for ledger, is_wide, blob in zip(ledger_ids.tolist(), wide.tolist(), blobs):
+        flat += [ledger, BITMAP64 if is_wide else BITMAP32, blob]
+    return n
+
+
+def _positions_in_order(ledgers: np.ndarray, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The columns sorted by (ledger, entry): one sort of packed keys when the ranges fit 64 bits."""
+    l0, e0 = ledgers.min(), entries.min()
+    lb = (int(ledgers.max()) - int(l0)).bit_length()
+    eb = (int(entries.max()) - int(e0)).bit_length()
+    if lb + eb > 64:
+        order = np.lexsort((entries, ledgers))
+        return ledgers[order], entries[order]
+    if lb == 0:
+        return ledgers.copy(), np.sort(entries)
+    # Two buffers in all (fresh pages are dear on a VM): the key, sorted in place, becomes
+    # the entry column, and the scratch buffer the ledger column.
+    key = np.subtract(ledgers, l0)
+    scratch = np.empty_like(key)
+    if eb:
+        key <<= np.uint64(eb)
+        key |= np.subtract(entries, e0, out=scratch)
+    key.sort()
+    sl = np.right_shift(key, np.uint64(eb), out=scratch)
+    sl += l0
+    if eb:
+        key &= np.uint64((1 << eb) - 1)
+        key += e0
+        return sl, key
+    return sl, np.full(len(key), e0, dtype=_U64)
+
+
+def _array_only_blobs(blobs: list[bytes], fast: np.ndarray, se: np.ndarray, first_row: np.ndarray,
+                      per_ledger: np.ndarray, first_in_container: np.ndarray, cards: np.ndarray,
+                      container_ledger: np.ndarray, high: np.ndarray) -> None:
+    """Fill ``blobs[j]`` for the ``fast`` ledgers: portable roaring bitmaps of array containers only.
+
+    Layout (no run containers): cookie u32 = 12346, container count u32, per container
+    its key u16 and cardinality - 1 u16, per container its byte offset u32, then each
+    container's sorted low 16 bits as u16. Every field is a whole number of u16, so
+    all the ledgers are written into one u16 buffer and sliced.
+    """
+    chosen = np.flatnonzero(fast)
+    containers = np.bincount(container_ledger, minlength=len(fast))
+    c = containers[chosen].astype(np.int64)
+    size16 = 4 + 4 * c + per_ledger[chosen]
+    base = np.cumsum(size16) - size16
+    buf = np.zeros(int(size16.sum()), dtype="<u2")
+    buf[base] = _COOKIE_NO_RUNS
+    buf[base + 2] = c & 0xFFFF
+    buf[base + 3] = c >> 16
+    # Containers of the chosen ledgers, in order; q = the container's index in its ledger.
+    where = np.full(len(fast), -1, dtype=np.int64)
+    where[chosen] = np.arange(len(chosen))
+    slot = where[container_ledger]
+    keep = slot >= 0
+    k_slot = slot[keep]
+    k_first = first_in_container[keep]
+    k_card = cards[keep]
+    k_ledger_first_container = np.cumsum(containers) - containers  # global container index of each ledger's first
+    q = np.flatnonzero(keep) - k_ledger_first_container[container_ledger[keep]]
+    k_base, k_c = base[k_slot], c[k_slot]
+    header = k_base + 4 + 2 * q
+    buf[header] = high[k_first].astype(np.uint16)
+    buf[header + 1] = (k_card - 1).astype(np.uint16)
+    # Byte offset of each container: after the 8-byte preamble and 8 bytes of header per container,
+    # plus the values of the ledger's earlier containers (first row of the container - first row of the ledger).
+    offset = 8 + 8 * k_c + 2 * (k_first - first_row[container_ledger[keep]])
+    at = k_base + 4 + 2 * k_c + 2 * q
+    buf[at] = offset & 0xFFFF
+    buf[at + 1] = offset >> 16
+    # Values: the ledger's entry ids in order, low 16 bits, after its headers.
+    rows_per = per_ledger[chosen]
+    rows = np.repeat(first_row[chosen], rows_per) + (np.arange(int(rows_per.sum())) -
+                                                      np.repeat(np.cumsum(rows_per) - rows_per, rows_per))
+    dest = np.repeat(base + 4 + 4 * c - first_row[chosen], rows_per) + rows
+    buf[dest] = (se[rows] & np.uint64(0xFFFF)).astype(np.uint16)
+    blob = buf.tobytes()
+    for j, a, b in zip(chosen.tolist(), (2 * base).tolist(), (2 * (base + size16)).tolist()):
+        blobs[j] = blob[a:b]
+
+
+def flat_bitmaps(bitmaps: Mapping[int, EntryBitmap]) -> list[object]:
+    if isinstance(bitmaps, LedgerBitmaps):
+        return bitmaps.flat()
+    flat: list[object] = []
+    for ledger in sorted(bitmaps):
+        bm = bitmaps[ledger]
+        flat += [ledger, BITMAP64 if isinstance(bm, BitMap64) else BITMAP32, bm.serialize()]
+    return flat
