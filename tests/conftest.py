@@ -8,7 +8,7 @@ import pytest
 from hypothesis import settings
 
 import bucketstore
-from bucketstore.engine import bucket_summary
+from bucketstore.format import bucket_summary
 from helpers import FakeClock
 
 settings.register_profile("ci", deadline=None, print_blob=True)

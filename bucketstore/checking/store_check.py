@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.bucket_summary import decode_summary, prefix_mismatch, summary_mismatch
+from ..format.bucket_summary import decode_summary, prefix_mismatch, summary_mismatch
 from ..engine.catalog import CatalogSnapshot, read_catalog_snapshot
 from ..engine.identity import identity_problems
 from ..engine.store_lock import writer_pid

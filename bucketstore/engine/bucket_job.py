@@ -23,7 +23,7 @@ import numpy as np
 from ..config import TrackerConfig
 from ..errors import BucketStoreError
 from ..format.snapshot import BucketMetadata, build_bucket, write_bucket
-from .bucket_summary import PREFIX_ROWS, encode_summary
+from ..format.bucket_summary import PREFIX_ROWS, encode_summary
 from .handoff import HeldRows
 from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket

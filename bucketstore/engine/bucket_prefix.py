@@ -4,7 +4,7 @@ The first batch after a restart needs the earliest rows of every bucket whose
 delays overlap the clock: with random delays in one window, every bucket's.
 Reading each one's entry 0 and segment 1 made the first batch cost grow with the
 number of buckets (~200 files at 10 M positions). A version-2 catalog summary
-keeps segment 1's first rows (:data:`~bucketstore.engine.bucket_summary.PREFIX_ROWS`)
+keeps segment 1's first rows (:data:`~bucketstore.format.bucket_summary.PREFIX_ROWS`)
 and the timestamp of the row after them; recovery queues those rows as the
 bucket's run (:func:`take_head`), their positions tracked in the index like any
 other (:func:`track_heads`), and the rest of segment 1 waits behind them, keyed by
@@ -27,7 +27,7 @@ from pyroaring import BitMap64
 
 from ..errors import CatalogError
 from ..format.snapshot import BucketFile, BucketMetadata, EntryBitmap, ledger_bitmaps
-from . import bucket_summary
+from ..format import bucket_summary
 from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run

@@ -17,7 +17,7 @@ Four named databases:
     Pulsar's cursor-property key ``#pulsar.internal.delayed.bucket_<start>_<end>``
     and the value its snapshot ledger id, as Pulsar stores it.
 ``summaries``
-    the same key -> the bucket's summary (:mod:`~bucketstore.engine.bucket_summary`:
+    the same key -> the bucket's summary (:mod:`~bucketstore.format.bucket_summary`:
     ledger id, file size, count, segment table), put and removed in the same
     transaction as the key, so opening a tracker reads no ledger file. A key
     without a summary (a format-1 catalog, a rebuilt one) is summarised from

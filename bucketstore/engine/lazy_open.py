@@ -13,7 +13,7 @@ from functools import partial
 from ..errors import CatalogError, CorruptLedgerError
 from ..format.snapshot import BucketFile, BucketMetadata
 from .bucket_prefix import head_holds, without_delivered_head
-from .bucket_summary import BucketSummary, summary_mismatch
+from ..format.bucket_summary import BucketSummary, summary_mismatch
 from .identity import check_identity
 from .sealed_bucket import SealedBucket, split_positions
 from .shared_queue import Run, Slot

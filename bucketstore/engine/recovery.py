@@ -17,7 +17,7 @@ from ..errors import CatalogError, CorruptLedgerError
 from ..format.ledger_file import ledger_file_name
 from ..format.snapshot import bucket_key, parse_bucket_key
 from .bucket_prefix import first_rows, take_head, track_heads
-from .bucket_summary import decode_summary, encode_summary
+from ..format.bucket_summary import decode_summary, encode_summary
 from .handoff import DeliveryHandoff, after_key
 from .identity import LedgerIdentityError
 from .index_set import bitmap_of

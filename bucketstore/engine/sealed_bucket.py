@@ -22,7 +22,7 @@ from ..format.ledger_file import LedgerReader
 from ..format.segment_codec import SegmentCodecError, decode_segment
 from .shared_queue import Run
 from ..format.snapshot import BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps, union_bitmaps
-from .bucket_summary import BucketSummary, prefix_mismatch
+from ..format.bucket_summary import BucketSummary, prefix_mismatch
 
 __all__ = ["SealedBucket", "BucketMap", "split_positions"]
 

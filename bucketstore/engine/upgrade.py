@@ -29,7 +29,7 @@ from ..format.ledger_file import PropertyValue
 from ..format.segment_codec import encode_segment
 from ..format.snapshot import (SNAPSHOT_VERSION, BucketFile, BucketMetadata, SegmentMetadata, ledger_bitmaps,
                                write_bucket)
-from .bucket_summary import encode_summary
+from ..format.bucket_summary import encode_summary
 from .store import Store
 
 __all__ = ["UpgradeReport", "upgrade_store"]

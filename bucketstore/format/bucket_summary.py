@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CatalogError
-from ..format.snapshot import BucketMetadata
+from .snapshot import BucketMetadata
 
 __all__ = ["BucketSummary", "encode_summary", "decode_summary", "summary_mismatch", "SUMMARY_VERSION",
            "PREFIX_ROWS", "prefix_mismatch"]

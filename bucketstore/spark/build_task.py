@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..errors import CorruptLedgerError
 from ..format.ledger_file import LedgerReader
-from ..engine.bucket_summary import encode_summary
+from ..format.bucket_summary import encode_summary
 from ..format.snapshot import build_bucket, write_bucket
 from .abort_marker import JobAborted, is_aborted
 from .bucketing import Rows, cut_buckets, order_positions, time_order
@@ -52,7 +52,7 @@ class BuiltBucket:
     end_ledger: int
     count: int
     path: str
-    #: The catalog summary the commit registers with the key (``engine.bucket_summary``).
+    #: The catalog summary the commit registers with the key (``format.bucket_summary``).
     summary: bytes | None = None
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 
-from bucketstore.engine.bucket_summary import encode_summary  # noqa: E402
+from bucketstore.format.bucket_summary import encode_summary  # noqa: E402
 from bucketstore.format.snapshot import build_bucket  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

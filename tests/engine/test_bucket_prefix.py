@@ -19,8 +19,9 @@ import pytest
 import bucketstore
 from bucketstore import CatalogError, CorruptLedgerError, TrackerConfig
 from bucketstore.cli.commands import main
-from bucketstore.engine import bucket_summary, shared_queue
-from bucketstore.engine.bucket_summary import PREFIX_ROWS, decode_summary, encode_summary
+from bucketstore.engine import shared_queue
+from bucketstore.format import bucket_summary
+from bucketstore.format.bucket_summary import PREFIX_ROWS, decode_summary, encode_summary
 from bucketstore.format.snapshot import build_bucket
 
 from helpers import FakeClock, as_format1_catalog, example_count

@@ -18,7 +18,7 @@ import pytest
 import bucketstore
 from bucketstore import CatalogError, CorruptLedgerError, TrackerConfig
 from bucketstore.cli.commands import main
-from bucketstore.engine.bucket_summary import decode_summary, encode_summary
+from bucketstore.format.bucket_summary import decode_summary, encode_summary
 from bucketstore.engine.catalog import Catalog
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key

@@ -64,7 +64,7 @@ sys.path.insert(0, ROOT)
 
 import bucketstore  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
-from bucketstore.engine.bucket_summary import encode_summary  # noqa: E402
+from bucketstore.format.bucket_summary import encode_summary  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
 
 START = 1_700_000_000_000  # the delay window's start (ms)

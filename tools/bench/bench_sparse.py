@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from bucketstore import TrackerConfig  # noqa: E402
 from bucketstore.engine.store import Store  # noqa: E402
-from bucketstore.engine.bucket_summary import encode_summary  # noqa: E402
+from bucketstore.format.bucket_summary import encode_summary  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
 
 EPOCH = 1_700_000_000_000
