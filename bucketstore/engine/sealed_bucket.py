@@ -19,9 +19,9 @@ from sortedcontainers import SortedDict
 
 from ..errors import CorruptLedgerError
 from ..format.ledger_file import LedgerReader
-from ..format.segment_codec import SegmentCodecError, decode_segment
 from .shared_queue import Run
-from ..format.snapshot import BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps, union_bitmaps
+from ..format.snapshot import (BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps, read_segment_entry,
+                               union_bitmaps)
 from ..format.bucket_summary import BucketSummary, prefix_mismatch
 
 __all__ = ["SealedBucket", "BucketMap", "split_positions"]
@@ -158,15 +158,8 @@ class SealedBucket:
             if number > reader.entry_count - 1:
                 raise CorruptLedgerError(self.path, reader.trailer_offset,
                                          f"segment {number} is missing: the ledger holds {reader.entry_count} entries")
-            payload = reader.read_entry(number)
-            at = reader.entry_payload_offset(number)
-        try:
-            seg = decode_segment(payload, int(self.counts[number - 1]))
-        except SegmentCodecError as exc:
-            raise CorruptLedgerError(self.path, at + exc.offset, f"segment {number}: {exc.reason}") from None
-        if int(seg.timestamps[0]) != int(self.min_ts[number - 1]) \
-                or int(seg.timestamps[-1]) != int(self.max_ts[number - 1]):
-            raise CorruptLedgerError(self.path, at, f"segment {number}: timestamps disagree with entry 0")
+            seg = read_segment_entry(reader, number, int(self.counts[number - 1]), int(self.min_ts[number - 1]),
+                                     int(self.max_ts[number - 1]))
         return Run(seg.timestamps, seg.ledger_ids, seg.entry_ids, owner=self)
 
     def load_next_segment(self) -> Run:

@@ -61,6 +61,7 @@ __all__ = [
     "build_bucket",
     "write_bucket",
     "BucketFile",
+    "read_segment_entry",
     "bucket_key",
     "parse_bucket_key",
     "BUCKET_KEY_PREFIX",
@@ -445,6 +446,31 @@ def write_bucket(directory: str | os.PathLike[str], ledger_id: int, meta: Bucket
     return write_ledger(directory, ledger_id, props, [encode_metadata(meta, compress=compress), *segments], fs=fs)
 
 
+def read_segment_entry(reader: LedgerReader, number: int, count: int, min_timestamp: int, max_timestamp: int,
+                       *, snapshot_version: int | None = None) -> Segment:
+    """Read ledger entry ``number`` of an open bucket file and decode it as a segment of ``count``
+    indexes whose first and last timestamps entry 0 gives: the one segment decoder, behind
+    :meth:`BucketFile.read_segment` and the engine's lazy segment loads.
+
+    ``snapshot_version`` (the file's entry-0 version) refuses column kinds and compression the
+    version lacks; None (a reader that has only the catalog summary) accepts every kind.
+
+    :raises CorruptLedgerError: the entry is damaged, does not decode, or disagrees with entry 0,
+        naming the file and the offset.
+    """
+    payload = reader.read_entry(number)
+    at = reader.entry_payload_offset(number)
+    try:
+        seg = decode_segment(payload, count, snapshot_version=snapshot_version)
+    except SegmentCodecError as exc:
+        raise CorruptLedgerError(reader.path, at + exc.offset, f"segment {number}: {exc.reason}") from None
+    if int(seg.timestamps[0]) != min_timestamp or int(seg.timestamps[-1]) != max_timestamp:
+        raise CorruptLedgerError(reader.path, at, f"segment {number}: timestamps [{int(seg.timestamps[0])}, "
+                                                  f"{int(seg.timestamps[-1])}] disagree with entry 0 "
+                                                  f"[{min_timestamp}, {max_timestamp}]")
+    return seg
+
+
 class BucketFile:
     """A sealed bucket snapshot opened for reading.
 
@@ -509,17 +535,8 @@ class BucketFile:
         if not 1 <= number <= self.segment_count:
             raise IndexError(f"{self.path}: segment {number} out of range 1..{self.segment_count}")
         meta = self.metadata.segments[number - 1]
-        payload = self.ledger.read_entry(number)
-        at = self.ledger.entry_payload_offset(number)
-        try:
-            seg = decode_segment(payload, meta.count, snapshot_version=self.metadata.version)
-        except SegmentCodecError as exc:
-            raise CorruptLedgerError(self.path, at + exc.offset, f"segment {number}: {exc.reason}") from None
-        if int(seg.timestamps[0]) != meta.min_timestamp or int(seg.timestamps[-1]) != meta.max_timestamp:
-            raise CorruptLedgerError(self.path, at, f"segment {number}: timestamps [{int(seg.timestamps[0])}, "
-                                                    f"{int(seg.timestamps[-1])}] disagree with entry 0 "
-                                                    f"[{meta.min_timestamp}, {meta.max_timestamp}]")
-        return seg
+        return read_segment_entry(self.ledger, number, meta.count, meta.min_timestamp, meta.max_timestamp,
+                                  snapshot_version=self.metadata.version)
 
     def close(self) -> None:
         self.ledger.close()
