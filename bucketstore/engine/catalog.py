@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import secrets
-import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -43,9 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import lmdb
-import msgpack
 
 from ..errors import CatalogError
+from ..format.catalog_codec import (CATALOG_FORMAT, NEXT_LEDGER_ID_KEY, READABLE_FORMATS, FORMAT_KEY, STORE_ID_KEY,
+                                    CatalogRecordError, bucket_record_key, decode_ledger_id, decode_state,
+                                    decode_store_id, decode_u64, encode_ledger_id, encode_state, encode_u64,
+                                    is_store_id, split_record_key, tracker_prefix, validate_tracker_name)
 from .lmdb_file import check_data_file
 from .map_gate import MapGate
 from .store_lock import writer_pid
@@ -54,13 +55,7 @@ __all__ = ["Catalog", "CatalogSnapshot", "CATALOG_FORMAT", "copy_catalog", "new_
            "read_catalog_quietly",
            "read_catalog_snapshot", "validate_tracker_name"]
 
-CATALOG_FORMAT = b"2"
-#: Formats a catalog may have on disk: version 1 lacks the summaries (opened, then upgraded).
-_READABLE_FORMATS = (b"1", CATALOG_FORMAT)
 _INITIAL_MAP_SIZE = 64 << 20
-_U64 = struct.Struct("<Q")
-_MAX_NAME_BYTES = 200
-_STORE_ID = re.compile(r"^[0-9a-f]{32}$")
 #: Catalogs open for writing in this process, by real path. LMDB refuses a second open of
 #: one environment in a process, so a read-only open beside one of them reads through it.
 _WRITERS: dict[str, "Catalog"] = {}
@@ -70,16 +65,6 @@ _WRITERS_LOCK = threading.Lock()
 def new_store_id() -> str:
     """A fresh random store identity (128 bits as 32 lowercase hex digits)."""
     return secrets.token_hex(16)
-
-
-def validate_tracker_name(name: object) -> bytes:
-    """Return the UTF-8 bytes of a valid tracker name; raise TypeError/ValueError otherwise."""
-    if not isinstance(name, str):
-        raise TypeError(f"tracker name must be a str, not {type(name).__name__}")
-    raw = name.encode("utf-8")
-    if not raw or b"\x00" in raw or len(raw) > _MAX_NAME_BYTES:
-        raise ValueError(f"tracker name must be 1..{_MAX_NAME_BYTES} UTF-8 bytes without NUL: {name!r}")
-    return raw
 
 
 class Catalog:
@@ -152,29 +137,29 @@ class Catalog:
         try:
             if readonly:
                 with self._txn() as txn:
-                    self.store_id = self._decode_store_id(txn.get(b"store_id", db=self._meta))
+                    self.store_id = self._decode_store_id(txn.get(STORE_ID_KEY, db=self._meta))
             else:
                 self._env.reader_check()  # clear reader slots left by killed processes
                 with self._txn(write=True) as txn:
-                    fmt = txn.get(b"format", db=self._meta)
+                    fmt = txn.get(FORMAT_KEY, db=self._meta)
                     if fmt is None:
                         if must_exist:
                             raise CatalogError(f"{data}: the catalog is new (no format record), but the store "
                                                "holds ledger or journal files: refusing to treat them as "
                                                "garbage (run `bucketstore repair --rebuild-catalog STORE`)",
                                                path=data)
-                        txn.put(b"format", CATALOG_FORMAT, db=self._meta)
-                    elif fmt not in _READABLE_FORMATS:
+                        txn.put(FORMAT_KEY, CATALOG_FORMAT, db=self._meta)
+                    elif fmt not in READABLE_FORMATS:
                         raise CatalogError(f"{self.path}: catalog format {fmt!r} is not supported", path=self.path)
                     elif fmt != CATALOG_FORMAT:
                         # Format 1 differs only by lacking summaries, which format 2 allows per
                         # key (backfilled at the tracker's open): marking it 2 keeps older code,
                         # which would not maintain the summaries, from opening it for writing.
-                        txn.put(b"format", CATALOG_FORMAT, db=self._meta)
-                    store_id = self._decode_store_id(txn.get(b"store_id", db=self._meta))
+                        txn.put(FORMAT_KEY, CATALOG_FORMAT, db=self._meta)
+                    store_id = self._decode_store_id(txn.get(STORE_ID_KEY, db=self._meta))
                     if store_id is None:  # a new store, or one from before store ids: give it one
                         store_id = new_store_id()
-                        txn.put(b"store_id", store_id.encode("ascii"), db=self._meta)
+                        txn.put(STORE_ID_KEY, store_id.encode("ascii"), db=self._meta)
                     self.store_id = store_id
         except lmdb.Error as exc:
             self.close()
@@ -189,10 +174,10 @@ class Catalog:
     def _decode_store_id(self, raw: bytes | None) -> str | None:
         if raw is None:
             return None
-        text = raw.decode("ascii", "replace")
-        if not _STORE_ID.match(text):
-            raise CatalogError(f"{self.path}: store_id {raw!r} is not 32 hex digits", path=self.path)
-        return text
+        try:
+            return decode_store_id(raw)
+        except CatalogRecordError as exc:
+            raise CatalogError(f"{self.path}: store_id {exc}", path=self.path) from None
 
     def _live_env(self) -> lmdb.Environment:
         env = self._env
@@ -211,12 +196,16 @@ class Catalog:
     def next_ledger_id(self) -> int:
         """The smallest ledger id never handed out (0 for a new store)."""
         with self._txn() as txn:
-            raw = txn.get(b"next_ledger_id", db=self._meta)
+            raw = txn.get(NEXT_LEDGER_ID_KEY, db=self._meta)
+        return self._decode_next(raw)
+
+    def _decode_next(self, raw: bytes | None) -> int:
         if raw is None:
             return 0
-        if len(raw) != 8:
-            raise CatalogError(f"{self.path}: next_ledger_id is {len(raw)} bytes, not 8", path=self.path)
-        return _U64.unpack(raw)[0]
+        try:
+            return decode_u64(raw)
+        except CatalogRecordError as exc:
+            raise CatalogError(f"{self.path}: next_ledger_id is {exc}", path=self.path) from None
 
     def tracker_names(self) -> list[str]:
         """Every tracker the catalog knows, sorted."""
@@ -234,24 +223,20 @@ class Catalog:
 
     def _decode_state(self, name: str, raw: bytes) -> dict[str, Any]:
         try:
-            state = msgpack.unpackb(raw, raw=False)
-        except Exception as exc:
-            raise CatalogError(f"{self.path}: state of tracker {name!r} is not valid msgpack: {exc}",
-                               path=self.path, key=name) from None
-        if not isinstance(state, dict):
-            raise CatalogError(f"{self.path}: state of tracker {name!r} is not a map", path=self.path, key=name)
-        return state
+            return decode_state(raw)
+        except CatalogRecordError as exc:
+            raise CatalogError(f"{self.path}: state of tracker {name!r} is {exc}", path=self.path, key=name) from None
 
     def buckets(self, name: str) -> dict[str, int]:
         """A tracker's cursor properties: bucket key -> ledger id."""
-        prefix = validate_tracker_name(name) + b"\x00"
+        prefix = tracker_prefix(name)
         with self._txn() as txn:
             return {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
 
     def _ledger_of(self, name: str, key: str, raw: bytes) -> int:
         try:
-            return int(raw.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
+            return decode_ledger_id(raw)
+        except CatalogRecordError:
             raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {raw!r}, "
                                "not a ledger id", path=self.path, key=key) from None
 
@@ -262,7 +247,7 @@ class Catalog:
     def keys_and_summaries(self, name: str) -> tuple[dict[str, int], dict[str, bytes]]:
         """A tracker's bucket keys (key -> ledger id) and their summaries (key -> encoded
         summary; keys without one are missing), read in one transaction."""
-        prefix = validate_tracker_name(name) + b"\x00"
+        prefix = tracker_prefix(name)
         with self._txn() as txn:
             keys = {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
             summaries = (dict(_under(txn.cursor(db=self._summaries), prefix))
@@ -276,16 +261,14 @@ class Catalog:
     def tracker_snapshot(self, name: str) -> "CatalogSnapshot":
         """One tracker's state, keys and summaries, with the allocator, in one read transaction."""
         raw_name = validate_tracker_name(name)
-        prefix = raw_name + b"\x00"
+        prefix = tracker_prefix(name)
         with self._txn() as txn:
-            raw_next = txn.get(b"next_ledger_id", db=self._meta)
+            raw_next = txn.get(NEXT_LEDGER_ID_KEY, db=self._meta)
             raw_state = txn.get(raw_name, db=self._trackers)
             keys = {key: self._ledger_of(name, key, v) for key, v in _under(txn.cursor(db=self._buckets), prefix)}
             summaries = (dict(_under(txn.cursor(db=self._summaries), prefix))
                          if self._summaries is not None else {})
-        if raw_next is not None and len(raw_next) != 8:
-            raise CatalogError(f"{self.path}: next_ledger_id is {len(raw_next)} bytes, not 8", path=self.path)
-        return CatalogSnapshot(self.path, _U64.unpack(raw_next)[0] if raw_next is not None else 0,
+        return CatalogSnapshot(self.path, self._decode_next(raw_next),
                                {} if raw_state is None else {name: self._decode_state(name, raw_state)},
                                {name: keys} if keys else {}, self.store_id, {name: summaries} if summaries else {})
 
@@ -313,31 +296,25 @@ class Catalog:
     def _snapshot_in(self, txn: lmdb.Transaction) -> "CatalogSnapshot":
         states: dict[str, dict[str, Any]] = {}
         keys: dict[str, dict[str, int]] = {}
-        raw_next = txn.get(b"next_ledger_id", db=self._meta)
+        raw_next = txn.get(NEXT_LEDGER_ID_KEY, db=self._meta)
         raw_states = list(txn.cursor(db=self._trackers))
         raw_keys = list(txn.cursor(db=self._buckets))
         raw_summaries = list(txn.cursor(db=self._summaries)) if self._summaries is not None else []
-        if raw_next is not None and len(raw_next) != 8:
-            raise CatalogError(f"{self.path}: next_ledger_id is {len(raw_next)} bytes, not 8", path=self.path)
+        next_ledger_id = self._decode_next(raw_next)
         for raw_name, raw in raw_states:
             name = self._decode_name(raw_name)
             states[name] = self._decode_state(name, raw)
         for k, v in raw_keys:
-            raw_name, sep, raw_key = k.partition(b"\x00")
-            if not sep:
+            if b"\x00" not in k:
                 raise CatalogError(f"{self.path}: bucket key {k!r} has no tracker name", path=self.path)
+            raw_name, key = split_record_key(k)
             name = self._decode_name(raw_name)
-            key = raw_key.decode("utf-8", "replace")
-            try:
-                keys.setdefault(name, {})[key] = int(v.decode("ascii"))
-            except (UnicodeDecodeError, ValueError):
-                raise CatalogError(f"{self.path}: tracker {name!r} key {key!r} holds {v!r}, not a ledger id",
-                                   path=self.path, key=key) from None
+            keys.setdefault(name, {})[key] = self._ledger_of(name, key, v)
         summaries: dict[str, dict[str, bytes]] = {}
         for k, v in raw_summaries:
-            raw_name, _, raw_key = k.partition(b"\x00")
-            summaries.setdefault(self._decode_name(raw_name), {})[raw_key.decode("utf-8", "replace")] = v
-        return CatalogSnapshot(self.path, _U64.unpack(raw_next)[0] if raw_next is not None else 0, states, keys,
+            raw_name, key = split_record_key(k)
+            summaries.setdefault(self._decode_name(raw_name), {})[key] = v
+        return CatalogSnapshot(self.path, next_ledger_id, states, keys,
                                self.store_id, summaries)
 
     def _decode_name(self, raw: bytes) -> str:
@@ -358,25 +335,25 @@ class Catalog:
         ``state`` replaces the tracker's state (and registers the tracker),
         ``next_ledger_id`` raises the allocator. All or nothing.
         """
-        prefix = validate_tracker_name(name) + b"\x00"
-        packed_state = msgpack.packb(dict(state), use_bin_type=True) if state is not None else None
+        prefix = tracker_prefix(name)
+        packed_state = encode_state(state) if state is not None else None
 
         def apply(txn: lmdb.Transaction) -> None:
             for key in remove:
-                txn.delete(prefix + key.encode("utf-8"), db=self._buckets)
-                txn.delete(prefix + key.encode("utf-8"), db=self._summaries)
+                txn.delete(bucket_record_key(prefix, key), db=self._buckets)
+                txn.delete(bucket_record_key(prefix, key), db=self._summaries)
             for key, ledger_id in (put or {}).items():
-                txn.put(prefix + key.encode("utf-8"), str(ledger_id).encode("ascii"), db=self._buckets)
+                txn.put(bucket_record_key(prefix, key), encode_ledger_id(ledger_id), db=self._buckets)
                 if not summaries or key not in summaries:
-                    txn.delete(prefix + key.encode("utf-8"), db=self._summaries)
+                    txn.delete(bucket_record_key(prefix, key), db=self._summaries)
             for key, raw in (summaries or {}).items():
-                txn.put(prefix + key.encode("utf-8"), raw, db=self._summaries)
+                txn.put(bucket_record_key(prefix, key), raw, db=self._summaries)
             if packed_state is not None:
                 txn.put(prefix[:-1], packed_state, db=self._trackers)
             if next_ledger_id is not None:
-                current = txn.get(b"next_ledger_id", db=self._meta)
-                if current is None or _U64.unpack(current)[0] < next_ledger_id:
-                    txn.put(b"next_ledger_id", _U64.pack(next_ledger_id), db=self._meta)
+                current = txn.get(NEXT_LEDGER_ID_KEY, db=self._meta)
+                if current is None or decode_u64(current) < next_ledger_id:
+                    txn.put(NEXT_LEDGER_ID_KEY, encode_u64(next_ledger_id), db=self._meta)
 
         self._write(apply)
 
@@ -384,25 +361,24 @@ class Catalog:
                 states: Mapping[str, Mapping[str, Any]]) -> None:
         """Fill a new catalog in one transaction (``bucketstore repair --rebuild-catalog``):
         the store id found in the files, every tracker's keys and state, the allocator."""
-        if not _STORE_ID.match(store_id):
+        if not is_store_id(store_id):
             raise ValueError(f"store_id must be 32 lowercase hex digits, not {store_id!r}")
 
         def apply(txn: lmdb.Transaction) -> None:
-            txn.put(b"store_id", store_id.encode("ascii"), db=self._meta)
-            txn.put(b"next_ledger_id", _U64.pack(next_ledger_id), db=self._meta)
+            txn.put(STORE_ID_KEY, store_id.encode("ascii"), db=self._meta)
+            txn.put(NEXT_LEDGER_ID_KEY, encode_u64(next_ledger_id), db=self._meta)
             for name in set(buckets) | set(states):
-                prefix = validate_tracker_name(name) + b"\x00"
-                txn.put(prefix[:-1], msgpack.packb(dict(states.get(name, {})), use_bin_type=True),
-                        db=self._trackers)
+                prefix = tracker_prefix(name)
+                txn.put(prefix[:-1], encode_state(states.get(name, {})), db=self._trackers)
                 for key, ledger_id in buckets.get(name, {}).items():
-                    txn.put(prefix + key.encode("utf-8"), str(ledger_id).encode("ascii"), db=self._buckets)
+                    txn.put(bucket_record_key(prefix, key), encode_ledger_id(ledger_id), db=self._buckets)
 
         self._write(apply)
         self.store_id = store_id
 
     def delete_tracker(self, name: str) -> None:
         """Remove a tracker's state and every one of its bucket keys, in one transaction."""
-        prefix = validate_tracker_name(name) + b"\x00"
+        prefix = tracker_prefix(name)
 
         def apply(txn: lmdb.Transaction) -> None:
             for db in (self._buckets, self._summaries):

@@ -52,7 +52,8 @@ from ..cutoff import Clock, check_max
 from ..errors import CatalogError, ReadOnlyError, StaleSnapshotError, StoreClosedError
 from ..format.fs import REAL_FS
 from ..format.ledger_file import ledger_file_name
-from .catalog import CatalogSnapshot, read_catalog_quietly, read_catalog_snapshot, validate_tracker_name
+from ..format.catalog_codec import validate_tracker_name
+from .catalog import CatalogSnapshot, read_catalog_quietly, read_catalog_snapshot
 from .journal import FdPool, JournalState, read_journal
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run

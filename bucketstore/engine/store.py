@@ -34,7 +34,8 @@ import threading
 from typing import Any, Literal, overload
 
 from .backlog_budget import DEFAULT_BUDGET_BYTES, BacklogBudget
-from .catalog import Catalog, validate_tracker_name
+from ..format.catalog_codec import validate_tracker_name
+from .catalog import Catalog
 from .checkpoint import CheckpointReport, check_destination, make_checkpoint
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock

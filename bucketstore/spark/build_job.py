@@ -20,7 +20,7 @@ import os
 import uuid
 from dataclasses import asdict, dataclass
 
-from ..engine.catalog import validate_tracker_name
+from ..format.catalog_codec import validate_tracker_name
 from ..config import TrackerConfig
 from ..errors import CatalogError
 from ..format.snapshot import parse_bucket_key
