@@ -210,7 +210,10 @@ class Store(TrackerRegistry[BucketTracker]):
                 path = os.path.join(self.ledgers_dir, name)
                 log.info("store %s: deleting %s: the temporary file of a seal or merge that did not finish",
                          self.path, path)
-            self.fs.unlink(path)
+            try:
+                self.fs.unlink(path)
+            except FileNotFoundError:
+                continue  # gone already (a seal's own clean-up of a file it could not commit): nothing to do
             removed += 1
         if removed:
             self.fs.fsync_dir(self.ledgers_dir)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import JournalError, TrackerConfig
+from bucketstore.testing import abandon_store
 from bucketstore.engine.journal import Journal, has_journal, journal_directory, read_frontier
 
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=6, max_indexes_per_segment=3,
@@ -24,13 +25,15 @@ CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=6, max_indexes_pe
 
 
 def crash(store) -> None:
-    """Throw the process state away: release OS handles without any clean-shutdown write."""
+    """Throw the process state away: release OS handles without any clean-shutdown write.
+    The store's worker threads stop first (a dead process has none): a seal in flight beside
+    the next open would otherwise fail against the closed catalog and remove its own file while
+    that open lists the orphans."""
     for tracker in list(store._trackers.values()):
         if tracker._journal is not None:
             tracker._journal._pending.clear()
             tracker._journal.close()
-    store.catalog.close()
-    os.close(store._lock_fd)
+    abandon_store(store)
     store._closed = True
 
 

@@ -127,6 +127,28 @@ def test_orphans_and_temporaries_are_removed_on_open(tmp_path):
     assert _ledger_files(path) == sorted(kept + [f"{999:020d}.ledger", "README"])
 
 
+def test_an_orphan_that_vanishes_before_its_unlink_does_not_stop_the_open(tmp_path):
+    """Another hand removed an orphan between the listing and the unlink (in the tests, a dead
+    store's seal cleaning up the file it could not commit): the open goes on."""
+    from bucketstore.format.fs import FileSystem
+
+    class RemovedFirst(FileSystem):
+        def unlink(self, path: str) -> None:
+            if path.endswith(f"{997:020d}.ledger"):
+                os.unlink(path)  # someone else got there first
+            super().unlink(path)
+
+    path = tmp_path / "s"
+    with bucketstore.open(path) as store:
+        fill_and_seal(store.tracker("sub", SMALL, FakeClock(0)))
+        store_id = store.store_id
+    _orphan_ledger(path, 997, store_id)
+    with bucketstore.Store(path, fs=RemovedFirst()) as store:
+        assert store.stats()["orphans_removed_on_open"] == 0
+        assert store.tracker("sub", SMALL, FakeClock(0)).number_of_delayed_messages > 0
+    assert f"{997:020d}.ledger" not in _ledger_files(path)
+
+
 def test_clear_and_delete_tracker_remove_files_and_keys(tmp_path):
     path = tmp_path / "s"
     clock = FakeClock(0)
