@@ -10,7 +10,8 @@ whatever a crash leaves is removed by the next ``bucketstore.open``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,16 +121,10 @@ def write_partition(job: BuildJob, rows: Rows, partition_id: int) -> list[BuiltB
     rows = order_positions(rows)
     slices = cut_buckets(rows.ledgers, job.config.min_index_count_per_bucket, job.forbidden_ranges)
     written: list[BuiltBucket] = []
-    try:
+    with _all_or_none(job, written):
         for n, cut in enumerate(slices):
             written.append(_seal(job, partition_id, n, cut.start_ledger, cut.end_ledger,
                                  rows.take(slice(cut.lo, cut.hi))))
-        if is_aborted(job.store, job.job_id):
-            raise JobAborted(f"build {job.job_id} was aborted")
-    except BaseException:
-        for bucket in written:
-            remove_file(bucket.path)
-        raise
     return written
 
 
@@ -150,7 +145,7 @@ def write_planned(job: BuildJob, chunks: Iterable[Rows], buckets: Sequence[tuple
     pending: dict[int, list[Rows]] = {}
     filled = [0] * len(buckets)
     written: list[BuiltBucket] = []
-    try:
+    with _all_or_none(job, written):
         for chunk in chunks:
             if not len(chunk):
                 continue
@@ -177,13 +172,21 @@ def write_planned(job: BuildJob, chunks: Iterable[Rows], buckets: Sequence[tuple
         if sum(filled) != sum(b[2] for b in buckets):
             raise ValueError(f"task {partition_id} got {sum(filled)} rows, the planning pass counted "
                              f"{sum(b[2] for b in buckets)}; {_NOT_DETERMINISTIC}")
+    return written
+
+
+@contextmanager
+def _all_or_none(job: BuildJob, written: list[BuiltBucket]) -> Iterator[None]:
+    """A task's buckets land together: an abort of the job seen at the end, or any failure,
+    removes every file the task wrote."""
+    try:
+        yield
         if is_aborted(job.store, job.job_id):
             raise JobAborted(f"build {job.job_id} was aborted")
     except BaseException:
         for bucket in written:
             remove_file(bucket.path)
         raise
-    return written
 
 
 def _seal(job: BuildJob, partition_id: int, n: int, start_ledger: int, end_ledger: int, rows: Rows) -> BuiltBucket:
