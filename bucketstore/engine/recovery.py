@@ -87,6 +87,13 @@ class Recovery:
         backfill: dict[str, bytes] = {}
         heads: list[Run] = []
         first_live = self._mark_delete[0] if self._mark_delete else 0
+
+        def drop_for_repair(key: str, ledger_id: int, path: str, exc: BaseException) -> None:
+            """``repair=True``: a damaged bucket's key goes (logged), its rows are lost."""
+            dropped.append(f"{key}: {exc}")
+            stale_keys.append(key)
+            _log_repair_drop(self.name, key, ledger_id, path, exc)
+
         for (start, end), ledger_id in ranges:
             key = bucket_key(start, end)
             path = os.path.join(store.ledgers_dir, ledger_file_name(ledger_id))
@@ -109,9 +116,7 @@ class Recovery:
                 # about the file and propagates, leaving the key and the file in place.
                 if not store.repair:
                     raise
-                dropped.append(f"{key}: {exc}")
-                stale_keys.append(key)
-                _log_repair_drop(self.name, key, ledger_id, path, exc)
+                drop_for_repair(key, ledger_id, path, exc)
                 continue
             n = summary.segments
             # The first segment's max timestamp (in the summary's header) settles the common
@@ -124,9 +129,7 @@ class Recovery:
                 except CatalogError as exc:
                     if not store.repair:
                         raise
-                    dropped.append(f"{key}: {exc}")
-                    stale_keys.append(key)
-                    _log_repair_drop(self.name, key, ledger_id, path, exc)
+                    drop_for_repair(key, ledger_id, path, exc)
                     continue
                 while skip < n and int(max_ts[skip]) < bound:
                     skip += 1
@@ -153,9 +156,7 @@ class Recovery:
                 except (OSError, CorruptLedgerError, CatalogError) as exc:
                     if not store.repair or isinstance(exc, (OSError, LedgerIdentityError)):
                         raise
-                    dropped.append(f"{key}: {exc}")
-                    stale_keys.append(key)
-                    _log_repair_drop(self.name, key, ledger_id, path, exc)
+                    drop_for_repair(key, ledger_id, path, exc)
                     self._buckets.remove(bucket)
                     self._forget_unopened(bucket)
                     continue
