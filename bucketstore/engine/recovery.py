@@ -137,6 +137,10 @@ class Recovery:
                                            on_load=self._record_load)
             fate = _fate_at_open(skip, n, end, first_live, sealed=replayed is None)
             if fate is not None:
+                if meta is None and not self._read_only:
+                    # Deleted only on the file's word: a summary that disagrees with entry 0 is
+                    # damage, raised here before the catalog or any file is touched.
+                    self._read_entry0(path, ledger_id, key, summary)
                 _ = bucket.counts  # the table, before the summary goes
                 bucket.summary = None  # deleted unread: never counted among the unopened
                 doomed.append(bucket)

@@ -1,0 +1,204 @@
+"""No bucket file is deleted on the word of its catalog summary alone (issue 29, item 2).
+
+A tracker opens lazily: each bucket is known from its catalog summary until it is
+first needed. A summary rewritten well-formed but wrong (no segment, or every
+segment due or behind the journal's frontier) used to make the open delete that
+bucket's file unread. Now a deletion that relies on a bucket's summary (at open, by
+``replay_done`` for rows skipped as due, by a mark-delete passing an unopened
+bucket) reads its entry 0 first; a disagreement is damage, raised as
+``CorruptLedgerError`` at entry 0's offset before anything is deleted, and
+``repair=True`` re-derives the summary from the file.
+
+The sweep applies every case of the damaged-summary corpus (tests/corpus/summary_damage.py)
+to a live store whose damaged bucket is never due, and walks the destructive paths
+twice over (open, replay_done, deliveries and confirmation, a mark-delete, reopen):
+the bucket's file and key are never removed, and the error, if any, is typed.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import lmdb
+import pytest
+
+import bucketstore
+from bucketstore import BucketStoreError, CatalogError, CorruptLedgerError, TrackerConfig
+from bucketstore.engine.catalog import Catalog
+from bucketstore.format.bucket_summary import decode_summary
+from bucketstore.format.ledger_file import ledger_file_name
+from bucketstore.format.snapshot import BucketFile, bucket_key
+from corpus.summary_damage import CAUGHT_AT, SUMMARY_CASES
+from helpers import FakeClock
+
+#: Segments of 40 rows (segment 1 longer than the summary's 32-row prefix); no merging.
+CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=40, max_num_buckets=-1)
+FUTURE = 10**7
+#: Ledger 0: 10 rows, never due (a mark-delete passes it). Ledger 1, the victim: 50 rows never
+#: due, in segments of 40 and 10. Ledger 2: 10 rows due at 2_000 (journal mode delivers and
+#: confirms them: the frontier). Ledger 3 rolls the others into buckets.
+VICTIM = bucket_key(1, 1)
+VICTIM_ROWS = [(1, e) for e in range(50)]
+NOW = 5_000
+
+
+
+def _held(durability: str) -> int:
+    """What the tracker holds at a reopen: ledgers 0 and 1 (and ledger 3's row, kept by the journal)."""
+    return 60 + (durability == "journal")
+
+
+def _build(path, durability: str) -> None:
+    clock = FakeClock(1_000)
+    with bucketstore.open(path, durability, background=False) as store:
+        t = store.tracker("t", CFG, clock)
+        t.add_messages([(0, e, FUTURE // 2 + e) for e in range(10)])
+        t.add_messages([(1, e, FUTURE + 10 * e) for e in range(50)])
+        t.add_messages([(2, e, 2_000 + e) for e in range(10)])
+        t.add_message(3, 0, 2 * FUTURE)
+        t.flush()
+        clock.now = 3_000
+        assert len(t.get_scheduled_messages(100)) == 10
+        t.flush()  # journal mode: confirmed, the frontier is ledger 2's last row
+        assert t.stats()["immutable_buckets"] == 2  # ledger 2's bucket went once delivered
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory):
+    out = {}
+    for durability in ("sealed", "journal"):
+        out[durability] = tmp_path_factory.mktemp("evidence") / durability
+        _build(out[durability], durability)
+    return out
+
+
+def _store(templates, tmp_path, durability: str):
+    path = tmp_path / durability
+    shutil.copytree(templates[durability], path)
+    return path
+
+
+def _rewrite(path, key: str, change) -> str:
+    """Replace bucket ``key``'s summary by ``change(raw)``; return its ledger file."""
+    env = lmdb.open(str(path / "catalog"), max_dbs=4, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            db = env.open_db(b"summaries", txn=txn)
+            name = b"t\x00" + key.encode()
+            raw = txn.get(name, db=db)
+            txn.put(name, change(raw), db=db)
+    finally:
+        env.close()
+    return str(path / "ledgers" / ledger_file_name(decode_summary(raw, path="", key="").ledger_id))
+
+
+def _keys(path) -> dict[str, int]:
+    with Catalog(str(path / "catalog"), readonly=True) as catalog:
+        return catalog.keys_and_summaries("t")[0]
+
+
+def _entry0_offset(file: str) -> int:
+    with BucketFile(file) as bf:
+        return bf.ledger.entry_payload_offset(0)
+
+
+def _looks_due(raw: bytes) -> bytes:
+    return SUMMARY_CASES["summary_all_due"](raw)
+
+
+def _looks_empty(raw: bytes) -> bytes:
+    return SUMMARY_CASES["summary_no_segments"](raw)
+
+
+@pytest.mark.parametrize("change", [_looks_due, _looks_empty], ids=["every_segment_due", "no_segment"])
+@pytest.mark.parametrize("durability", ["sealed", "journal"])
+def test_a_summary_that_makes_a_bucket_look_done_deletes_nothing(templates, tmp_path, durability, change):
+    """The issue's case: the summary says the bucket holds nothing (or, journal mode, that every
+    segment is behind the confirmed frontier; sealed mode, that every segment is due, which
+    ``replay_done`` would then delete). Its 50 rows were never delivered."""
+    path = _store(templates, tmp_path, durability)
+    victim = _rewrite(path, VICTIM, change)
+    with bucketstore.open(path, durability, background=False) as store:
+        with pytest.raises(CorruptLedgerError, match="catalog summary") as info:
+            t = store.tracker("t", CFG, FakeClock(NOW))
+            assert durability == "sealed" and change is _looks_due  # held at open, not deleted...
+            assert t.recovery_report["deleted_due"] == 0 and t.recovery_report["held_for_replay_indexes"] == 50
+            t.replay_done()  # ...and not deleted once the embedder's replay is done
+    assert (info.value.path, info.value.offset) == (victim, _entry0_offset(victim))
+    assert VICTIM in _keys(path)
+    with BucketFile(victim) as bf:
+        assert bf.metadata.count == 50
+    # repair re-derives the summary from the file: every row is still there, and stays.
+    with bucketstore.open(path, durability, background=False, repair=True) as store:
+        t = store.tracker("t", CFG, FakeClock(NOW))
+        assert t.recovery_report["dropped"] == [] and t.recovery_report["deleted_due"] == 0
+        assert all(t.contains_message(*p) for p in VICTIM_ROWS)
+    with bucketstore.open(path, durability, background=False) as store:
+        t = store.tracker("t", CFG, FakeClock(NOW))
+        t.replay_done()
+        assert t.number_of_delayed_messages == _held(durability) and all(t.contains_message(*p) for p in VICTIM_ROWS)
+
+
+@pytest.mark.parametrize("durability", ["sealed", "journal"])
+def test_a_mark_delete_past_an_unopened_bucket_checks_its_summary_first(templates, tmp_path, durability):
+    """A mark-delete deletes the buckets it passes unopened, each after one entry 0 read: a
+    summary that disagrees refuses the mark-delete before it is recorded."""
+    path = _store(templates, tmp_path, durability)
+    victim = _rewrite(path, VICTIM, SUMMARY_CASES["summary_size"])
+    files = sorted((path / "ledgers").iterdir())
+    assert len(files) == 2
+    with bucketstore.open(path, durability, background=False) as store:
+        t = store.tracker("t", CFG, FakeClock(NOW))
+        assert t.recovery_report["unopened"] == 2
+        with pytest.raises(CorruptLedgerError, match="catalog summary") as info:
+            t.mark_delete(2, 0)
+        assert (info.value.path, info.value.offset) == (victim, _entry0_offset(victim))
+        assert t.mark_delete_position is None and t.number_of_delayed_messages == _held(durability)
+    assert set(_keys(path)) == {bucket_key(0, 0), VICTIM}
+    # With the summary re-derived (repair), the same mark-delete deletes both buckets.
+    with bucketstore.open(path, durability, background=False, repair=True) as store:
+        store.tracker("t", CFG, FakeClock(NOW))
+    with bucketstore.open(path, durability, background=False) as store:
+        t = store.tracker("t", CFG, FakeClock(NOW))
+        t.mark_delete(2, 0)
+        assert t.stats()["immutable_buckets"] == 0
+    assert _keys(path) == {} and not any(f.exists() for f in files)
+
+
+def _walk(path, durability: str, errors: list[BaseException]) -> None:
+    """Open, replay_done, deliver and confirm what is due, mark-delete into the victim, close;
+    each step's typed error is collected and ends the walk of that open."""
+    try:
+        with bucketstore.open(path, durability, background=False) as store:
+            clock = FakeClock(NOW)
+            t = store.tracker("t", CFG, clock)
+            t.replay_done()
+            for _ in range(3):
+                t.get_scheduled_messages(100)
+                t.flush()
+                clock.now += 1_000
+            t.mark_delete(1, 0)  # passes ledger 0's bucket, cuts into the victim (opens it)
+            t.flush()
+    except BucketStoreError as exc:
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("name", sorted(SUMMARY_CASES))
+@pytest.mark.parametrize("durability", ["sealed", "journal"])
+def test_a_damaged_summary_is_refused_or_read_past_never_a_deletion(templates, tmp_path, durability, name):
+    path = _store(templates, tmp_path, durability)
+    victim = _rewrite(path, VICTIM, SUMMARY_CASES[name])
+    errors: list[BaseException] = []
+    for _ in range(2):  # the second open sees what the first one recorded (a frontier, a mark-delete)
+        _walk(path, durability, errors)
+        assert VICTIM in _keys(path), errors
+        with BucketFile(victim) as bf:
+            assert bf.metadata.count == 50
+    where = CAUGHT_AT[name]
+    if where == "refused":
+        assert errors and all(isinstance(e, CatalogError) and e.key == VICTIM for e in errors), errors
+    elif where == "entry 0":
+        assert errors and all(isinstance(e, CorruptLedgerError) and (e.path, e.offset) == (victim, _entry0_offset(victim))
+                              for e in errors), errors
+    else:
+        assert errors == []  # the prefix of a bucket never due is never used: read past
