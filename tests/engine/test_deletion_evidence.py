@@ -202,3 +202,38 @@ def test_a_damaged_summary_is_refused_or_read_past_never_a_deletion(templates, t
                               for e in errors), errors
     else:
         assert errors == []  # the prefix of a bucket never due is never used: read past
+
+
+def _segment1_offset(file: str) -> int:
+    with BucketFile(file) as bf:
+        return bf.ledger.entry_payload_offset(1)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, where in CAUGHT_AT.items() if where == "segment 1"))
+def test_a_wrong_prefix_delivered_and_confirmed_is_damage_at_the_reopen(templates, tmp_path, name):
+    """Journal mode: the first batch after a restart is the summary's prefix, delivered before
+    the file is read. When one of its rows is wrong and the batch is confirmed, the frontier
+    lands on it; the reopen untracks segment 1's rows up to the frontier as delivered, and
+    with a forged position would so drop the real row it stood for, never delivered (the
+    case summary_prefix_entry). Segment 1 is compared with the prefix there too."""
+    path = _store(templates, tmp_path, "journal")
+    victim = _rewrite(path, VICTIM, SUMMARY_CASES[name])
+    with Catalog(str(path / "catalog"), readonly=True) as catalog:
+        k = decode_summary(catalog.keys_and_summaries("t")[1][VICTIM], path="", key="").prefix_rows
+    with bucketstore.open(path, "journal", background=False) as store:
+        clock = FakeClock(2 * FUTURE)
+        t = store.tracker("t", CFG, clock)
+        batch = t.get_scheduled_messages(10 + k)  # ledger 0's bucket, then the victim's prefix only
+        assert len(batch) == 10 + k
+        if name == "summary_prefix_entry":
+            assert (1, 1_000_031) in batch and (1, 31) not in batch
+        t.confirm_delivered()
+        t.flush()
+        with pytest.raises(CorruptLedgerError, match="prefix") as live:  # the batch reaching segment 1
+            t.get_scheduled_messages(100)
+        assert (live.value.path, live.value.offset) == (victim, _segment1_offset(victim))
+    with bucketstore.open(path, "journal", background=False) as store:
+        with pytest.raises(CorruptLedgerError, match="prefix") as info:
+            store.tracker("t", CFG, FakeClock(2 * FUTURE))
+    assert (info.value.path, info.value.offset) == (victim, _segment1_offset(victim))
+    assert VICTIM in _keys(path)
