@@ -202,6 +202,9 @@ class Delivery:
         ledgers (and of ``ledger_id`` up to ``entry_id``) are dropped: they are
         never delivered afterwards. A position earlier than the recorded one is
         ignored (acknowledgement never moves back).
+
+        :raises CorruptLedgerError: a bucket it would delete, not read yet, disagrees with
+            its catalog summary (nothing is recorded or deleted).
         """
         check_position(ledger_id, entry_id)
         with self._lock:
@@ -249,6 +252,9 @@ class Delivery:
         nothing is held and the call does nothing.
 
         ``stats()`` counts what is held: ``held_for_replay_buckets``, ``held_for_replay_indexes``.
+
+        :raises CorruptLedgerError: a bucket it would delete disagrees with its catalog summary
+            (its entry 0 is read first; nothing is deleted).
         """
         with self._lock:
             self._check_open()
