@@ -237,3 +237,25 @@ def test_a_wrong_prefix_delivered_and_confirmed_is_damage_at_the_reopen(template
             store.tracker("t", CFG, FakeClock(2 * FUTURE))
     assert (info.value.path, info.value.offset) == (victim, _segment1_offset(victim))
     assert VICTIM in _keys(path)
+
+
+@pytest.mark.parametrize("durability", ["sealed", "journal"])
+def test_a_merge_opens_its_sources_first_and_a_damaged_one_is_not_merged_away(templates, tmp_path, durability):
+    """A merge deletes its sources' files once the merged one is in the catalog; it opens each
+    source first (entry 0 against the summary), so a disagreeing summary stops the merge.
+    (This held before issue 29; pinned here with the other destructive paths.)"""
+    path = _store(templates, tmp_path, durability)
+    victim = _rewrite(path, VICTIM, SUMMARY_CASES["summary_counts_moved"])
+    merging = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=40,
+                            max_num_buckets=1)
+    with bucketstore.open(path, durability, background=False) as store:
+        t = store.tracker("t", merging, FakeClock(NOW))
+        t.add_messages([(5, e, FUTURE + e) for e in range(10)])
+        t.add_message(6, 0, FUTURE)  # seals ledger 5: three buckets, one allowed, a merge
+        maintenance = t.stats()["maintenance"]
+        # Not retried in a loop; the delivery that reaches the bucket raises it.
+        assert maintenance["failed"] == 1 and victim in maintenance["last_error"]
+        assert "catalog summary" in maintenance["last_error"] and t.stats()["immutable_buckets"] == 3
+    assert VICTIM in _keys(path)
+    with BucketFile(victim) as bf:
+        assert bf.metadata.count == 50
