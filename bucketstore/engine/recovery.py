@@ -52,7 +52,9 @@ class Recovery:
         Each bucket's catalog summary (segment table and count) is enough to
         decide the skip, to count its indexes and to queue it by its first live
         segment: the bucket stays *unopened* and its entry 0 is read when it is
-        first needed (:meth:`_open_bucket`). Opened now are only buckets without
+        first needed (:meth:`_open_bucket`); one that opening deletes has its entry 0 read
+        and checked against the summary first (a disagreement raises, nothing is deleted:
+        see :meth:`_verify_before_delete`). Opened now are only buckets without
         a summary (written before summaries existed: read and summarised, the
         summaries committed here), the one a mark-delete position cuts through,
         those the journal's frontier falls inside (their delivered rows must be
@@ -142,7 +144,7 @@ class Recovery:
                     # damage, raised here before the catalog or any file is touched.
                     self._read_entry0(path, ledger_id, key, summary)
                 _ = bucket.counts  # the table, before the summary goes
-                bucket.summary = None  # deleted unread: never counted among the unopened
+                bucket.summary = None  # deleted below: never counted among the unopened
                 doomed.append(bucket)
                 _log_removal_at_open(self.name, key, ledger_id, path, int(bucket.counts.sum()), fate)
                 continue
