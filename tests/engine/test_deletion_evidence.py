@@ -24,6 +24,7 @@ import pytest
 
 import bucketstore
 from bucketstore import BucketStoreError, CatalogError, CorruptLedgerError, TrackerConfig
+from bucketstore.cli.commands import main
 from bucketstore.engine.catalog import Catalog
 from bucketstore.format.bucket_summary import decode_summary
 from bucketstore.format.ledger_file import ledger_file_name
@@ -188,6 +189,7 @@ def _walk(path, durability: str, errors: list[BaseException]) -> None:
 def test_a_damaged_summary_is_refused_or_read_past_never_a_deletion(templates, tmp_path, durability, name):
     path = _store(templates, tmp_path, durability)
     victim = _rewrite(path, VICTIM, SUMMARY_CASES[name])
+    assert main(["verify", str(path)]) == 1  # verify finds every case, as the engine must
     errors: list[BaseException] = []
     for _ in range(2):  # the second open sees what the first one recorded (a frontier, a mark-delete)
         _walk(path, durability, errors)
