@@ -43,7 +43,6 @@ VICTIM_ROWS = [(1, e) for e in range(50)]
 NOW = 5_000
 
 
-
 def _held(durability: str) -> int:
     """What the tracker holds at a reopen: ledgers 0 and 1 (and ledger 3's row, kept by the journal)."""
     return 60 + (durability == "journal")
@@ -122,7 +121,8 @@ def test_a_summary_that_makes_a_bucket_look_done_deletes_nothing(templates, tmp_
     with bucketstore.open(path, durability, background=False) as store:
         with pytest.raises(CorruptLedgerError, match="catalog summary") as info:
             t = store.tracker("t", CFG, FakeClock(NOW))
-            assert durability == "sealed" and change is _looks_due  # held at open, not deleted...
+            # Only sealed mode's "every segment due" opens: the bucket is held at open...
+            assert durability == "sealed" and change is _looks_due
             assert t.recovery_report["deleted_due"] == 0 and t.recovery_report["held_for_replay_indexes"] == 50
             t.replay_done()  # ...and not deleted once the embedder's replay is done
     assert (info.value.path, info.value.offset) == (victim, _entry0_offset(victim))
