@@ -176,6 +176,10 @@ class Recovery:
             else:
                 self._held_drained.append(bucket)  # every segment skipped: nothing to deliver
         track_heads(self._index, heads)
+        if enclosed and not self._read_only:
+            # The enclosed files go on the word of the wider key: its file must say the same first.
+            enclosers = [self._buckets.covering(parse_bucket_key(k)[0]) for k in enclosed]
+            self._verify_before_delete(list({id(b): b for b in enclosers if b is not None}.values()))
         if (stale_keys or backfill) and not self._read_only:
             # Summaries of keys written before summaries existed, in one transaction with
             # the stale keys' removal; a crash before it only means reading entry 0 again.

@@ -23,7 +23,7 @@ import lmdb
 import pytest
 
 import bucketstore
-from bucketstore import BucketStoreError, CatalogError, CorruptLedgerError, TrackerConfig
+from bucketstore import BucketStoreError, CatalogError, CorruptLedgerError, LedgerIdentityError, TrackerConfig
 from bucketstore.cli.commands import main
 from bucketstore.engine.catalog import Catalog
 from bucketstore.format.bucket_summary import decode_summary
@@ -261,3 +261,67 @@ def test_a_merge_opens_its_sources_first_and_a_damaged_one_is_not_merged_away(te
     assert VICTIM in _keys(path)
     with BucketFile(victim) as bf:
         assert bf.metadata.count == 50
+
+
+@pytest.mark.parametrize("durability", ["sealed", "journal"])
+def test_a_wider_key_deletes_the_buckets_it_encloses_only_once_its_file_agrees(templates, tmp_path, durability):
+    """A range that encloses others makes the open delete them as a merge's leftovers. The
+    newest key rewritten as [1, 4] (same file, same summary) would so delete the victim's
+    bucket [1, 1], 50 rows never delivered; the wider key's file is read first, and its header
+    names other ledgers: nothing is deleted. (This guard is about the key, not the summary.)"""
+    path = _store(templates, tmp_path, durability)
+    build = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=40, max_num_buckets=-1)
+    with bucketstore.open(path, durability, background=False) as store:
+        t = store.tracker("t", build, FakeClock(NOW))
+        t.add_messages([(4, e, FUTURE + e) for e in range(10)])
+        t.add_message(5, 0, FUTURE)  # seals ledger 4
+        t.flush()
+    (newest,) = set(_keys(path)) - {bucket_key(0, 0), VICTIM}  # [4, 4] ([3, 4] in journal mode)
+    env = lmdb.open(str(path / "catalog"), max_dbs=4, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            for name in (b"buckets", b"summaries"):
+                db = env.open_db(name, txn=txn)
+                value = txn.pop(b"t\x00" + newest.encode(), db=db)
+                txn.put(b"t\x00" + bucket_key(1, 4).encode(), value, db=db)
+    finally:
+        env.close()
+    before = sorted((path / "ledgers").iterdir())
+    with bucketstore.open(path, durability, background=False) as store:
+        with pytest.raises(LedgerIdentityError, match="holds ledgers"):
+            store.tracker("t", CFG, FakeClock(NOW))
+    assert sorted((path / "ledgers").iterdir()) == before
+    assert set(_keys(path)) == {bucket_key(0, 0), VICTIM, bucket_key(1, 4)}
+
+
+def test_a_merge_leftover_is_removed_once_the_wider_file_agrees(templates, tmp_path):
+    """The case the enclosed-key rule is for: a source's key and file left beside the merged
+    bucket that holds its rows. The merged file agrees with its key: the leftover goes."""
+    path = _store(templates, tmp_path, "sealed")
+    victim_file = path / "ledgers" / ledger_file_name(_keys(path)[VICTIM])
+    saved_file = victim_file.read_bytes()
+    with Catalog(str(path / "catalog"), readonly=True) as catalog:
+        saved_summary = catalog.keys_and_summaries("t")[1][VICTIM]
+    merging = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=40,
+                            max_num_buckets=1)
+    with bucketstore.open(path, "sealed", background=False) as store:
+        t = store.tracker("t", merging, FakeClock(NOW))
+        t.add_messages([(4, e, FUTURE + e) for e in range(10)])
+        t.add_message(5, 0, FUTURE)  # seals ledger 4: three buckets, a merge
+        t.flush()
+        buckets = t.stats()["immutable_buckets"]
+    assert buckets < 3 and VICTIM not in _keys(path) and not victim_file.exists()
+    victim_file.write_bytes(saved_file)
+    env = lmdb.open(str(path / "catalog"), max_dbs=4, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            name = b"t\x00" + VICTIM.encode()
+            txn.put(name, str(int(victim_file.stem)).encode(), db=env.open_db(b"buckets", txn=txn))
+            txn.put(name, saved_summary, db=env.open_db(b"summaries", txn=txn))
+    finally:
+        env.close()
+    with bucketstore.open(path, "sealed", background=False) as store:
+        t = store.tracker("t", CFG, FakeClock(NOW))
+        assert t.recovery_report["enclosed_removed"] == 1 and t.recovery_report["unopened"] == buckets
+        assert t.number_of_delayed_messages == 70 and all(t.contains_message(*p) for p in VICTIM_ROWS)
+    assert not victim_file.exists() and VICTIM not in _keys(path)
