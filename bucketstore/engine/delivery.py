@@ -202,6 +202,9 @@ class Delivery:
         ledgers (and of ``ledger_id`` up to ``entry_id``) are dropped: they are
         never delivered afterwards. A position earlier than the recorded one is
         ignored (acknowledgement never moves back).
+
+        :raises CorruptLedgerError: a bucket it would delete, not read yet, disagrees with
+            its catalog summary (nothing is recorded or deleted).
         """
         check_position(ledger_id, entry_id)
         with self._lock:
@@ -210,6 +213,8 @@ class Delivery:
                 return
             if self._unopened and ledger_id <= self._buckets.newest_end:
                 self._open_covering(ledger_id)  # the bucket the trim cuts through; may raise: nothing recorded yet
+            if self._unopened:  # the ones it passes: checked against their file before any goes
+                self._verify_before_delete([b for b in self._buckets.values() if b.end_ledger < ledger_id])
             self._mark_delete = (ledger_id, entry_id)
             self._store.catalog.commit(self.name, state=self._state)
             self._trim(ledger_id, entry_id)
@@ -247,10 +252,14 @@ class Delivery:
         nothing is held and the call does nothing.
 
         ``stats()`` counts what is held: ``held_for_replay_buckets``, ``held_for_replay_indexes``.
+
+        :raises CorruptLedgerError: a bucket it would delete disagrees with its catalog summary
+            (its entry 0 is read first; nothing is deleted).
         """
         with self._lock:
             self._check_open()
             drained = [b for b in self._held_drained if not b.dead]
+            self._verify_before_delete(drained)  # their rows were skipped on the summary's word
             self._held_drained = []
             for b in drained:
                 _log_held_removal(self.name, b, "the embedder's replay is done (replay_done)")

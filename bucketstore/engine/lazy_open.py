@@ -47,6 +47,21 @@ class LazyOpening:
                                              f"bucket {key}: {why}")
         return meta, size
 
+    def _verify_before_delete(self, buckets: list[SealedBucket]) -> None:
+        """Read the entry 0 of each unopened bucket about to be deleted and check it against the
+        catalog summary (and the file against the key) first: no file goes on the word of a
+        summary alone (the skip that made it due, its segment count, its range).
+
+        Opened buckets were checked when opened. All are checked before any is deleted, so a
+        mismatch deletes nothing; the error is the one opening the bucket would raise
+        (:class:`~bucketstore.CorruptLedgerError` at entry 0's offset for a summary that
+        disagrees, ``CatalogError`` for a missing file, ``LedgerIdentityError`` for a file
+        of another bucket). One entry 0 read per deleted file: open stays lazy for the rest.
+        """
+        for b in buckets:
+            if b.summary is not None and not b.dead:
+                self._read_entry0(b.path, b.ledger_id, b.key, b.summary)
+
     def _open_covering(self, ledger_id: int) -> None:
         bucket = self._buckets.covering(ledger_id)
         if bucket is not None:

@@ -194,12 +194,17 @@ class SealedBucket:
         head = self.head
         if number != 1 or head is None:
             return run
-        why = prefix_mismatch(head, run.ts, run.ledgers, run.entries)
-        if why is not None:
-            raise CorruptLedgerError(self.path, 0, f"bucket {self.key}: {why}")
+        self.check_prefix(head, run)
         self.head = None
         k = head.prefix_rows
         return Run(run.ts[k:], run.ledgers[k:], run.entries[k:], owner=self)
+
+    def check_prefix(self, summary: BucketSummary, run: Run) -> None:
+        """Raise :class:`~bucketstore.CorruptLedgerError` at segment 1's offset when ``run`` (segment 1
+        as read from the file) disagrees with the prefix rows ``summary`` keeps."""
+        why = prefix_mismatch(summary, run.ts, run.ledgers, run.entries)
+        if why is not None:
+            raise CorruptLedgerError(self.path, _payload_offset(self.path, 1), f"bucket {self.key}: {why}")
 
     def file_exists(self) -> bool:
         return os.path.exists(self.path)
@@ -207,6 +212,15 @@ class SealedBucket:
     def __repr__(self) -> str:
         return (f"SealedBucket([{self.start_ledger}, {self.end_ledger}], ledger {self.ledger_id}, "
                 f"segment {self.current}/{self.segment_count})")
+
+
+def _payload_offset(path: str, entry: int) -> int:
+    """Where entry ``entry``'s payload starts in the file (0 when the file cannot say: an error path)."""
+    try:
+        with LedgerReader(path) as reader:
+            return reader.entry_payload_offset(entry)
+    except (OSError, CorruptLedgerError):
+        return 0
 
 
 def split_positions(bucket: SealedBucket, meta: BucketMetadata, skip: int, need_skipped: bool

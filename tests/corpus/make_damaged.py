@@ -10,6 +10,11 @@ CRCs so that the damage reaches the decoder it is aimed at. Every file here
 must be rejected by ``BucketFile`` (plus reading its segments), by
 ``bucketstore verify`` and by ``bucketstore dump``; ``tests/format/test_fuzz.py`` and
 ``tests/cli/test_cli.py`` replay them on every run. The output is deterministic.
+
+``*.summary`` files are the golden catalog summary (``formats/golden/summary_v2.bin``) with
+one field wrong (``summary_damage.py``): each must be refused or disagree with the bucket
+it describes (``tests/format/test_summary_damage.py``), and no bucket file is deleted on
+the word of such a summary (``tests/engine/test_deletion_evidence.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from bucketstore.format.ledger_file import masked_crc32c
 from bucketstore.format.segment_codec import decode_segment, encode_segment
 from bucketstore.format.snapshot import decode_metadata, encode_metadata
 from corpus.framing import frame_ledger, split_ledger, trailer
+from corpus.summary_damage import SUMMARY_CASES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, os.pardir, os.pardir, "formats", "golden")
@@ -224,6 +230,12 @@ def main(argv: list[str]) -> int:
         with open(os.path.join(out_dir, name + ".journal"), "wb") as f:
             f.write(make_journal())
         print(f"wrote {name}.journal")
+    with open(os.path.join(GOLDEN, "summary_v2.bin"), "rb") as f:
+        golden_summary = f.read()
+    for name, change in SUMMARY_CASES.items():
+        with open(os.path.join(out_dir, name + ".summary"), "wb") as f:
+            f.write(change(golden_summary))
+        print(f"wrote {name}.summary")
     return 0
 
 
