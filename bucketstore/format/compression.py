@@ -32,6 +32,12 @@ ZSTD = "zstd"
 
 #: With a frame per byte plane, level 1 is as small as 3 (and faster); bench_codec compares them.
 _ZSTD_LEVEL = 1
+#: Shortest match zstd looks for in a byte plane (level 1 takes 6; 7 is the longest setting). A plane
+#: of small differences (the timestamps of a merged bucket) holds short chance repeats that cost more
+#: as matches than as Huffman-coded literals: measured (tools/bench/bench_merge_bytes.py) 5 % off the
+#: timestamp planes of a random-delay merge, at the same speed. Not for a whole body (entry 0), whose
+#: repeated 5-byte runs (the msgpack timestamps) are worth matching.
+_ZSTD_MIN_MATCH = 7
 #: Pieces shorter than this share a frame with the next (a frame costs 6-10 bytes of header).
 _MIN_FRAME = 64
 _ZLIB_LEVEL = 1
@@ -50,7 +56,7 @@ class Compressor:
     plane, so a writer makes one per bucket. Not thread-safe: one per thread.
     """
 
-    __slots__ = ("codec", "_zstd")
+    __slots__ = ("codec", "_zstd", "_planes")
 
     def __init__(self, codec: str) -> None:
         if codec not in (ZLIB, ZSTD):
@@ -58,6 +64,8 @@ class Compressor:
         self.codec = codec
         # write_content_size: every frame records its size, which the reader checks.
         self._zstd = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True) if codec == ZSTD else None
+        self._planes = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters.from_level(
+            _ZSTD_LEVEL, min_match=_ZSTD_MIN_MATCH, write_content_size=True)) if codec == ZSTD else None
 
     def compress(self, body: bytes | list[bytes]) -> bytes:
         """Compress ``body``; given as its pieces (byte planes), zstd writes one frame per
@@ -67,6 +75,7 @@ class Compressor:
             return zlib.compress(body if isinstance(body, bytes) else b"".join(body), _ZLIB_LEVEL)
         if isinstance(body, bytes):
             return zstd.compress(body)
+        zstd = self._planes
         frames, pending = [], b""
         for piece in body:
             pending += piece
