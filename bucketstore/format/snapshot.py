@@ -318,8 +318,11 @@ def decode_metadata(payload: bytes | memoryview) -> BucketMetadata:
 
 def _validate_metadata(doc: object) -> BucketMetadata:
     at = _PREFIX.size  # structural errors are reported at the body's start
-    if not isinstance(doc, list) or len(doc) not in (5, 6, 7):
-        raise MetadataCodecError(at, "metadata is not a 5-, 6- or 7-element array")
+    # The version is read before the length is checked: a later version's body may have another
+    # length, and its reader must hear which version it met (a version-2 reader, which checked
+    # the length first, calls a version-3 body "not a 5- or 6-element array").
+    if not isinstance(doc, list) or not doc:
+        raise MetadataCodecError(at, "metadata is not a non-empty array")
     version = doc[0]
     # ``type(v) is int``: msgpack decodes true as True and 1.0 as a float, both
     # of which compare equal to 1 but are not what any writer produces.

@@ -184,9 +184,16 @@ def test_metadata_v2_validation(change, message, version) -> None:
 
 def test_metadata_refuses_an_unknown_version() -> None:
     import msgpack
-    body = msgpack.packb([4, 1, 2, 0, [], []])
-    with pytest.raises(MetadataCodecError, match="version 4 is not supported"):
-        decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
+    for body in (msgpack.packb([4, 1, 2, 0, [], []]), msgpack.packb([4, 1, 2, 0, [], [], [], []])):
+        with pytest.raises(MetadataCodecError, match="version 4 is not supported"):
+            decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
+    for body in (msgpack.packb([]), msgpack.packb({"v": 3})):
+        with pytest.raises(MetadataCodecError, match="not a non-empty array"):
+            decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
+    for doc in ([3, 1, 2, 0, [], []], [2, 1, 2, 0, [], [], b""], [1, 1, 2, 0, [], []]):
+        body = msgpack.packb(doc)
+        with pytest.raises(MetadataCodecError, match=f"version {doc[0]} metadata has {len(doc)} elements"):
+            decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
 
 
 def test_segments_may_not_go_backwards() -> None:
