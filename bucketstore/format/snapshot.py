@@ -10,9 +10,9 @@ Version 2 keeps *one* bitmap per ledger for the whole bucket: the segments
 already say which segment holds which position, so version 1's per-segment
 bitmaps (PIP-195's layout, still read) stored every position twice. Version 3
 (what this module writes) stores the same bitmaps, portable roaring still, but
-laid end to end and byte-shuffled (every even byte, then every odd byte), so the
-compressor sees the low and the high bytes of the array containers' 16-bit entry
-ids apart: a sparse bucket's entry 0 is 29 % smaller (issue 28 item 2). The engine needs only bucket-wide membership at recovery; the
+laid end to end and, from 4 KiB, byte-shuffled (every even byte, then every odd
+byte), so the compressor sees the low and the high bytes of the array containers'
+16-bit entry ids apart: a sparse bucket's entry 0 is 29 % smaller (issue 28 item 2). The engine needs only bucket-wide membership at recovery; the
 positions of one segment, when needed, come from decoding it
 (:meth:`BucketFile.segment_positions`). The bitmaps are built and serialized in
 :mod:`~bucketstore.format.bucket_bitmaps`.
@@ -71,6 +71,7 @@ __all__ = [
     "BUCKET_KEY_PREFIX",
     "sort_indexes",
     "drop_repeats",
+    "SHUFFLE_FROM",
 ]
 
 #: The version this module writes.
@@ -85,10 +86,11 @@ _FLAG_ZLIB = 0x01
 _FLAG_ZSTD = 0x02  # from version 2
 _PREFIX = struct.Struct("<BI")  # flags, uncompressed msgpack length
 _MAX_INFLATE_RATIO = 1032  # zlib's largest possible expansion; a bigger claim is damage
-#: Version 3: shuffled bitmap bytes from this long get zstd frames of their own (each half its own
-#: entropy tables); below it, three frames' headers cost more than they save (a dense bucket's few
-#: run containers), and the body is one frame.
-_SPLIT_BITMAPS = 4096
+#: Version 3: bitmap bytes from this long are stored shuffled, their halves in zstd frames of their
+#: own (each with its own entropy tables). Shorter (a dense bucket's few run containers, where
+#: shuffling costs a few bytes and three frames' headers more than they save), they are stored as
+#: they are, the body in one frame. The reader tells the two apart by the length alone.
+SHUFFLE_FROM = 4096
 
 
 class MetadataCodecError(ValueError):
@@ -198,9 +200,10 @@ def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
     ``[2, start_ledger, end_ledger, count, segments, bitmaps]``, ``segments`` a flat
     array ``[min_ts, max_ts, count, ...]`` and ``bitmaps`` a flat array
     ``[ledger_id, width, bytes, ...]`` of the bucket's bitmaps in ascending ledger order.
-    Version 3's is ``[3, start_ledger, end_ledger, count, segments, table, shuffled]``:
-    ``table`` is ``[ledger_id, width, size, ...]`` and ``shuffled`` the bitmaps' bytes
-    laid end to end in table order, then byte-shuffled (:func:`_shuffle`).
+    Version 3's is ``[3, start_ledger, end_ledger, count, segments, table, data]``:
+    ``table`` is ``[ledger_id, width, size, ...]`` and ``data`` the bitmaps' bytes laid end
+    to end in table order, byte-shuffled (:func:`_shuffle`) when there are
+    :data:`SHUFFLE_FROM` of them or more.
     """
     if meta.version == 1:
         return _encode_metadata_v1(meta, compress=compress)
@@ -218,14 +221,17 @@ def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
         table: list[object] = []
         for ledger, width, blob in zip(flat[0::3], flat[1::3], blobs):
             table += [ledger, width, len(blob)]  # type: ignore[arg-type]
-        even, odd = _shuffle(b"".join(blobs))  # type: ignore[arg-type]
-        body = msgpack.packb([3, meta.start_ledger, meta.end_ledger, meta.count, segments, table, even + odd],
-                             use_bin_type=True)
-        if len(even) + len(odd) >= _SPLIT_BITMAPS:
-            # The shuffled bytes end the body: the msgpack before them, then each half, in frames of their own.
-            pieces = [body[:len(body) - len(even) - len(odd)], even, odd]
-        else:
+        data = b"".join(blobs)  # type: ignore[arg-type]
+        if len(data) < SHUFFLE_FROM:
+            body = msgpack.packb([3, meta.start_ledger, meta.end_ledger, meta.count, segments, table, data],
+                                 use_bin_type=True)
             pieces = [body]
+        else:
+            even, odd = _shuffle(data)
+            body = msgpack.packb([3, meta.start_ledger, meta.end_ledger, meta.count, segments, table, even + odd],
+                                 use_bin_type=True)
+            # The shuffled bytes end the body: the msgpack before them, then each half, in frames of their own.
+            pieces = [body[:len(body) - len(data)], even, odd]
     if compress and len(body) > 64:
         packed = _compress(pieces[0], ZSTD)
         if len(pieces) > 1:
@@ -352,15 +358,15 @@ def _validate_metadata(doc: object) -> BucketMetadata:
     return BucketMetadata(start, end, count, out, version, bitmaps)
 
 
-def _unshuffled_bitmaps(table: object, shuffled: object, at: int) -> list[object]:
-    """Version 3's bitmap table and shuffled bytes as version 2's ``[ledger_id, width, bytes, ...]``
+def _unshuffled_bitmaps(table: object, stored: object, at: int) -> list[object]:
+    """Version 3's bitmap table and bytes as version 2's ``[ledger_id, width, bytes, ...]``
     (ledgers and widths are checked by :func:`_validate_bitmaps`)."""
-    if not isinstance(table, list) or len(table) % 3 or not isinstance(shuffled, bytes):
+    if not isinstance(table, list) or len(table) % 3 or not isinstance(stored, bytes):
         raise MetadataCodecError(at, "bucket: the bitmap table or its bytes are malformed")
     sizes = table[2::3]
-    if not all(_is_u64(size) and size > 0 for size in sizes) or sum(sizes) != len(shuffled):
-        raise MetadataCodecError(at, f"bucket: the bitmap sizes do not add up to the {len(shuffled)} bytes stored")
-    data = _unshuffle(shuffled)
+    if not all(_is_u64(size) and size > 0 for size in sizes) or sum(sizes) != len(stored):
+        raise MetadataCodecError(at, f"bucket: the bitmap sizes do not add up to the {len(stored)} bytes stored")
+    data = stored if len(stored) < SHUFFLE_FROM else _unshuffle(stored)
     ends = list(accumulate(sizes))
     flat: list[object] = table.copy()
     flat[2::3] = [data[end - size:end] for end, size in zip(ends, sizes)]

@@ -304,30 +304,40 @@ def test_v3_shuffle_is_undone_exactly(data) -> None:
     assert len(even) - len(odd) in (0, 1) and _unshuffle(even + odd) == data
 
 
-def _v3_body(table: list, shuffled: bytes) -> bytes:
+def _v3_body(table: list, data: bytes, first_segment: int = 2) -> bytes:
+    """Entry 0 of a version-3 bucket of ledgers [1, 2] holding two segments, the first of
+    ``first_segment`` indexes, the second of one."""
     import msgpack
-    body = msgpack.packb([3, 1, 2, 3, [5, 9, 2, 9, 12, 1], table, shuffled], use_bin_type=True)
+    body = msgpack.packb([3, 1, 2, first_segment + 1, [5, 9, first_segment, 9, 12, 1], table, data],
+                         use_bin_type=True)
     return bytes([0]) + len(body).to_bytes(4, "little") + body
 
 
 def test_v3_bitmap_table_must_match_its_bytes() -> None:
-    from bucketstore.format.snapshot import _shuffle
+    from bucketstore.format.snapshot import SHUFFLE_FROM, _shuffle
     a, b = BitMap([1, 2]).serialize(), BitMap64([1 << 40]).serialize()
-    shuffled = b"".join(_shuffle(a + b))
     good = [1, 32, len(a), 2, 64, len(b)]
-    meta = decode_metadata(_v3_body(good, shuffled))
+    meta = decode_metadata(_v3_body(good, a + b))  # short: stored as they are
     assert {k: list(v) for k, v in meta.bitmaps.items()} == {1: [1, 2], 2: [1 << 40]}
     for table, blob, message in [
-        ([1, 32, len(a), 2, 64, len(b) + 1], shuffled, "do not add up"),
-        ([1, 32, 0, 2, 64, len(a) + len(b)], shuffled, "do not add up"),
-        ([1, 32, len(a), 2, 64, True], shuffled, "do not add up"),
-        ([1, 32, len(a), 2, 64], shuffled, "malformed"),
-        (good, list(shuffled), "malformed"),
-        ([1, 32, len(b), 2, 64, len(a)], shuffled, "does not deserialize|malformed|bitmaps hold"),
-        (good, a + b, "does not deserialize|malformed|bitmaps hold"),  # not shuffled
+        ([1, 32, len(a), 2, 64, len(b) + 1], a + b, "do not add up"),
+        ([1, 32, 0, 2, 64, len(a) + len(b)], a + b, "do not add up"),
+        ([1, 32, len(a), 2, 64, True], a + b, "do not add up"),
+        ([1, 32, len(a), 2, 64], a + b, "malformed"),
+        (good, list(a + b), "malformed"),
+        ([1, 32, len(b), 2, 64, len(a)], a + b, "does not deserialize|malformed|bitmaps hold"),
+        (good, b"".join(_shuffle(a + b)), "does not deserialize|malformed|bitmaps hold"),  # short, yet shuffled
     ]:
         with pytest.raises(MetadataCodecError, match=message):
             decode_metadata(_v3_body(table, blob))
+    # From SHUFFLE_FROM bytes on, the bytes are stored shuffled: the same bitmap bytes read plain are damage.
+    big = BitMap(range(0, 2 * SHUFFLE_FROM, 2))  # one array container of 16-bit values: 2 * 4096 + 16 bytes
+    c = big.serialize()
+    table = [1, 32, len(c), 2, 64, len(b)]
+    meta = decode_metadata(_v3_body(table, b"".join(_shuffle(c + b)), len(big)))
+    assert list(meta.bitmaps[1]) == list(big) and list(meta.bitmaps[2]) == [1 << 40]
+    with pytest.raises(MetadataCodecError):
+        decode_metadata(_v3_body(table, c + b, len(big)))
 
 
 def test_v3_entry0_of_a_sparse_bucket_is_smaller_than_v2s() -> None:
