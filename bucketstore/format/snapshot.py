@@ -12,8 +12,9 @@ bitmaps (PIP-195's layout, still read) stored every position twice. Version 3
 (what this module writes) stores the same bitmaps, portable roaring still, but
 laid end to end and, from 4 KiB, byte-shuffled (every even byte, then every odd
 byte), so the compressor sees the low and the high bytes of the array containers'
-16-bit entry ids apart: a sparse bucket's entry 0 is 29 % smaller (issue 28 item 2). The engine needs only bucket-wide membership at recovery; the
-positions of one segment, when needed, come from decoding it
+16-bit entry ids apart: a sparse bucket's entry 0 is 29 % smaller (issue 28 item 2).
+The engine needs only bucket-wide membership at recovery; the positions of one
+segment, when needed, come from decoding it
 (:meth:`BucketFile.segment_positions`). The bitmaps are built and serialized in
 :mod:`~bucketstore.format.bucket_bitmaps`.
 
@@ -247,7 +248,7 @@ def _shuffle(data: bytes) -> tuple[bytes, bytes]:
     Portable roaring is made of 16- and 32-bit little-endian fields, above all a sparse
     ledger's array container of sorted 16-bit entry ids: its low bytes look random, its high
     bytes climb slowly. Interleaved, one entropy table must fit both; apart, the high bytes
-    compress about 4:1 (a bitmap of odd length shifts the ones after it to the other half,
+    compress about 3.7:1 (a bitmap of odd length shifts the ones after it to the other half,
     which costs bytes, never correctness)."""
     raw = np.frombuffer(data, dtype=np.uint8)
     return raw[0::2].tobytes(), raw[1::2].tobytes()
