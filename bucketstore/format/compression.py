@@ -32,7 +32,8 @@ ZSTD = "zstd"
 
 #: With a frame per byte plane, level 1 is as small as 3 (and faster); bench_codec compares them.
 _ZSTD_LEVEL = 1
-#: Shortest match zstd looks for in a byte plane (level 1 takes 6; 7 is the longest setting). A plane
+#: Shortest match zstd looks for in a byte plane (level 1 picks 5 for a plane of up to 16 KiB, 6 up to
+#: 128 KiB; 7 is the longest setting), other parameters as level 1's for an input of unknown size. A plane
 #: of small differences (the timestamps of a merged bucket) holds short chance repeats that cost more
 #: as matches than as Huffman-coded literals: measured (tools/bench/bench_merge_bytes.py) 5 % off the
 #: timestamp planes of a random-delay merge, at the same speed. Not for a whole body (entry 0), whose
