@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_seal import batches  # noqa: E402
 from bucketstore.format.compression import ZSTD, Compressor  # noqa: E402
-from bucketstore.format.segment_codec import _Columns  # noqa: E402
+from bucketstore.format.segment_codec import _DIFFERENCE_KINDS, _Columns  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, encode_metadata, sort_indexes, write_bucket  # noqa: E402
 
 STEP_MS, MAX_INDEXES = 300_000, 5_000
@@ -80,8 +80,9 @@ def breakdown(rows: Rows, directory: str) -> tuple[dict[str, float], str]:
         kinds.append(f"{name} {'/'.join(map(str, np.bincount(cols.kind, minlength=5).tolist()))}")
         z = h = 0.0
         for pieces in cols.pieces():
+            differences = [pieces[0][0] in _DIFFERENCE_KINDS]  # as the writer compresses this column's planes
             for plane in pieces[1:]:
-                z += min(len(squeeze.compress([plane])), len(plane))
+                z += min(len(squeeze.compress([plane], differences)), len(plane))
                 h += entropy_bytes(plane)
         out[f"  {name} column"] = z
         out[f"  {name} column, zero-order entropy"] = h
