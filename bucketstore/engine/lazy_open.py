@@ -33,7 +33,7 @@ class LazyOpening:
         """Read a bucket's entry 0 and check the file is the one the catalog names (and, with a
         summary, the one it summarised). The same typed errors whether at open or later."""
         try:
-            bf = BucketFile(path)
+            bf = BucketFile(path, fs=self._store.fs)
         except FileNotFoundError:
             raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
                                f"but {path} is missing", path=path, key=key) from None
