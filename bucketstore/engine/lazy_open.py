@@ -109,11 +109,10 @@ class LazyOpening:
     def _load_segment(self, bucket: SealedBucket) -> Run:
         """The shared queue's loader: open the bucket on its first load, then read the segment."""
         if bucket.summary is not None:
-            try:
-                self._open_bucket(bucket)
-            except BaseException:
-                self._queue.push(Slot(bucket))  # the queue popped the slot: keep it for the next try
-                raise
+            # On failure nothing changed, and the queue keeps the bucket's place itself (the
+            # slot it popped goes back; a run being extended stays): a slot pushed here too
+            # would queue the bucket twice, and its two runs would read on past each other.
+            self._open_bucket(bucket)
             self._open_ahead()
         return self._read_ahead.load(bucket)
 
