@@ -12,9 +12,10 @@ frontier durable: lost even across a restart) and nothing would deliver it again
 So a :class:`DeliveryMark`, taken before the pop, undoes a batch that is not returned: its
 rows go back to the queue as a run of their own, tracked again at their times; the handoff's
 frontiers and the journal's pending records go back to the mark; and the buckets the call read
-to their end are not deleted (their files hold the rows put back; the next open deletes them,
-as it deletes every bucket the durable frontier has passed). The retry delivers the rows,
-once. Everything undone is in memory: the undo itself cannot fail.
+to their end are not deleted (their files hold the rows put back): they stay until the next
+open, which treats them as any other bucket (journal mode deletes them once the durable
+frontier has passed them). The retry delivers the rows, once. Everything undone is in memory:
+the undo itself cannot fail.
 """
 
 from __future__ import annotations

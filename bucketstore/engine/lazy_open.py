@@ -16,7 +16,7 @@ from .bucket_prefix import head_holds, without_delivered_head
 from ..format.bucket_summary import BucketSummary, summary_mismatch
 from .identity import check_identity
 from .sealed_bucket import SealedBucket, split_positions
-from .shared_queue import Run, Slot
+from .shared_queue import Run
 
 __all__ = ["LazyOpening", "OPEN_AHEAD"]
 

@@ -193,6 +193,7 @@ def test_every_open_failing_during_one_call_loses_nothing(tmp_path, durability, 
             finally:
                 poll.close()
     assert raised, "no call met the fault: the test tests nothing"
+    print(f"\n{durability}, read-ahead {read_ahead}: {calls} calls swept, {raised} raised")
 
 
 def _counted(work: Workload, read_ahead: bool, noisy: bool = False) -> tuple[int, int, list[tuple[str, str]]]:
@@ -215,7 +216,8 @@ def test_a_transient_fault_on_any_read_loses_nothing(tmp_path, durability, read_
     work = Workload(tmp_path, durability, _sweep_ledgers(), 10, batch=3, step_ms=7)
     reads, _, _ = _counted(work, read_ahead)
     assert reads >= 4 * len({r[0] for r in work.rows}), reads
-    restarts = (False, True) if durability == "journal" else (False,)
+    # (The restart is tried once per read, without read-ahead: what it recovers does not depend on it.)
+    restarts = (False, True) if durability == "journal" and not read_ahead else (False,)
     fired = 0
     for k in range(reads):
         for restart in restarts:
@@ -235,6 +237,7 @@ def test_a_transient_fault_on_any_read_loses_nothing(tmp_path, durability, read_
     # (With read-ahead a reader thread races the polls, so a read's number may differ between
     # runs; most still fire.)
     assert fired >= len(restarts) * reads // 2, (fired, reads)
+    print(f"\n{durability}, read-ahead {read_ahead}: {reads} read calls swept x {len(restarts)}, {fired} faults fired")
 
 
 @pytest.mark.parametrize("durability", ["sealed", "journal"])
@@ -268,6 +271,7 @@ def test_a_fault_on_any_durable_call_of_a_drain_loses_nothing(tmp_path, durabili
         finally:
             poll.close()
     assert outcomes["transient"] and (outcomes["lasting"] or durability == "sealed"), outcomes
+    print(f"\n{durability}: {len(swept)} durable calls swept, {outcomes}")
 
 
 def _fail_a_delivery_commit(poll: Poll) -> list[tuple[int, int]]:
