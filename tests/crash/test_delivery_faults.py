@@ -218,7 +218,7 @@ def test_a_transient_fault_on_any_read_loses_nothing(tmp_path, durability, read_
     assert reads >= 4 * len({r[0] for r in work.rows}), reads
     # (The restart is tried once per read, without read-ahead: what it recovers does not depend on it.)
     restarts = (False, True) if durability == "journal" and not read_ahead else (False,)
-    fired = 0
+    fired = ahead_failed = 0
     for k in range(reads):
         for restart in restarts:
             poll = Poll(work, work.copy(), read_ahead)
@@ -232,12 +232,16 @@ def test_a_transient_fault_on_any_read_loses_nothing(tmp_path, durability, read_
                     continue
                 poll.drain()
                 poll.check_exactly_once()
+                ahead_failed += poll.tracker.stats()["read_ahead"]["failed"]
             finally:
                 poll.close()
+    if read_ahead:
+        assert ahead_failed, "no fault landed in the reader thread"
     # (With read-ahead a reader thread races the polls, so a read's number may differ between
     # runs; most still fire.)
     assert fired >= len(restarts) * reads // 2, (fired, reads)
-    print(f"\n{durability}, read-ahead {read_ahead}: {reads} read calls swept x {len(restarts)}, {fired} faults fired")
+    print(f"\n{durability}, read-ahead {read_ahead}: {reads} read calls swept x {len(restarts)}, {fired} faults fired, "
+          f"{ahead_failed} in the reader thread")
 
 
 @pytest.mark.parametrize("durability", ["sealed", "journal"])
