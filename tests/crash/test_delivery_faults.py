@@ -18,6 +18,7 @@ deletions), in both durability modes. ``BUCKETSTORE_FAULT_SWEEP`` scales the swe
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import shutil
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 import bucketstore
+import bucketstore.aio
 import bucketstore.engine.store as store_module
 from bucketstore import TrackerConfig
 from bucketstore.engine.store import Store
@@ -46,7 +48,7 @@ class Workload:
     polled ``batch`` at a time every ``step_ms``."""
 
     def __init__(self, root: Path, durability: str, ledgers: int, per_ledger: int, *, batch: int = 7,
-                 step_ms: int = 10, delivery: str = "at-least-once") -> None:
+                 step_ms: int = 7, delivery: str = "at-least-once") -> None:
         self.durability = durability
         self.delivery = delivery
         self.batch = batch
@@ -85,8 +87,9 @@ class Poll:
     """
 
     def __init__(self, work: Workload, path: Path, read_ahead: bool, *, fs: FaultyFileSystem | None = None,
-                 noisy: bool = False) -> None:
+                 noisy: bool = False, how: str = "get") -> None:
         self.work = work
+        self.how = how
         self.path = path
         self.fs = fs or FaultyFileSystem()
         extra = {"delivery": work.delivery} if work.durability == "journal" else {}
@@ -110,7 +113,7 @@ class Poll:
             except (OSError, BucketStoreError):
                 pass  # the noise's own fault: not what is checked
         try:
-            batch = self.tracker.get_scheduled_messages(self.work.batch)
+            batch = self._take()
         except (OSError, BucketStoreError):
             self.failed += 1
             self.last_failed = True
@@ -120,6 +123,13 @@ class Poll:
         self.last_failed = False
         self.got.extend(batch)
         return True
+
+    def _take(self) -> list[tuple[int, int]]:
+        if self.how == "wait":
+            return self.tracker.wait_scheduled(self.work.batch, timeout=0)
+        if self.how == "aio":
+            return asyncio.run(bucketstore.aio.next_due(self.tracker, self.work.batch, timeout=0))
+        return self.tracker.get_scheduled_messages(self.work.batch)
 
     def drain(self) -> None:
         """Poll until every row is due, then until a call succeeds with nothing left (or fails
@@ -165,18 +175,23 @@ def _sweep_ledgers() -> int:
     return int(os.environ.get("BUCKETSTORE_FAULT_SWEEP", "2"))
 
 
-@pytest.mark.parametrize("durability, read_ahead", MODES)
-def test_every_open_failing_during_one_call_loses_nothing(tmp_path, durability, read_ahead):
+@pytest.mark.parametrize("durability, read_ahead, how", [
+    *[pytest.param(*mode.values, "get", id=mode.id) for mode in MODES],
+    pytest.param("journal", False, "wait", id="journal-sync-wait_scheduled"),
+    pytest.param("journal", False, "aio", id="journal-sync-aio.next_due"),
+])
+def test_every_open_failing_during_one_call_loses_nothing(tmp_path, durability, read_ahead, how):
     """The issue's case: 80 acknowledged indexes (4 ledgers, segments of 5) polled 7 at a time;
     during one call every open fails with EMFILE, and the embedder polls again (or, in journal
-    mode, the process dies right after). Swept over every call of the drain."""
+    mode, the process dies right after). Swept over every call of the drain; the same through
+    ``wait_scheduled`` and ``bucketstore.aio.next_due``."""
     work = Workload(tmp_path, durability, 4, 20)
     calls = (work.until - START) // work.step_ms + 1
     restarts = (False, True) if durability == "journal" else (False,)
     raised = 0
     for k in range(calls):
         for restart in restarts:
-            poll = Poll(work, work.copy(), read_ahead)
+            poll = Poll(work, work.copy(), read_ahead, how=how)
             try:
                 for _ in range(k):
                     assert poll.call()
@@ -193,7 +208,7 @@ def test_every_open_failing_during_one_call_loses_nothing(tmp_path, durability, 
             finally:
                 poll.close()
     assert raised, "no call met the fault: the test tests nothing"
-    print(f"\n{durability}, read-ahead {read_ahead}: {calls} calls swept, {raised} raised")
+    print(f"\n{durability}, read-ahead {read_ahead}, {how}: {calls} calls swept, {raised} raised")
 
 
 def _counted(work: Workload, read_ahead: bool, noisy: bool = False) -> tuple[int, int, list[tuple[str, str]]]:
