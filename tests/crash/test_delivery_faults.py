@@ -22,6 +22,7 @@ import asyncio
 import errno
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -343,5 +344,35 @@ def test_a_crash_after_a_failed_delivery_and_a_shorter_retry_loses_nothing(tmp_p
         assert len(retry) == 1
         poll.got.extend(retry)
         poll.restart_delivers_the_rest()
+    finally:
+        poll.close()
+
+
+def test_a_reader_thread_that_cannot_start_costs_only_the_read_ahead(tmp_path, monkeypatch, caplog):
+    """The read-ahead thread cannot be started (``RuntimeError: can't start new thread``, the
+    process out of threads or memory): the segments are read when needed, as without
+    read-ahead; no call raises and every position is delivered once. Once threads can start
+    again, the reader starts."""
+    start = threading.Thread.start
+
+    def refuse_reader(thread: threading.Thread) -> None:
+        if thread.name.startswith("bucketstore-readahead"):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    work = Workload(tmp_path, "journal", 2, 10, batch=3)
+    monkeypatch.setattr(threading.Thread, "start", refuse_reader)
+    poll = Poll(work, work.copy(), read_ahead=True)
+    try:
+        while poll.clock.now <= START + 10:
+            assert poll.call()
+        assert "the reader thread cannot start" in caplog.text
+        reader = f"bucketstore-readahead {poll.store.path}"
+        assert not any(t.name == reader for t in threading.enumerate())
+        monkeypatch.setattr(threading.Thread, "start", start)
+        poll.drain()
+        assert poll.failed == 0
+        poll.check_exactly_once()
+        assert any(t.name == reader for t in threading.enumerate()), "the reader never started once it could"
     finally:
         poll.close()
