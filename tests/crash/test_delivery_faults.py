@@ -13,7 +13,8 @@ call index of a small delivery workload: its read calls (the ledger files are re
 delivery here, recovery keeps the buckets unopened) with read-ahead on and off, and its durable
 calls (journal commits, a journal file reopened after the descriptor pool closed it, bucket
 deletions), in both durability modes. ``BUCKETSTORE_FAULT_SWEEP`` scales the swept workload
-(its number of ledgers; default 2).
+(its number of ledgers; default 2). The issue's case also runs through ``wait_scheduled`` and
+``bucketstore.aio.next_due``; a read-ahead thread that cannot start is the last case.
 """
 
 from __future__ import annotations
