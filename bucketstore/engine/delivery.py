@@ -14,6 +14,7 @@ import numpy as np
 
 from ..cutoff import check_max, check_position
 from ..waiting import CancelToken
+from .delivery_rollback import DeliveryMark
 from .index_set import sort_positions
 from .sealed_bucket import SealedBucket
 
@@ -53,15 +54,23 @@ class Delivery:
                     self._sync()
                 return []
             self._sync_queue()
+            mark = DeliveryMark(self._handoff, journal)
             ts, ledgers, entries, last_key = self._queue.pop_due(cutoff, max_messages, self._index)
-            if last_key is not None:
-                batch = (ts, ledgers, entries) if journal is not None and self._handoff.at_least_once else None
-                key = self._handoff.delivered(last_key, batch)
-                if key is not None and journal is not None:
-                    journal.frontier(key)  # at-most-once: durable before the batch is returned
-            self._delete_exhausted()
-            if journal is not None:
-                self._sync()
+            try:
+                if last_key is not None:
+                    batch = (ts, ledgers, entries) if journal is not None and self._handoff.at_least_once else None
+                    key = self._handoff.delivered(last_key, batch)
+                    if key is not None and journal is not None:
+                        journal.frontier(key)  # at-most-once: durable before the batch is returned
+                self._delete_exhausted()
+                if journal is not None:
+                    self._sync()
+            except BaseException:
+                # Recording the batch failed (a journal commit): it is not returned, so it goes
+                # back, and the buckets read to their end stay (their files hold its rows).
+                mark.put_back(self._queue, self._index, (ts, ledgers, entries))
+                self._exhausted = []
+                raise
             self._horizon.emptied(self._count())
             positions = _positions(ledgers, entries)
             self._ops.delivered += len(positions)

@@ -204,7 +204,8 @@ class JobRunning:
         (self._sealing if isinstance(job, SealJob) else self._merging).remove(job)
 
     def install_bucket(self, path: str, ledger_id: int, meta: BucketMetadata) -> SealedBucket:
-        bucket = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load)
+        bucket = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load,
+                              fs=self._store.fs)
         self._buckets.add(bucket)
         return bucket
 

@@ -169,6 +169,8 @@ class Journal:
         self._fd = -1
         self._number = -1
         self._poisoned: str | None = None
+        #: Groups made durable so far (commits and checkpoints): a :meth:`mark` is stale after one.
+        self.groups = 0
         #: The largest delivery frontier that is durable (fsynced, or replayed).
         self.durable_frontier: tuple[int, int, int] | None = None
         self._pending_frontier: tuple[int, int, int] | None = None
@@ -263,6 +265,21 @@ class Journal:
         self._lazy_last = lazy
         self._pending_frontier = key
 
+    def mark(self) -> tuple:
+        """The pending group as it is now: what :meth:`rewind` goes back to."""
+        return len(self._pending), self._urgent, self._lazy_last, self._pending_frontier, self.groups
+
+    def rewind(self, mark: tuple) -> bool:
+        """Drop the records appended since ``mark``, not committed: the call that appended them
+        raised and undid what they record. False (nothing dropped) when a group was made durable
+        since: the records are on disk or in a checkpoint, past undoing."""
+        n, urgent, lazy_last, pending_frontier, groups = mark
+        if groups != self.groups:
+            return False
+        del self._pending[n:]
+        self._urgent, self._lazy_last, self._pending_frontier = urgent, lazy_last, pending_frontier
+        return True
+
     @property
     def has_pending(self) -> bool:
         return bool(self._pending)
@@ -275,7 +292,10 @@ class Journal:
         return self._urgent
 
     def commit(self) -> None:
-        """Write the pending records as one group and fsync it. A failure poisons the journal."""
+        """Write the pending records as one group and fsync it. A failed write or fsync poisons
+        the journal (:class:`JournalError`); a failure to open the file (to create the first
+        one, or to reopen the one the descriptor pool closed) writes nothing and is raised as
+        the ``OSError``: the group stays pending for the next commit."""
         if not self._pending:
             return
         if self._poisoned:
@@ -285,8 +305,10 @@ class Journal:
             self._open_new(checkpoint=[])
         body = b"".join(self._pending)
         with self._fd_lock:  # the pool must not close the descriptor mid-write
+            # Reopening the file the pool closed (EMFILE, ENFILE) writes nothing: the group stays
+            # pending and the next commit tries again, as after a failed first file's creation.
+            fd = self._ensure_fd()
             try:
-                fd = self._ensure_fd()
                 self._fs.write(fd, frame_group(self._number, body))
                 # Never retried: after a failed fsync the kernel may have dropped the
                 # dirty pages, and a second fsync could report success for lost data.
@@ -296,6 +318,7 @@ class Journal:
                 raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
         self._pending.clear()
         self._urgent = self._lazy_last = False
+        self.groups += 1
         if self._pending_frontier is not None:
             self.durable_frontier, self._pending_frontier = self._pending_frontier, None
 
@@ -375,6 +398,7 @@ class Journal:
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
         self._open_new(records)
+        self.groups += 1
         self.durable_frontier = frontier
         for number, path in _list_files(self.directory)[0]:
             if number < self._number:

@@ -16,7 +16,7 @@ from .bucket_prefix import head_holds, without_delivered_head
 from ..format.bucket_summary import BucketSummary, summary_mismatch
 from .identity import check_identity
 from .sealed_bucket import SealedBucket, split_positions
-from .shared_queue import Run, Slot
+from .shared_queue import Run
 
 __all__ = ["LazyOpening", "OPEN_AHEAD"]
 
@@ -33,7 +33,7 @@ class LazyOpening:
         """Read a bucket's entry 0 and check the file is the one the catalog names (and, with a
         summary, the one it summarised). The same typed errors whether at open or later."""
         try:
-            bf = BucketFile(path)
+            bf = BucketFile(path, fs=self._store.fs)
         except FileNotFoundError:
             raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
                                f"but {path} is missing", path=path, key=key) from None
@@ -124,11 +124,10 @@ class LazyOpening:
     def _load_segment(self, bucket: SealedBucket) -> Run:
         """The shared queue's loader: open the bucket on its first load, then read the segment."""
         if bucket.summary is not None:
-            try:
-                self._open_bucket(bucket)
-            except BaseException:
-                self._queue.push(Slot(bucket))  # the queue popped the slot: keep it for the next try
-                raise
+            # On failure nothing changed, and the queue keeps the bucket's place itself (the
+            # slot it popped goes back; a run being extended stays): a slot pushed here too
+            # would queue the bucket twice, and its two runs would read on past each other.
+            self._open_bucket(bucket)
             self._open_ahead()
         return self._read_ahead.load(bucket)
 

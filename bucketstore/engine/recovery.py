@@ -136,7 +136,7 @@ class Recovery:
                 while skip < n and int(max_ts[skip]) < bound:
                     skip += 1
             bucket = SealedBucket.unopened(path, ledger_id, start, end, summary, first_segment=skip + 1,
-                                           on_load=self._record_load)
+                                           on_load=self._record_load, fs=store.fs)
             fate = _fate_at_open(skip, n, end, first_live, sealed=replayed is None)
             if fate is not None:
                 if meta is None and not self._read_only:

@@ -18,6 +18,7 @@ from pyroaring import BitMap64
 from sortedcontainers import SortedDict
 
 from ..errors import CorruptLedgerError
+from ..format.fs import REAL_FS, FileSystem
 from ..format.ledger_file import LedgerReader
 from .shared_queue import Run
 from ..format.snapshot import (BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps, read_segment_entry,
@@ -45,10 +46,11 @@ class SealedBucket:
     """
 
     __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
-                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head")
+                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head", "fs")
 
     def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
-                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> None:
+                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None,
+                 fs: FileSystem = REAL_FS) -> None:
         self.start_ledger = meta.start_ledger
         self.end_ledger = meta.end_ledger
         self.ledger_id = ledger_id
@@ -64,13 +66,15 @@ class SealedBucket:
         self.held_rows = 0
         self.head: BucketSummary | None = None
         self._on_load = on_load
+        self.fs = fs  # the file layer its segments are read through
         #: The catalog's summary while entry 0 is unread (the bucket is *unopened*: its
         #: positions are not in the tracker's index yet); None once opened.
         self.summary: BucketSummary | None = None
 
     @classmethod
     def unopened(cls, path: str, ledger_id: int, start: int, end: int, summary: BucketSummary, *,
-                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> "SealedBucket":
+                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None,
+                 fs: FileSystem = REAL_FS) -> "SealedBucket":
         """A bucket known from its catalog summary only; its entry 0 is read when it is first needed."""
         b = cls.__new__(cls)
         b.start_ledger, b.end_ledger, b.ledger_id, b.path, b.size = start, end, ledger_id, path, summary.size
@@ -82,6 +86,7 @@ class SealedBucket:
         b.held_rows = 0
         b.head = None
         b._on_load = on_load
+        b.fs = fs
         b.summary = summary
         return b
 
@@ -144,7 +149,7 @@ class SealedBucket:
 
         Uses only what never changes after construction (path, ids, per-segment
         counts and timestamps): the read-ahead thread calls it with no lock held."""
-        with LedgerReader(self.path) as reader:
+        with LedgerReader(self.path, fs=self.fs) as reader:
             # The file is opened anew for every segment: check it is still the ledger
             # recovery or the seal registered (a file swapped underneath would otherwise
             # deliver another bucket's positions).

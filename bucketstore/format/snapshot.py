@@ -557,8 +557,8 @@ class BucketFile:
     :class:`~bucketstore.CorruptLedgerError` naming the file and offset.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.ledger = LedgerReader(path)
+    def __init__(self, path: str | os.PathLike[str], *, fs: FileSystem = REAL_FS) -> None:
+        self.ledger = LedgerReader(path, fs=fs)
         try:
             self.path = self.ledger.path
             self.ledger_id = self.ledger.ledger_id
