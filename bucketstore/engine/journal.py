@@ -323,19 +323,29 @@ class Journal:
         head = encode_header(number, self.identity)
         body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
         fd = self._fs.create(tmp)
+        renamed = False
         try:
             self._fs.write(fd, head + frame_group(number, body))
             self._fs.fsync(fd)
             self._fs.rename(tmp, path)
+            renamed = True
             self._fs.fsync_dir(self.directory)
-        except BaseException:
+        except BaseException as exc:
             try:
                 self._fs.close(fd)
             finally:
-                try:
-                    self._fs.unlink(tmp)
-                except OSError:
-                    pass
+                if not renamed:
+                    try:
+                        self._fs.unlink(tmp)
+                    except OSError:
+                        pass
+            if renamed and isinstance(exc, OSError):
+                # The new file is complete under its final name, its entry perhaps durable: a
+                # replay starts from it and would skip whatever this journal appended to the
+                # current file from now on. Unlinking it could be undone by a crash as well, so
+                # no more appends: the file holds the whole state, and a reopen replays it.
+                self._poisoned = f"{type(exc).__name__}: {exc}"
+                raise JournalError(path, 0, f"journal checkpoint failed after its rename: {exc}") from exc
             raise
         with self._fd_lock:
             old_fd, self._fd, self._number = self._fd, fd, number
@@ -371,10 +381,12 @@ class Journal:
             records.append(encode_add(ledgers, entries, ts))
         if frontier is not None:
             records.append(encode_frontier(frontier))
+        # The pending group is in ``records`` (the tracker's state): it is dropped only once the
+        # new file holds it. A checkpoint that fails first leaves it pending for the next commit.
+        self._open_new(records)
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
-        self._open_new(records)
         self.durable_frontier = frontier
         for number, path in _list_files(self.directory)[0]:
             if number < self._number:
