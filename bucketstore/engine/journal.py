@@ -180,6 +180,33 @@ class Journal:
         self._pool = pool
         self._fd_lock = threading.Lock()
 
+    def discard_deleted(self) -> int:
+        """Remove the files a deleted tracker of this name left here; how many.
+
+        Called only for a tracker the catalog has no state for: every tracker commits its
+        state at its first open, before anything is journaled, and ``delete_tracker`` removes
+        the state before the files, so files here belong to a deleted tracker (a crash or an
+        I/O error stopped the deletion half-way). Replayed, they would bring its indexes back
+        under the new tracker. A file of another store or tracker is left for the replay to
+        report (its identity check raises).
+        """
+        files, leftovers = _list_files(self.directory)
+        removed = 0
+        for _, path in files:
+            try:
+                owner = read_identity(path)
+            except (JournalError, OSError):
+                owner = self.identity  # torn or unreadable: still one of this directory's own files
+            if owner is not None and self.identity is not None and owner != self.identity:
+                continue
+            self._fs.unlink(path)
+            removed += 1
+        for path in leftovers:
+            self._fs.unlink(path)
+        if removed or leftovers:
+            self._fs.fsync_dir(self.directory)
+        return removed
+
     # -- replay ---------------------------------------------------------------------------------
     def replay(self) -> JournalState:
         """Read every file from the newest checkpoint on; cut a torn tail of the last file.

@@ -34,7 +34,7 @@ import bucketstore
 from bucketstore import BucketStoreError, JournalError, TrackerConfig
 from bucketstore.engine.store import Store
 from bucketstore.errors import MaintenanceError
-from bucketstore.testing.faults import FaultyFileSystem, abandon_store
+from bucketstore.testing.faults import FaultyFileSystem, SimulatedCrash, abandon_store
 
 from helpers import FakeClock
 
@@ -258,3 +258,36 @@ def test_a_failed_journal_checkpoint_keeps_the_pending_group(tmp_path: Path) -> 
     abandon_store(store)
     with bucketstore.open(tmp_path / "s", durability="journal") as again:
         _holds(again.tracker("t", CONFIG, FakeClock(1_000)), rows, "after flush() and a crash")
+
+
+@pytest.mark.parametrize("how", ["fault", "crash"])
+def test_a_deleted_tracker_stays_deleted_whatever_stops_its_deletion(tmp_path: Path, how: str) -> None:
+    """``delete_tracker`` stopped at any of its calls, by a transient fault (not retried) or a
+    crash: a reopen finds the whole tracker or none of it. (Its catalog state went first and its
+    journal files last, so a tracker opened again under the name replayed the deleted one's
+    journal: its indexes came back.)"""
+    count = Case(tmp_path / "count", "journal", False)
+    start = count.fs.calls
+    count.store.delete_tracker("t")
+    calls = count.fs.calls - start
+    count.store.close()
+    problems = []
+    for k in range(0, calls, STRIDE):
+        path = tmp_path / f"k{k}"
+        case = Case(path, "journal", False)
+        if how == "crash":
+            case.fs.crash_at = case.fs.calls + k
+        else:
+            case.fs.fail(errno.EIO, first_call=case.fs.calls + k, times=1)
+        try:
+            case.store.delete_tracker("t")
+        except (OSError, BucketStoreError, SimulatedCrash):
+            pass
+        abandon_store(case.store)
+        with bucketstore.open(path / "store", durability="journal") as again:
+            listed = "t" in again.trackers()
+            held = {p for p in case.state if again.tracker("t", CONFIG, FakeClock(1_000)).contains_message(*p)}
+        if held not in (set(), set(case.state)) or listed != bool(held):
+            problems.append(f"{how} at call {k} of {calls}: listed={listed}, {len(held)} of "
+                            f"{len(case.state)} rows held")
+    assert not problems, "\n".join(problems)
