@@ -28,7 +28,7 @@ from .engine.journal import journal_directory
 from .engine.op_stats import LATENCY_BUCKETS
 from .engine.read_only import ReadOnlyStore
 from .engine.store import Store
-from .errors import StoreClosedError
+from .errors import StaleSnapshotError, StoreClosedError
 
 __all__ = ["METRICS", "MetricInfo", "collect", "from_description", "render", "prometheus_text"]
 
@@ -127,7 +127,9 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
     ``ok``, ``failed``, ``buckets`` (per :data:`~bucketstore.engine.op_stats.LATENCY_BUCKETS`,
     not cumulative, +Inf last), ``sum_seconds`` and ``observed``. On a read-only handle
     (``bucketstore.open(path, read_only=True)``) the trackers are those opened on it, with
-    their snapshot's figures, and the journal descriptor pool (it has none) is left out.
+    their snapshot's figures, and the journal descriptor pool (it has none) is left out; a
+    tracker whose snapshot the writer has outdated (it raises ``StaleSnapshotError``) is left
+    out, as one closed meanwhile is. File figures beside live maintenance: docs/operator.md.
     """
     summary = store.stats()
     trackers: dict[str, dict[str, Any]] = {}
@@ -136,8 +138,9 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
             st = tracker.stats()
             ops = tracker.operation_metrics()
             last = tracker.last_delivery_time()
-        except StoreClosedError:  # closed between the listing and now: not reported
-            continue  # (reads never raise a background failure: that is the writer's to see)
+        except (StoreClosedError, StaleSnapshotError):  # closed between the listing and now, or a
+            continue  # read-only view the writer has outdated (it answers nothing now): not reported
+            # (reads never raise a background failure: that is the writer's to see)
         maint = st["maintenance"]
         trackers[tracker.name] = {
             "delayed_indexes": st["number_of_delayed_messages"],

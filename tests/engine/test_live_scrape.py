@@ -204,3 +204,23 @@ def test_scrapes_beside_a_tracker_that_seals_merges_and_deletes(tmp_path) -> Non
     assert scrapes[0] > 10
     # The scrapes ran beside real maintenance: seals, merges and deletions all happened.
     assert ops["create"]["ok"] and ops["merge"]["ok"] and ops["delete"]["ok"], ops
+
+
+def test_a_scrape_of_a_read_only_handle_leaves_out_a_tracker_whose_snapshot_went_stale(tmp_path) -> None:
+    """A read-only tracker that found a file of its snapshot retired answers nothing more
+    (StaleSnapshotError); the handle's scrape goes on without it instead of failing whole."""
+    clock = FakeClock(0)
+    with bucketstore.open(tmp_path / "s", durability="journal") as store:
+        writer = store.tracker("t", SMALL, clock)
+        fill_and_seal(writer)
+        store.tracker("other", SMALL, clock).add_message(1, 1, 10**9)
+        with bucketstore.open(store.path, read_only=True) as view:
+            stale, fresh = view.tracker("t"), view.tracker("other")
+            first = writer.buckets()[0]
+            writer.mark_delete(first.end_ledger + 1, 0)  # retires the first bucket, key then file
+            with pytest.raises(bucketstore.StaleSnapshotError):
+                stale.contains_message(first.start_ledger, 0)
+            doc = metrics.collect(view)  # raised StaleSnapshotError
+            text = metrics.prometheus_text(view)
+            assert set(doc["trackers"]) == {"other"} and fresh.number_of_delayed_messages == 1
+            assert 'tracker="other"' in text and 'tracker="t"' not in text
