@@ -159,12 +159,15 @@ def test_dir_usage_counts_what_vanished_and_tolerates_a_missing_directory(tmp_pa
 
 
 def test_scrapes_beside_a_tracker_that_seals_merges_and_deletes(tmp_path) -> None:
-    """A thread scrapes (metrics text, store stats) without pause while the tracker works."""
+    """A thread scrapes (metrics text and stats, of the store and of a read-only handle) without
+    pause while the tracker works."""
     clock = FakeClock(0)
     store = bucketstore.open(tmp_path / "s", durability="journal")
     config = bucketstore.TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=6, max_indexes_per_segment=2,
                                        max_num_buckets=3)
     tracker = store.tracker("t", config, clock)
+    view = bucketstore.open(store.path, read_only=True)
+    view.tracker("t")  # its snapshot goes stale as the writer retires files: left out then
     stop = threading.Event()
     errors: list[BaseException] = []
     scrapes = [0]
@@ -174,6 +177,8 @@ def test_scrapes_beside_a_tracker_that_seals_merges_and_deletes(tmp_path) -> Non
             try:
                 metrics.prometheus_text(store)
                 store.stats()
+                metrics.prometheus_text(view)
+                view.stats()
             except BaseException as exc:  # noqa: BLE001 - the test reports what leaked
                 errors.append(exc)
                 return
@@ -184,9 +189,10 @@ def test_scrapes_beside_a_tracker_that_seals_merges_and_deletes(tmp_path) -> Non
     ledger = 0
     try:
         deadline = time.monotonic() + SECONDS
-        while time.monotonic() < deadline and not errors:
+        # At least 23 ledgers (two trims, seals, merges) however slow the machine is.
+        while (time.monotonic() < deadline or ledger < 23) and not errors:
             # Half due soon (deliveries delete read-out buckets), half far ahead (buckets pile
-            # up past max_num_buckets: merges), and a trim now and then (mark_delete deletes).
+            # up past max_num_buckets: merges), and a trim now and then (mark_delete deletes buckets).
             for entry in range(8):
                 tracker.add_message(ledger, entry, clock.now + (50 if entry % 2 else 10**9) + entry)
             ledger += 1
@@ -194,10 +200,11 @@ def test_scrapes_beside_a_tracker_that_seals_merges_and_deletes(tmp_path) -> Non
                 clock.now += 40
                 tracker.get_scheduled_messages(100)
             if ledger % 11 == 0:
-                tracker.mark_delete(ledger - 5, 7)
+                tracker.mark_delete(ledger - 3, 0)
     finally:
         stop.set()
         thread.join()
+        view.close()
     ops = tracker.operation_metrics()["operations"]
     store.close()
     assert not errors, f"a scrape raised after {scrapes[0]} scrapes: {errors[0]!r}"
