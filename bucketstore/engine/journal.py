@@ -187,8 +187,9 @@ class Journal:
         state at its first open, before anything is journaled, and ``delete_tracker`` removes
         the state before the files, so files here belong to a deleted tracker (a crash or an
         I/O error stopped the deletion half-way). Replayed, they would bring its indexes back
-        under the new tracker. A file of another store or tracker is left for the replay to
-        report (its identity check raises).
+        under the new tracker. A file of another store or tracker, or one whose header cannot
+        be read (a named journal file always has a whole header: it is renamed into place
+        after its fsync), is damage, left for the replay to report.
         """
         files, leftovers = _list_files(self.directory)
         removed = 0
@@ -196,8 +197,8 @@ class Journal:
             try:
                 owner = read_identity(path)
             except (JournalError, OSError):
-                owner = self.identity  # torn or unreadable: still one of this directory's own files
-            if owner is not None and self.identity is not None and owner != self.identity:
+                continue
+            if owner is not None and owner != self.identity:
                 continue
             self._fs.unlink(path)
             removed += 1

@@ -32,6 +32,7 @@ import pytest
 
 import bucketstore
 from bucketstore import BucketStoreError, JournalError, TrackerConfig
+from bucketstore.engine.journal import journal_directory
 from bucketstore.engine.store import Store
 from bucketstore.errors import MaintenanceError
 from bucketstore.testing.faults import FaultyFileSystem, SimulatedCrash, abandon_store
@@ -291,3 +292,23 @@ def test_a_deleted_tracker_stays_deleted_whatever_stops_its_deletion(tmp_path: P
             problems.append(f"{how} at call {k} of {calls}: listed={listed}, {len(held)} of "
                             f"{len(case.state)} rows held")
     assert not problems, "\n".join(problems)
+
+
+def test_a_foreign_journal_file_where_a_deleted_tracker_was_is_reported_not_removed(tmp_path: Path) -> None:
+    """Only the deleted tracker's own files go: one of another tracker (a copy or a mix-up of
+    directories; here its header's number disagrees with its name too) is damage for the replay
+    to report, never silently removed."""
+    path = tmp_path / "store"
+    with bucketstore.open(path, durability="journal") as store:
+        store.tracker("t", CONFIG, FakeClock(1_000)).add_message(1, 1, FAR)
+        store.tracker("u", CONFIG, FakeClock(1_000)).add_message(2, 2, FAR)
+    t_dir, u_dir = (journal_directory(str(path), n) for n in ("t", "u"))
+    foreign = os.path.join(t_dir, "00000000000000000099.journal")
+    shutil.copyfile(os.path.join(u_dir, sorted(os.listdir(u_dir))[-1]), foreign)
+    with bucketstore.open(path, durability="journal") as store:
+        store.catalog.delete_tracker("t")  # as a deletion stopped right after its commit leaves it
+    with bucketstore.open(path, durability="journal") as store:
+        with pytest.raises(JournalError, match="00000000000000000099.journal"):
+            store.tracker("t", CONFIG, FakeClock(1_000))
+    assert os.path.exists(foreign)
+    assert [n for n in os.listdir(t_dir) if n.endswith(".journal")] == [os.path.basename(foreign)]
