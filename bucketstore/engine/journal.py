@@ -187,26 +187,24 @@ class Journal:
         state at its first open, before anything is journaled, and ``delete_tracker`` removes
         the state before the files, so files here belong to a deleted tracker (a crash or an
         I/O error stopped the deletion half-way). Replayed, they would bring its indexes back
-        under the new tracker. A file of another store or tracker, or one whose header cannot
-        be read (a named journal file always has a whole header: it is renamed into place
-        after its fsync), is damage, left for the replay to report.
+        under the new tracker. Only when every file's header names this tracker of this store
+        (or no one: version 1): a file of another store or tracker, or one whose header cannot
+        be read (a named journal file always has a whole header: it is renamed into place after
+        its fsync), is damage, and then nothing is removed and the replay reports it.
         """
         files, leftovers = _list_files(self.directory)
-        removed = 0
         for _, path in files:
             try:
                 owner = read_identity(path)
             except (JournalError, OSError):
-                continue
+                return 0
             if owner is not None and owner != self.identity:
-                continue
+                return 0
+        for path in [p for _, p in files] + leftovers:
             self._fs.unlink(path)
-            removed += 1
-        for path in leftovers:
-            self._fs.unlink(path)
-        if removed or leftovers:
+        if files or leftovers:
             self._fs.fsync_dir(self.directory)
-        return removed
+        return len(files)
 
     # -- replay ---------------------------------------------------------------------------------
     def replay(self) -> JournalState:
