@@ -21,6 +21,7 @@ import pytest
 
 import bucketstore
 from bucketstore import metrics
+from bucketstore.checking.store_check import describe_store
 from bucketstore.engine.disk_usage import dir_usage
 from bucketstore.engine.journal import journal_directory
 from bucketstore.format.ledger_file import ledger_file_name
@@ -231,3 +232,17 @@ def test_a_scrape_of_a_read_only_handle_leaves_out_a_tracker_whose_snapshot_went
             text = metrics.prometheus_text(view)
             assert set(doc["trackers"]) == {"other"} and fresh.number_of_delayed_messages == 1
             assert 'tracker="other"' in text and 'tracker="t"' not in text
+
+
+def test_the_stats_command_leaves_out_a_ledger_file_retired_after_the_listing(sealed_store, monkeypatch) -> None:
+    """``bucketstore stats`` (``describe_store``, another process's view: the store is closed
+    here, LMDB refusing a second handle in one process) counts the files as ``Store.stats()``."""
+    store = sealed_store
+    victim = _retired_copy(store)
+    store.close()
+    done = _vanish_after_listing(monkeypatch, victim)
+    doc = describe_store(store.path)
+    assert done
+    monkeypatch.undo()
+    assert doc["ledger_files"] == _ledger_usage(store.path)[0]
+    assert metrics.from_description(doc)["store"]["ledger_files"] == doc["ledger_files"]
