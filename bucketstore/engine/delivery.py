@@ -224,8 +224,14 @@ class Delivery:
                 self._open_covering(ledger_id)  # the bucket the trim cuts through; may raise: nothing recorded yet
             if self._unopened:  # the ones it passes: checked against their file before any goes
                 self._verify_before_delete([b for b in self._buckets.values() if b.end_ledger < ledger_id])
-            self._mark_delete = (ledger_id, entry_id)
-            self._store.catalog.commit(self.name, state=self._state)
+            previous, self._mark_delete = self._mark_delete, (ledger_id, entry_id)
+            try:
+                self._store.catalog.commit(self.name, state=self._state)
+            except BaseException:
+                # Not recorded: acknowledged in memory only, it would refuse re-adds of the
+                # positions while still delivering them. As before the call; a retry records it.
+                self._mark_delete = previous
+                raise
             self._trim(ledger_id, entry_id)
             self._horizon.emptied(self._count())
 

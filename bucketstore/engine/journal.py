@@ -182,6 +182,32 @@ class Journal:
         self._pool = pool
         self._fd_lock = threading.Lock()
 
+    def discard_deleted(self) -> int:
+        """Remove the files a deleted tracker of this name left here; how many.
+
+        Called only for a tracker the catalog has no state for: every tracker commits its
+        state at its first open, before anything is journaled, and ``delete_tracker`` removes
+        the state before the files, so files here belong to a deleted tracker (a crash or an
+        I/O error stopped the deletion half-way). Replayed, they would bring its indexes back
+        under the new tracker. Only when every file's header names this tracker of this store
+        (or no one: version 1): a file of another store or tracker, or one whose header cannot
+        be read (a named journal file always has a whole header: it is renamed into place after
+        its fsync), is damage, and then nothing is removed and the replay reports it.
+        """
+        files, leftovers = _list_files(self.directory)
+        for _, path in files:
+            try:
+                owner = read_identity(path)
+            except (JournalError, OSError):
+                return 0
+            if owner is not None and owner != self.identity:
+                return 0
+        for path in [p for _, p in files] + leftovers:
+            self._fs.unlink(path)
+        if files or leftovers:
+            self._fs.fsync_dir(self.directory)
+        return len(files)
+
     # -- replay ---------------------------------------------------------------------------------
     def replay(self) -> JournalState:
         """Read every file from the newest checkpoint on; cut a torn tail of the last file.
@@ -346,19 +372,29 @@ class Journal:
         head = encode_header(number, self.identity)
         body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
         fd = self._fs.create(tmp)
+        renamed = False
         try:
             self._fs.write(fd, head + frame_group(number, body))
             self._fs.fsync(fd)
             self._fs.rename(tmp, path)
+            renamed = True
             self._fs.fsync_dir(self.directory)
-        except BaseException:
+        except BaseException as exc:
             try:
                 self._fs.close(fd)
             finally:
-                try:
-                    self._fs.unlink(tmp)
-                except OSError:
-                    pass
+                if not renamed:
+                    try:
+                        self._fs.unlink(tmp)
+                    except OSError:
+                        pass
+            if renamed and isinstance(exc, OSError):
+                # The new file is complete under its final name, its entry perhaps durable: a
+                # replay starts from it and would skip whatever this journal appended to the
+                # current file from now on. Unlinking it could be undone by a crash as well, so
+                # no more appends: the file holds the whole state, and a reopen replays it.
+                self._poisoned = f"{type(exc).__name__}: {exc}"
+                raise JournalError(path, 0, f"journal checkpoint failed after its rename: {exc}") from exc
             raise
         with self._fd_lock:
             old_fd, self._fd, self._number = self._fd, fd, number
@@ -394,10 +430,12 @@ class Journal:
             records.append(encode_add(ledgers, entries, ts))
         if frontier is not None:
             records.append(encode_frontier(frontier))
+        # The pending group is in ``records`` (the tracker's state): it is dropped only once the
+        # new file holds it. A checkpoint that fails first leaves it pending for the next commit.
+        self._open_new(records)
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
-        self._open_new(records)
         self.groups += 1
         self.durable_frontier = frontier
         for number, path in _list_files(self.directory)[0]:

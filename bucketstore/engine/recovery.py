@@ -65,6 +65,12 @@ class Recovery:
         store = self._store
         state = store.catalog.tracker_state(self.name)
         if state is None:
+            if self._journal is not None and not self._read_only:
+                # Before the state commit: a crash in between must not make them this tracker's.
+                dropped = self._journal.discard_deleted()
+                if dropped:
+                    log.info("tracker %r: removed %d journal file(s) of a deleted tracker of that name "
+                             "(its deletion had stopped half-way)", self.name, dropped)
             store.catalog.commit(self.name, state=self._state)
             state = {}
         md = state.get("mark_delete")
