@@ -49,6 +49,7 @@ from .read_only import ReadOnlyStore
 from .store_lock import acquire_write_lock
 from .store_services import StoreServices
 from .tracker_registry import TrackerRegistry
+from .topic_registry import TopicRegistry
 from ..format.ledger_file import LedgerReader
 from ..format.snapshot import BucketFile
 from .tracker import BucketTracker
@@ -64,7 +65,7 @@ JOURNAL_OPEN_FILES = 64
 CONFIRM_SYNC_MS = 100
 
 
-class Store(TrackerRegistry[BucketTracker]):
+class Store(TrackerRegistry[BucketTracker], TopicRegistry):
     """An open bucketstore directory. Use :func:`bucketstore.open` to get one.
 
     :ivar path: the store directory.
@@ -390,6 +391,7 @@ class Store(TrackerRegistry[BucketTracker]):
                     tracker.close()  # drains its seals and merges
                 except MaintenanceError as exc:
                     failure = failure or exc  # the other trackers, and the store, still close
+            self._close_topics()
             self.budget.close()  # an add still waiting (another thread's) finds the store closed
             self.maintenance.stop()
             if self.segment_reader is not None:

@@ -1,0 +1,130 @@
+"""The LMDB environment that holds a store's topics (``STORE/topics/``; ``formats/topics.md``).
+
+Apart from the catalog so that a store without topics is unchanged, and because a topic
+writes a transaction per call where the catalog writes one per seal. The environment is
+opened without LMDB's per-commit fsync: :meth:`TopicFile.sync` makes everything committed
+durable, and the topics call it where their durability mode says (every call in ``journal``
+mode with ``sync_interval_ms=0``, at group-commit points otherwise, always at ``flush`` and
+``close``). A process killed between syncs loses nothing committed (the pages are in the OS's
+cache); a machine that loses power may lose the transactions after the last sync, never
+half of one (LMDB's copy-on-write, on a file system that keeps write order).
+
+All topics of a store share the environment and :attr:`TopicFile.lock`: one transaction at a
+time, which also makes the map's growth (which needs no transaction running) safe.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import lmdb
+
+from ..errors import CatalogError
+from ..format.topic_codec import TOPICS_FORMAT, U64
+from .lmdb_file import check_data_file
+
+__all__ = ["TopicFile", "topics_directory"]
+
+_INITIAL_MAP = 64 << 20
+_FORMAT_KEY, _NEXT_ID_KEY = b"format", b"next_topic_id"
+
+
+def topics_directory(store_path: str) -> str:
+    return os.path.join(store_path, "topics")
+
+
+class TopicFile:
+    """One store's topic environment, opened for writing (the store holds the write lock)."""
+
+    def __init__(self, store_path: str) -> None:
+        self.path = topics_directory(store_path)
+        self.lock = threading.RLock()
+        os.makedirs(self.path, exist_ok=True)
+        data = os.path.join(self.path, "data.mdb")
+        if os.path.exists(data) and os.path.getsize(data) > 0:
+            check_data_file(data)  # a truncated file would kill the process with SIGBUS once mapped
+        try:
+            self._env = lmdb.open(self.path, map_size=_INITIAL_MAP, max_dbs=8, subdir=True, sync=False)
+            self.topics = self._env.open_db(b"topics")
+            self.subs = self._env.open_db(b"subs")
+            self.rows = self._env.open_db(b"rows")
+            self.positions = self._env.open_db(b"positions")
+            self.multi = self._env.open_db(b"multi")
+            self.meta = self._env.open_db(b"meta")
+            self._env.reader_check()
+            with self._env.begin(write=True) as txn:
+                fmt = txn.get(_FORMAT_KEY, db=self.meta)
+                if fmt is None:
+                    txn.put(_FORMAT_KEY, TOPICS_FORMAT, db=self.meta)
+                elif fmt != TOPICS_FORMAT:
+                    raise CatalogError(f"{self.path}: topic index format {fmt!r} is not supported", path=self.path)
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            self.close()
+            raise CatalogError(f"{self.path}: cannot open the topic index: {exc}", path=self.path) from None
+
+    def _live(self) -> lmdb.Environment:
+        env = getattr(self, "_env", None)
+        if env is None:
+            raise CatalogError(f"{self.path}: the topic index is closed", path=self.path)
+        return env
+
+    @contextmanager
+    def read(self) -> Iterator[lmdb.Transaction]:
+        with self.lock:
+            try:
+                with self._live().begin(buffers=False) as txn:
+                    yield txn
+            except lmdb.Error as exc:
+                raise CatalogError(f"{self.path}: topic index read failed: {exc}", path=self.path) from None
+
+    @contextmanager
+    def write(self, room: int = 0) -> Iterator[lmdb.Transaction]:
+        """A write transaction, committed when the block ends without raising.
+
+        :param room: bytes the transaction may add: the map grows first if they might not
+            fit, because a full map aborts the transaction after the caller's state changed.
+        """
+        with self.lock:
+            env = self._live()
+            info, stat = env.info(), env.stat()
+            used = (info["last_pgno"] + 1) * stat["psize"]
+            if (used + 2 * room) * 2 > info["map_size"]:
+                env.set_mapsize(max(info["map_size"] * 2, (used + 2 * room) * 2))
+            try:
+                with env.begin(write=True) as txn:
+                    yield txn
+            except lmdb.Error as exc:
+                raise CatalogError(f"{self.path}: topic index write failed: {exc}", path=self.path) from None
+
+    def next_topic_id(self, txn: lmdb.Transaction) -> int:
+        raw = txn.get(_NEXT_ID_KEY, db=self.meta)
+        value = 0 if raw is None else U64.unpack(raw)[0]
+        txn.put(_NEXT_ID_KEY, U64.pack(value + 1), db=self.meta)
+        return value
+
+    def sync(self) -> None:
+        """Make every committed transaction durable (fsync)."""
+        with self.lock:
+            try:
+                self._live().sync(True)
+            except lmdb.Error as exc:
+                raise CatalogError(f"{self.path}: topic index sync failed: {exc}", path=self.path) from None
+
+    def size_bytes(self) -> int:
+        """The bytes the environment's pages occupy (what the topics cost on disk)."""
+        with self.lock:
+            env = self._live()
+            return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+
+    def close(self) -> None:
+        with self.lock:
+            env, self._env = getattr(self, "_env", None), None
+            if env is not None:
+                try:
+                    env.sync(True)
+                finally:
+                    env.close()
