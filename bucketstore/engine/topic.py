@@ -60,7 +60,8 @@ class Topic:
         self._last_sync = time.monotonic()
         self._unsynced_adds = 0
         self._handles: dict[str, Any] = {}
-        raw_name = validate_name(name, "topic")
+        self._raw_name = raw_name = validate_name(name, "topic")
+        self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
         with file.write() as txn:
             raw = txn.get(raw_name, db=file.topics)
             if raw is None:
@@ -148,9 +149,8 @@ class Topic:
 
     def _save(self, txn: lmdb.Transaction, dirty: set[str] | tuple[str, ...] = ()) -> None:
         record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted,
-                  "cutoff": self._cutoff.value,
-                  "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}}
-        txn.put(self.name.encode("utf-8"), encode_topic(record), db=self._file.topics)
+                  "cutoff": self._cutoff.value, "config": self._config_record}
+        txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
         for name in dirty:
             state = self._subs.get(name)
             if state is not None:

@@ -42,6 +42,8 @@ class TopicFile:
     def __init__(self, store_path: str) -> None:
         self.path = topics_directory(store_path)
         self.lock = threading.RLock()
+        self._written = 1 << 62  # look at the first write
+        self._map_size = _INITIAL_MAP
         os.makedirs(self.path, exist_ok=True)
         data = os.path.join(self.path, "data.mdb")
         if os.path.exists(data) and os.path.getsize(data) > 0:
@@ -90,10 +92,17 @@ class TopicFile:
         """
         with self.lock:
             env = self._live()
-            info, stat = env.info(), env.stat()
-            used = (info["last_pgno"] + 1) * stat["psize"]
-            if (used + 2 * room) * 2 > info["map_size"]:
-                env.set_mapsize(max(info["map_size"] * 2, (used + 2 * room) * 2))
+            # Look at the map's fill once the transactions since the last look may have
+            # written an eighth of it (each counted as its room plus 64 KB of copied pages):
+            # half of the map is kept free, so the look is seldom and never too late.
+            self._written += room + (64 << 10)
+            if self._written * 8 > self._map_size:
+                self._written = 0
+                info, stat = env.info(), env.stat()
+                used = (info["last_pgno"] + 1) * stat["psize"]
+                if (used + 2 * room) * 2 > info["map_size"]:
+                    env.set_mapsize(max(info["map_size"] * 2, (used + 2 * room) * 2))
+                self._map_size = env.info()["map_size"]
             try:
                 with env.begin(write=True) as txn:
                     yield txn

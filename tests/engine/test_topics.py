@@ -237,3 +237,18 @@ def test_wait_scheduled_wakes_on_an_earlier_add(tmp_path) -> None:
         topic.add_message(1, 2, bucketstore.cutoff.system_clock() + 50)
         waiter.join(10)
         assert got == [[(1, 2)]]
+
+
+def test_the_topic_map_grows_as_rows_are_added(tmp_path, monkeypatch) -> None:
+    import bucketstore.engine.topic_file as topic_file
+    monkeypatch.setattr(topic_file, "_INITIAL_MAP", 256 << 10)  # a few hundred rows fill it
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path) as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        sub = topic.subscription("s")
+        for k in range(20):
+            topic.add_messages([(k, e, 5_000 + e) for e in range(500)])
+        for e in range(300):
+            topic.add_message(100, e, 6_000)
+        assert sub.number_of_delayed_messages == 10_300
+        assert topic._file._map_size > 256 << 10
