@@ -35,6 +35,11 @@ class Subscription:
         if self._closed or self._topic._closed:
             raise StoreClosedError(f"subscription {self.name!r} of topic {self._topic.name!r} is closed")
 
+    def _ready(self) -> None:
+        """The gate of every call but the adds: open, and the topic's pending adds written."""
+        self._check()
+        self._topic._apply()
+
     # -- adding (forwarded to the topic: once for every subscription) -------------------------
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Add to the topic, for every subscription; False if it is due or this subscription
@@ -59,7 +64,7 @@ class Subscription:
         batches returned before are confirmed by the call (see :meth:`confirm_delivered`)."""
         max_messages = check_max(max_messages)
         with self._topic._lock:
-            self._check()
+            self._ready()
             return self._topic._deliver(self._state, max_messages)
 
     def wait_scheduled(self, max_messages: int, timeout: float | None = None, *,
@@ -70,19 +75,19 @@ class Subscription:
     def confirm_delivered(self) -> None:
         """Confirm the batches returned so far: after a crash they are not delivered again."""
         with self._topic._lock:
-            self._check()
+            self._ready()
             self._topic._confirm(self._state)
 
     def has_message_available(self) -> bool:
         with self._topic._lock:
-            self._check()
+            self._ready()
             cutoff = self._topic._cutoff.advance()
             t = self._next_time()
             return t is not None and t <= cutoff
 
     def next_delivery_time(self) -> int | None:
         with self._topic._lock:
-            self._check()
+            self._ready()
             return self._next_time()
 
     def _next_time(self) -> int | None:
@@ -97,7 +102,7 @@ class Subscription:
     def last_delivery_time(self) -> int | None:
         """An upper bound of the latest delivery time tracked (the topic's latest row), or None."""
         with self._topic._lock:
-            self._check()
+            self._ready()
             if self._state.count(self._topic._inserted) <= 0:
                 return None
             return self._topic._last_time()
@@ -105,38 +110,38 @@ class Subscription:
     def contains_message(self, ledger_id: int, entry_id: int) -> bool:
         check_position(ledger_id, entry_id)
         with self._topic._lock:
-            self._check()
+            self._ready()
             return self._topic._contains(self._state, ledger_id, entry_id)
 
     @property
     def number_of_delayed_messages(self) -> int:
         with self._topic._lock:
-            self._check()
+            self._ready()
             return self._state.count(self._topic._inserted)
 
     def mark_delete(self, ledger_id: int, entry_id: int) -> None:
         """Acknowledge up to ``(ledger_id, entry_id)`` for this subscription only."""
         check_position(ledger_id, entry_id)
         with self._topic._lock:
-            self._check()
+            self._ready()
             self._topic._mark_delete(self._state, ledger_id, entry_id)
 
     def replay_done(self) -> None:
         """Present for parity: a topic skips nothing at open, so nothing is held for a replay."""
         with self._topic._lock:
-            self._check()
+            self._ready()
 
     def flush(self) -> None:
         """Confirm this subscription's deliveries and make everything so far durable."""
         with self._topic._lock:
-            self._check()
+            self._ready()
             self._topic._confirm(self._state)
             self._topic._sync()
 
     def clear(self) -> None:
         """Forget every index, for this subscription only (the others keep theirs)."""
         with self._topic._lock:
-            self._check()
+            self._ready()
             self._topic._clear(self._state)
 
     def close(self) -> None:
@@ -157,7 +162,7 @@ class Subscription:
     def stats(self) -> dict[str, Any]:
         """The tracker's figures for this subscription, and what it holds of the topic."""
         with self._topic._lock:
-            self._check()
+            self._ready()
             topic = self._topic
             sub = topic._sub_stats(self._state)
             zero = {"succeeded": 0, "failed": 0, "total": 0, "latency_ms": 0.0}

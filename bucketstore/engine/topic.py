@@ -58,7 +58,9 @@ class Topic:
         self._cutoff = Cutoff(config, clock)
         self._closed = False
         self._last_sync = time.monotonic()
-        self._unsynced_adds = 0
+        #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
+        self._pending: list[tuple[int, int, int, int]] = []
+        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else 10_000
         self._handles: dict[str, Any] = {}
         self._raw_name = raw_name = validate_name(name, "topic")
         self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
@@ -156,22 +158,20 @@ class Topic:
             if state is not None:
                 txn.put(sub_key(self._id, name), state.encode(), db=self._file.subs)
 
-    def _durable(self, adds: int = 0, urgent: bool = True) -> None:
-        """Sync as the durability mode says, after a committed call (see topic_file)."""
+    def _durable(self) -> None:
+        """After a committed delivery, confirmation or acknowledgement: sync when journal mode's
+        ``confirm_sync_ms`` window says (a lost one brings batches back, never loses one).
+        Sealed mode keeps no promise on delivery progress between flushes."""
         if self._durability == "journal":
-            interval = self._sync_interval if urgent else max(self._sync_interval, self._confirm_sync)
+            interval = max(self._sync_interval, self._confirm_sync)
             if interval == 0 or (time.monotonic() - self._last_sync) * 1000 >= interval:
-                self._sync()
-        else:
-            # Sealed mode: a "seal" every min_index_count_per_bucket adds (and at flush, close).
-            self._unsynced_adds += adds
-            if self._unsynced_adds >= self.config.min_index_count_per_bucket:
                 self._sync()
 
     def _sync(self) -> None:
+        """Write the pending adds and make everything committed durable."""
+        self._apply()
         self._file.sync()
         self._last_sync = time.monotonic()
-        self._unsynced_adds = 0
 
     # -- adding ---------------------------------------------------------------------------------
     def _add_one(self, txn: lmdb.Transaction, ledger: int, entry: int, ts: int, cutoff: int,
@@ -186,7 +186,6 @@ class Topic:
             if not versions:  # the common case: a new position, tracked by every subscription
                 self._insert(txn, ts, ledger, entry)
                 self._inserted += 1
-                self._due.added(ts)
                 return True
         else:
             versions = self._versions(txn, ledger, entry)
@@ -213,24 +212,57 @@ class Topic:
         if versions and pos not in self._multi:
             self._multi.add(pos)
             txn.put(multi_key(self._id, ledger, entry), b"", db=self._file.multi)
-        self._due.added(ts)
         return True
 
     def _add_rows(self, rows: list[tuple[int, int, int]], sub: SubscriptionState | None) -> list[bool]:
+        """Answer the adds now; write them now or at the group commit (see :meth:`_apply`).
+
+        The answers need no row: an add is kept unless it is due or acknowledged (by this
+        subscription, or for the topic by all of them), whatever the rows hold.
+        """
         with self._lock:
             self._check_alive()
             cutoff = self._cutoff.advance()
-            dirty: set[str] = set()
+            subs = self._subs.values()
+            md = self._max_md
             out = []
-            with self._file.write(room=len(rows) * 200) as txn:
-                for ledger, entry, ts in rows:
-                    kept = self._add_one(txn, ledger, entry, ts, cutoff, dirty)
-                    if sub is not None:
-                        kept = ts > cutoff and not sub.acked(ledger, entry)
-                    out.append(kept)
-                self._save(txn, dirty)
-            self._durable(adds=len(rows))
+            for ledger, entry, ts in rows:
+                if ts <= cutoff:
+                    out.append(False)
+                    continue
+                self._due.added(ts)
+                if sub is not None:
+                    out.append(not sub.acked(ledger, entry))
+                else:
+                    out.append(md is None or (ledger, entry) > md or any(not s.acked(ledger, entry) for s in subs))
+            self._pending.extend((ledger, entry, ts, cutoff) for ledger, entry, ts in rows)
+            if self._durability == "journal" and self._sync_interval == 0:
+                self._apply()
+                self._sync()
+            elif len(self._pending) >= self._pending_limit or (
+                    self._durability == "journal"
+                    and (time.monotonic() - self._last_sync) * 1000 >= self._sync_interval):
+                self._apply()
+                self._sync()
             return out
+
+    def _apply(self) -> None:
+        """Write the adds answered but not yet written, in one transaction.
+
+        Adds wait in memory only where no call has promised them yet: ``journal`` mode with
+        ``sync_interval_ms > 0`` (its group commit) and ``sealed`` mode (Pulsar's mutable
+        bucket: durable at the "seal", every ``min_index_count_per_bucket`` adds, or at
+        ``flush``). Every other call writes them first, so it sees what was added before it.
+        """
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        dirty: set[str] = set()
+        with self._file.write(room=len(pending) * 200) as txn:
+            for ledger, entry, ts, cutoff in pending:
+                self._add_one(txn, ledger, entry, ts, cutoff, dirty)
+            self._save(txn, dirty)
 
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Add an index for every subscription (once, whatever their number).
@@ -263,6 +295,7 @@ class Topic:
             raise ValueError(f"start must be one of {START_MODES}, not {start!r}")
         with self._lock:
             self._check_alive()
+            self._apply()
             live = self._handles.get(name)
             if live is not None:
                 return live
@@ -305,6 +338,7 @@ class Topic:
         validate_name(name, "subscription")
         with self._lock:
             self._check_alive()
+            self._apply()
             if name not in self._subs:
                 raise KeyError(f"topic {self.name!r} has no subscription {name!r}")
             handle = self._handles.pop(name, None)
@@ -386,7 +420,7 @@ class Topic:
             state.unconfirmed = [] if self._at_most_once else delivered
             self._collect(txn, dirty)
             self._save(txn, dirty)
-        self._durable(urgent=False)
+        self._durable()
         out.sort()
         return out
 
@@ -453,7 +487,7 @@ class Topic:
             self._max_md = self._max_mark_delete()
             self._collect(txn, dirty)
             self._save(txn, dirty)
-        self._durable(urgent=False)
+        self._durable()
 
     def _clear(self, state: SubscriptionState) -> None:
         state.clear_seq = self._next_seq - 1
@@ -473,7 +507,7 @@ class Topic:
         state.unconfirmed = []
         with self._file.write() as txn:
             self._save(txn, (state.name,))
-        self._durable(urgent=False)
+        self._durable()
 
     def _contains(self, state: SubscriptionState, ledger: int, entry: int) -> bool:
         if any(r[1] == ledger and r[2] == entry for r in state.redeliver):
@@ -509,6 +543,7 @@ class Topic:
                 handle._closed = True
             self._handles.clear()
             try:
+                self._apply()
                 with self._file.write() as txn:
                     self._save(txn)
                 self._sync()
@@ -549,6 +584,7 @@ class Topic:
         """The topic's rows and, per subscription, its frontier, count and what it holds."""
         with self._lock:
             self._check_alive()
+            self._apply()
             with self._file.read() as txn:
                 rows = sum(1 for _ in self._rows_after(txn, None, None))
             return {"topic": self.name, "rows": rows, "multi_positions": len(self._multi),

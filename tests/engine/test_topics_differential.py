@@ -56,7 +56,10 @@ class Run:
             self.create("earliest")
 
     def _open(self) -> None:
-        self.store = bucketstore.open(self.path, durability=self.durability)
+        # "journal-grouped": adds wait for the group commit (sync_interval_ms), as in sealed mode.
+        grouped = self.durability == "journal-grouped"
+        self.store = bucketstore.open(self.path, durability="journal" if grouped else self.durability,
+                                      sync_interval_ms=60_000 if grouped else 0)
         self.topic = self.store.topic("t", config=self.config, clock=self.clock)
 
     def create(self, start: str) -> None:
@@ -142,7 +145,7 @@ class Run:
         self.store.close()
 
 
-@pytest.mark.parametrize("durability", ["journal", "sealed"])
+@pytest.mark.parametrize("durability", ["journal", "journal-grouped", "sealed"])
 @settings(max_examples=example_count(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(op, max_size=60), subs=st.integers(1, 4), tick=st.sampled_from([0, 3]))
