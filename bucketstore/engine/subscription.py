@@ -8,15 +8,12 @@ it against :class:`~bucketstore.InMemoryTracker`); what the subscription stores 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..cutoff import as_columns, check_max, check_position, check_timestamp
 from ..errors import StoreClosedError
 from ..waiting import CancelToken
-
-if TYPE_CHECKING:
-    from .subscription_state import SubscriptionState
-    from .topic import Topic
+from .subscription_state import SubscriptionState
 
 __all__ = ["Subscription"]
 
@@ -24,7 +21,8 @@ __all__ = ["Subscription"]
 class Subscription:
     """One subscription's view of its topic. Obtain it with :meth:`Topic.subscription`."""
 
-    def __init__(self, topic: "Topic", state: "SubscriptionState") -> None:
+    def __init__(self, topic: Any, state: SubscriptionState) -> None:
+        # topic: the engine's Topic (not imported: it imports this module to make handles).
         self._topic = topic
         self._state = state
         self.name = state.name

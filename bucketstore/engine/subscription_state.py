@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format.topic_codec import decode_subscription, encode_subscription
+from ..format.topic_codec import TopicRecordError, decode_subscription, encode_subscription
 
 __all__ = ["SubscriptionState", "RowKey"]
 
@@ -99,7 +99,6 @@ class SubscriptionState:
         """The state as stored; the unconfirmed batches become rows to deliver again (a restart)."""
         r = decode_subscription(raw)
         if r["clear_seq"] < -1 or r["start_seq"] < 0:
-            from ..format.topic_codec import TopicRecordError
             raise TopicRecordError(f"subscription record has start_seq {r['start_seq']}, clear_seq {r['clear_seq']}")
         again = sorted(set(r["redeliver"]) | set(r["unconfirmed"]))
         return cls(name=name, frontier=r["frontier"], mark_delete=r["mark_delete"], start_seq=r["start_seq"],

@@ -28,6 +28,7 @@ from ..format.topic_codec import (MAX_KEY, MULTI, POSITION, ROW, U64, TopicRecor
                                   multi_key, position_key, row_key, split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ..waiting import DueWaiter
+from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_file import TopicFile
 
@@ -61,7 +62,7 @@ class Topic:
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
         self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else 10_000
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, Subscription] = {}
         self._raw_name = raw_name = validate_name(name, "topic")
         self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
         with file.write() as txn:
@@ -282,14 +283,13 @@ class Topic:
         return sum(self._add_rows(list(zip(ledgers.tolist(), entries.tolist(), deliver_at.tolist())), None))
 
     # -- subscriptions --------------------------------------------------------------------------
-    def subscription(self, name: str, start: str = "earliest") -> Any:
+    def subscription(self, name: str, start: str = "earliest") -> Subscription:
         """Open (creating if needed) the subscription ``name``.
 
         :param start: for a new subscription, ``"earliest"``: it tracks every row the topic
             holds that is not due yet; ``"latest"``: only what is added from now on. Ignored
             when the subscription exists.
         """
-        from .subscription import Subscription
         validate_name(name, "subscription")
         if start not in START_MODES:
             raise ValueError(f"start must be one of {START_MODES}, not {start!r}")

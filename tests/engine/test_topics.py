@@ -252,3 +252,13 @@ def test_the_topic_map_grows_as_rows_are_added(tmp_path, monkeypatch) -> None:
             topic.add_message(100, e, 6_000)
         assert sub.number_of_delayed_messages == 10_300
         assert topic._file._map_size > 256 << 10
+
+
+def test_a_subscription_is_a_delayed_delivery_tracker(tmp_path) -> None:
+    with bucketstore.open(tmp_path) as store:
+        sub = store.topic("t").subscription("s")
+        assert isinstance(sub, bucketstore.DelayedDeliveryTracker)
+        stats = sub.stats()
+        for key in ("immutable_buckets", "number_of_delayed_messages", "loaded_indexes", "snapshot_size_bytes",
+                    "memory_bytes", "create", "load", "merge", "delete", "frontier", "held_rows", "due_undelivered"):
+            assert key in stats, key
