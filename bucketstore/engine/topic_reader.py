@@ -1,0 +1,197 @@
+"""Read a store's topics without changing anything: what ``stats``, ``catalog``, ``verify`` and
+the Prometheus export show of them (``docs/topics.md``).
+
+Opens ``STORE/topics/`` read-only (beside a live writer too: one read transaction is one
+consistent view) and writes nothing. :func:`describe_topics` gives, per topic, its rows and
+bytes and, per subscription, what it tracks, where its frontier is, how many rows it alone
+holds and how many due rows it has not delivered; :func:`verify_topics` lists every record that
+does not decode or does not agree with the others.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lmdb
+
+from ..cutoff import system_clock
+from ..errors import CatalogError
+from ..format.topic_codec import (MULTI, POSITION, ROW, TopicRecordError, decode_topic, split_position,
+                                  split_row, split_sub_key)
+from .lmdb_file import check_data_file
+from .subscription_state import SubscriptionState
+from .topic_file import topics_directory
+
+__all__ = ["describe_topics", "verify_topics"]
+
+
+def _open(store_path: str) -> lmdb.Environment | None:
+    path = topics_directory(store_path)
+    data = os.path.join(path, "data.mdb")
+    if not os.path.isfile(data):
+        return None
+    check_data_file(data)  # raises CatalogError on a truncated file (never a SIGBUS)
+    try:
+        try:
+            return lmdb.open(path, readonly=True, max_dbs=8, subdir=True, create=False)
+        except lmdb.Error:  # no write access to lock.mdb: read without it
+            return lmdb.open(path, readonly=True, lock=False, max_dbs=8, subdir=True, create=False)
+    except lmdb.Error as exc:
+        raise CatalogError(f"{path}: cannot open the topic index: {exc}", path=path) from None
+
+
+def _dbs(env: lmdb.Environment, txn: lmdb.Transaction) -> dict[str, Any]:
+    return {name: env.open_db(name.encode(), txn=txn, create=False)
+            for name in ("topics", "subs", "rows", "positions", "multi")}
+
+
+def _each(txn: lmdb.Transaction, db: Any, prefix: bytes = b""):
+    with txn.cursor(db=db) as cur:
+        if cur.set_range(prefix):
+            for key, value in cur:
+                if not key.startswith(prefix):
+                    return
+                yield key, value
+
+
+def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = None) -> dict[str, Any]:
+    """Every topic of the store with its subscriptions' figures ({} when it has none).
+
+    :param now_ms: the clock for "due" (default: the system clock); the cutoff is the later
+        of ``now + tick`` and the topic's recorded cutoff.
+    :raises CatalogError: the topic index cannot be opened or a record does not decode.
+    """
+    path = os.fspath(store_path)
+    env = _open(path)
+    if env is None:
+        return {}
+    where = topics_directory(path)
+    try:
+        with env.begin(buffers=False) as txn:
+            dbs = _dbs(env, txn)
+            out = {}
+            for raw_name, value in _each(txn, dbs["topics"]):
+                name = raw_name.decode("utf-8", "replace")
+                try:
+                    out[name] = _describe(txn, dbs, decode_topic(value), now_ms)
+                except TopicRecordError as exc:
+                    raise CatalogError(f"{where}: topic {name!r}: {exc}", path=where) from None
+            size = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+            for doc in out.values():
+                doc["file_bytes"] = size  # the environment is shared by the store's topics
+            return out
+    except lmdb.Error as exc:
+        raise CatalogError(f"{where}: cannot read the topic index: {exc}", path=where) from None
+    finally:
+        env.close()
+
+
+def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
+    prefix = POSITION.pack(record["id"], 0, 0, 0)[:4]
+    tick = 0 if record["config"].get("deliver_at_time_strict") else int(record["config"].get("tick_time_ms", 0))
+    cutoff = max(record["cutoff"], (system_clock() if now_ms is None else now_ms) + tick)
+    rows = [split_row(k)[1:] for k, _ in _each(txn, dbs["rows"], prefix)]
+    versions: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for key, value in _each(txn, dbs["positions"], prefix):
+        _, ledger, entry, seq, ts = split_position(key, value)
+        versions.setdefault((ledger, entry), []).append((seq, ts))
+    multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)}
+    subs = {}
+    for key, value in _each(txn, dbs["subs"], prefix):
+        _, sub_name = split_sub_key(key)
+        state = SubscriptionState.decode(sub_name, value)
+        subs[sub_name] = state
+    doc_subs = {}
+    for sub_name, state in subs.items():
+        others = [s.frontier for s in subs.values() if s is not state and s.frontier is not None]
+        upper = min(others) if others else None
+        held = due = 0
+        for row in rows:
+            if state.frontier is not None and row <= state.frontier:
+                continue
+            if upper is None or row <= upper:
+                held += 1
+            if row[0] <= cutoff and state.may_see(row) and (
+                    (row[1], row[2]) not in multi
+                    or state.tracked_row(row[1], row[2], versions.get((row[1], row[2]), [])) == row):
+                due += 1
+        doc_subs[sub_name] = {
+            "number_of_delayed_messages": state.count(record["inserted"]),
+            "frontier": list(state.frontier) if state.frontier else None,
+            "mark_delete": list(state.mark_delete) if state.mark_delete else None,
+            "held_rows": held, "due_undelivered": due + len(state.redeliver), "exceptions": len(state.lost),
+            "unconfirmed": len(state.redeliver)}
+    return {"id": record["id"], "rows": len(rows), "multi_positions": len(multi), "cutoff": cutoff,
+            "subscriptions": dict(sorted(doc_subs.items()))}
+
+
+def verify_topics(store_path: str | os.PathLike[str]) -> list[str]:
+    """Every problem of the topic index, one line each ([] when sound or absent).
+
+    Each record must decode; each row must have its twin in ``positions`` (same deliver_at)
+    and the reverse; a ``multi`` entry must name a position with rows; every row's seq must be
+    below its topic's ``next_seq``; every subscription must belong to a topic.
+    """
+    path = os.fspath(store_path)
+    where = topics_directory(path)
+    try:
+        env = _open(path)
+    except CatalogError as exc:
+        return [str(exc)]
+    if env is None:
+        return []
+    problems: list[str] = []
+    try:
+        with env.begin(buffers=False) as txn:
+            dbs = _dbs(env, txn)
+            topics = {}
+            for raw_name, value in _each(txn, dbs["topics"]):
+                try:
+                    record = decode_topic(value)
+                    topics[record["id"]] = (raw_name.decode("utf-8", "replace"), record["next_seq"])
+                except TopicRecordError as exc:
+                    problems.append(f"{where}: topic {raw_name!r}: {exc}")
+            rows: dict[tuple[int, int, int, int], int] = {}
+            for key, _ in _each(txn, dbs["rows"]):
+                try:
+                    tid, ts, ledger, entry, seq = split_row(key)
+                except TopicRecordError as exc:
+                    problems.append(f"{where}: rows record {key.hex()}: {exc}")
+                    continue
+                rows[(tid, ledger, entry, seq)] = ts
+                if tid not in topics:
+                    problems.append(f"{where}: row {key.hex()} of unknown topic id {tid}")
+                elif seq >= topics[tid][1]:
+                    problems.append(f"{where}: row {key.hex()} has seq {seq} >= the topic's next_seq {topics[tid][1]}")
+            with_rows = set()
+            for key, value in _each(txn, dbs["positions"]):
+                try:
+                    tid, ledger, entry, seq, ts = split_position(key, value)
+                except TopicRecordError as exc:
+                    problems.append(f"{where}: positions record {key.hex()}: {exc}")
+                    continue
+                with_rows.add((tid, ledger, entry))
+                if rows.pop((tid, ledger, entry, seq), None) != ts:
+                    problems.append(f"{where}: position {key.hex()} (deliver_at {ts}) has no row with that time")
+            for (tid, ledger, entry, seq), ts in rows.items():
+                problems.append(f"{where}: row {ROW.pack(tid, ts, ledger, entry, seq).hex()} has no position record")
+            for key, _ in _each(txn, dbs["multi"]):
+                if len(key) != MULTI.size or MULTI.unpack(key) not in with_rows:
+                    problems.append(f"{where}: multi record {key.hex()} names a position without rows")
+            for key, value in _each(txn, dbs["subs"]):
+                try:
+                    tid, sub_name = split_sub_key(key)
+                    SubscriptionState.decode(sub_name, value)
+                except TopicRecordError as exc:
+                    problems.append(f"{where}: subscription record {key.hex()}: {exc}")
+                    continue
+                if tid not in topics:
+                    problems.append(f"{where}: subscription {sub_name!r} of unknown topic id {tid}")
+    except lmdb.Error as exc:
+        problems.append(f"{where}: cannot read the topic index: {exc}")
+    finally:
+        env.close()
+    return problems
+
+
