@@ -26,7 +26,18 @@ from ..errors import CatalogError
 from ..format.topic_codec import TOPICS_FORMAT, U64
 from .lmdb_file import check_data_file
 
-__all__ = ["TopicFile", "topics_directory"]
+__all__ = ["TopicFile", "topics_directory", "live_topic_file"]
+
+#: The topic environments this process has open for writing, by real path: LMDB refuses a
+#: second open of one environment in a process, so a reader here borrows the writer's.
+_WRITERS: dict[str, "TopicFile"] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def live_topic_file(store_path: str) -> "TopicFile | None":
+    """The store's topic environment if this process has it open for writing."""
+    with _WRITERS_LOCK:
+        return _WRITERS.get(os.path.realpath(topics_directory(store_path)))
 
 _INITIAL_MAP = 64 << 20
 _FORMAT_KEY, _NEXT_ID_KEY = b"format", b"next_topic_id"
@@ -67,6 +78,8 @@ class TopicFile:
         except lmdb.Error as exc:
             self.close()
             raise CatalogError(f"{self.path}: cannot open the topic index: {exc}", path=self.path) from None
+        with _WRITERS_LOCK:
+            _WRITERS[os.path.realpath(self.path)] = self
 
     def _live(self) -> lmdb.Environment:
         env = getattr(self, "_env", None)
@@ -130,6 +143,9 @@ class TopicFile:
             return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
 
     def close(self) -> None:
+        with _WRITERS_LOCK:
+            if _WRITERS.get(os.path.realpath(self.path)) is self:
+                del _WRITERS[os.path.realpath(self.path)]
         with self.lock:
             env, self._env = getattr(self, "_env", None), None
             if env is not None:

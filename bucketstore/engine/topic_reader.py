@@ -11,6 +11,8 @@ does not decode or does not agree with the others.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lmdb
@@ -21,7 +23,7 @@ from ..format.topic_codec import (MULTI, POSITION, ROW, TopicRecordError, decode
                                   split_row, split_sub_key)
 from .lmdb_file import check_data_file
 from .subscription_state import SubscriptionState
-from .topic_file import topics_directory
+from .topic_file import live_topic_file, topics_directory
 
 __all__ = ["describe_topics", "verify_topics"]
 
@@ -41,9 +43,29 @@ def _open(store_path: str) -> lmdb.Environment | None:
         raise CatalogError(f"{path}: cannot open the topic index: {exc}", path=path) from None
 
 
-def _dbs(env: lmdb.Environment, txn: lmdb.Transaction) -> dict[str, Any]:
-    return {name: env.open_db(name.encode(), txn=txn, create=False)
-            for name in ("topics", "subs", "rows", "positions", "multi")}
+_NAMES = ("topics", "subs", "rows", "positions", "multi")
+
+
+@contextmanager
+def _reading(store_path: str) -> Iterator[tuple[lmdb.Environment, lmdb.Transaction, dict[str, Any]] | None]:
+    """One read transaction on the topic index (None: the store has none), through this
+    process's writer when it has the environment open (LMDB allows one open per process)."""
+    live = live_topic_file(store_path)
+    if live is not None:
+        with live.lock:
+            env = live._live()
+            with env.begin(buffers=False) as txn:
+                yield env, txn, {name: getattr(live, name) for name in _NAMES}
+        return
+    env = _open(store_path)
+    if env is None:
+        yield None
+        return
+    try:
+        with env.begin(buffers=False) as txn:
+            yield env, txn, {name: env.open_db(name.encode(), txn=txn, create=False) for name in _NAMES}
+    finally:
+        env.close()
 
 
 def _each(txn: lmdb.Transaction, db: Any, prefix: bytes = b""):
@@ -63,13 +85,12 @@ def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = Non
     :raises CatalogError: the topic index cannot be opened or a record does not decode.
     """
     path = os.fspath(store_path)
-    env = _open(path)
-    if env is None:
-        return {}
     where = topics_directory(path)
     try:
-        with env.begin(buffers=False) as txn:
-            dbs = _dbs(env, txn)
+        with _reading(path) as view:
+            if view is None:
+                return {}
+            env, txn, dbs = view
             out = {}
             for raw_name, value in _each(txn, dbs["topics"]):
                 name = raw_name.decode("utf-8", "replace")
@@ -83,8 +104,6 @@ def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = Non
             return out
     except lmdb.Error as exc:
         raise CatalogError(f"{where}: cannot read the topic index: {exc}", path=where) from None
-    finally:
-        env.close()
 
 
 def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
@@ -135,63 +154,61 @@ def verify_topics(store_path: str | os.PathLike[str]) -> list[str]:
     """
     path = os.fspath(store_path)
     where = topics_directory(path)
-    try:
-        env = _open(path)
-    except CatalogError as exc:
-        return [str(exc)]
-    if env is None:
-        return []
     problems: list[str] = []
     try:
-        with env.begin(buffers=False) as txn:
-            dbs = _dbs(env, txn)
-            topics = {}
-            for raw_name, value in _each(txn, dbs["topics"]):
-                try:
-                    record = decode_topic(value)
-                    topics[record["id"]] = (raw_name.decode("utf-8", "replace"), record["next_seq"])
-                except TopicRecordError as exc:
-                    problems.append(f"{where}: topic {raw_name!r}: {exc}")
-            rows: dict[tuple[int, int, int, int], int] = {}
-            for key, _ in _each(txn, dbs["rows"]):
-                try:
-                    tid, ts, ledger, entry, seq = split_row(key)
-                except TopicRecordError as exc:
-                    problems.append(f"{where}: rows record {key.hex()}: {exc}")
-                    continue
-                rows[(tid, ledger, entry, seq)] = ts
-                if tid not in topics:
-                    problems.append(f"{where}: row {key.hex()} of unknown topic id {tid}")
-                elif seq >= topics[tid][1]:
-                    problems.append(f"{where}: row {key.hex()} has seq {seq} >= the topic's next_seq {topics[tid][1]}")
-            with_rows = set()
-            for key, value in _each(txn, dbs["positions"]):
-                try:
-                    tid, ledger, entry, seq, ts = split_position(key, value)
-                except TopicRecordError as exc:
-                    problems.append(f"{where}: positions record {key.hex()}: {exc}")
-                    continue
-                with_rows.add((tid, ledger, entry))
-                if rows.pop((tid, ledger, entry, seq), None) != ts:
-                    problems.append(f"{where}: position {key.hex()} (deliver_at {ts}) has no row with that time")
-            for (tid, ledger, entry, seq), ts in rows.items():
-                problems.append(f"{where}: row {ROW.pack(tid, ts, ledger, entry, seq).hex()} has no position record")
-            for key, _ in _each(txn, dbs["multi"]):
-                if len(key) != MULTI.size or MULTI.unpack(key) not in with_rows:
-                    problems.append(f"{where}: multi record {key.hex()} names a position without rows")
-            for key, value in _each(txn, dbs["subs"]):
-                try:
-                    tid, sub_name = split_sub_key(key)
-                    SubscriptionState.decode(sub_name, value)
-                except TopicRecordError as exc:
-                    problems.append(f"{where}: subscription record {key.hex()}: {exc}")
-                    continue
-                if tid not in topics:
-                    problems.append(f"{where}: subscription {sub_name!r} of unknown topic id {tid}")
+        with _reading(path) as view:
+            if view is None:
+                return []
+            _, txn, dbs = view
+            _verify(txn, dbs, where, problems)
+    except CatalogError as exc:
+        return [str(exc)]
     except lmdb.Error as exc:
         problems.append(f"{where}: cannot read the topic index: {exc}")
-    finally:
-        env.close()
     return problems
 
 
+def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: list[str]) -> None:
+    topics = {}
+    for raw_name, value in _each(txn, dbs["topics"]):
+        try:
+            record = decode_topic(value)
+            topics[record["id"]] = (raw_name.decode("utf-8", "replace"), record["next_seq"])
+        except TopicRecordError as exc:
+            problems.append(f"{where}: topic {raw_name!r}: {exc}")
+    rows: dict[tuple[int, int, int, int], int] = {}
+    for key, _ in _each(txn, dbs["rows"]):
+        try:
+            tid, ts, ledger, entry, seq = split_row(key)
+        except TopicRecordError as exc:
+            problems.append(f"{where}: rows record {key.hex()}: {exc}")
+            continue
+        rows[(tid, ledger, entry, seq)] = ts
+        if tid not in topics:
+            problems.append(f"{where}: row {key.hex()} of unknown topic id {tid}")
+        elif seq >= topics[tid][1]:
+            problems.append(f"{where}: row {key.hex()} has seq {seq} >= the topic's next_seq {topics[tid][1]}")
+    with_rows = set()
+    for key, value in _each(txn, dbs["positions"]):
+        try:
+            tid, ledger, entry, seq, ts = split_position(key, value)
+        except TopicRecordError as exc:
+            problems.append(f"{where}: positions record {key.hex()}: {exc}")
+            continue
+        with_rows.add((tid, ledger, entry))
+        if rows.pop((tid, ledger, entry, seq), None) != ts:
+            problems.append(f"{where}: position {key.hex()} (deliver_at {ts}) has no row with that time")
+    for (tid, ledger, entry, seq), ts in rows.items():
+        problems.append(f"{where}: row {ROW.pack(tid, ts, ledger, entry, seq).hex()} has no position record")
+    for key, _ in _each(txn, dbs["multi"]):
+        if len(key) != MULTI.size or MULTI.unpack(key) not in with_rows:
+            problems.append(f"{where}: multi record {key.hex()} names a position without rows")
+    for key, value in _each(txn, dbs["subs"]):
+        try:
+            tid, sub_name = split_sub_key(key)
+            SubscriptionState.decode(sub_name, value)
+        except TopicRecordError as exc:
+            problems.append(f"{where}: subscription record {key.hex()}: {exc}")
+            continue
+        if tid not in topics:
+            problems.append(f"{where}: subscription {sub_name!r} of unknown topic id {tid}")

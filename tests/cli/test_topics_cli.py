@@ -74,3 +74,16 @@ def test_verify_checks_the_topic_index(tmp_path, capsys) -> None:
     assert "has no position record" in out and "topic b'orders'" in out and topics_directory(str(tmp_path)) in out
     code, out, err = run(capsys, "stats", str(tmp_path))
     assert code == 1 and "topics: ERROR" in out and "Traceback" not in out + err
+
+
+def test_the_reader_works_beside_this_process_writer(tmp_path, capsys) -> None:
+    # LMDB allows one open of an environment per process: the reader borrows the writer's.
+    with bucketstore.open(tmp_path) as store:
+        topic = store.topic("t", config=TrackerConfig(tick_time_ms=0), clock=FakeClock(1_000))
+        topic.subscription("s")
+        topic.add_messages([(1, e, 5_000) for e in range(7)])
+        assert describe_topics(tmp_path)["t"]["rows"] == 7
+        code, out, _ = run(capsys, "verify", str(tmp_path))
+        assert code == 0, out
+        topic.add_message(2, 0, 5_000)
+        assert describe_topics(tmp_path)["t"]["subscriptions"]["s"]["number_of_delayed_messages"] == 8
