@@ -373,6 +373,7 @@ class Store(TrackerRegistry[BucketTracker], TopicRegistry):
             trackers = list(self._trackers.values())
         for tracker in trackers:
             tracker._commit_pending()
+        self._flush_topics()
         return make_checkpoint(self.path, dest, catalog=self.catalog, fs=self.fs)
 
     # -- lifecycle ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ..errors import CatalogError
 from ..format.topic_codec import TOPICS_FORMAT, U64
 from .lmdb_file import check_data_file
 
-__all__ = ["TopicFile", "topics_directory", "live_topic_file"]
+__all__ = ["TopicFile", "topics_directory", "live_topic_file", "copy_topics"]
 
 #: The topic environments this process has open for writing, by real path: LMDB refuses a
 #: second open of one environment in a process, so a reader here borrows the writer's.
@@ -45,6 +45,40 @@ _FORMAT_KEY, _NEXT_ID_KEY = b"format", b"next_topic_id"
 
 def topics_directory(store_path: str) -> str:
     return os.path.join(store_path, "topics")
+
+
+def copy_topics(store_path: str, dest_store: str) -> bool:
+    """Copy the store's topic index into ``dest_store/topics/`` as one consistent state (LMDB's
+    copy runs in one read transaction), beside a live writer too; False when there is none.
+
+    The topics name no ledger or journal file, so any moment of the copy is consistent with
+    the rest of a checkpoint.
+    """
+    dest = topics_directory(dest_store)
+    live = live_topic_file(store_path)
+    if live is not None:
+        os.mkdir(dest)
+        with live.lock:
+            try:
+                live._live().copy(dest)
+            except lmdb.Error as exc:
+                raise CatalogError(f"{live.path}: copying the topic index failed: {exc}", path=live.path) from None
+        return True
+    source = topics_directory(store_path)
+    data = os.path.join(source, "data.mdb")
+    if not os.path.isfile(data):
+        return False
+    check_data_file(data)
+    os.mkdir(dest)
+    try:
+        env = lmdb.open(source, readonly=True, max_dbs=8, subdir=True, create=False)
+        try:
+            env.copy(dest)
+        finally:
+            env.close()
+    except lmdb.Error as exc:
+        raise CatalogError(f"{source}: copying the topic index failed: {exc}", path=source) from None
+    return True
 
 
 class TopicFile:

@@ -105,6 +105,13 @@ class TopicRegistry:
                 txn.delete(raw, db=file.topics)
             file.sync()
 
+    def _flush_topics(self) -> None:
+        """Write and sync every open topic's pending adds (a checkpoint holds what was added)."""
+        with self._lock:
+            topics = list(self._open_topics().values())
+        for topic in topics:
+            topic.flush()
+
     def _close_topics(self) -> None:
         for topic in list(self._open_topics().values()):
             topic.close()

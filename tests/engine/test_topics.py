@@ -262,3 +262,21 @@ def test_a_subscription_is_a_delayed_delivery_tracker(tmp_path) -> None:
         for key in ("immutable_buckets", "number_of_delayed_messages", "loaded_indexes", "snapshot_size_bytes",
                     "memory_bytes", "create", "load", "merge", "delete", "frontier", "held_rows", "due_undelivered"):
             assert key in stats, key
+
+
+def test_a_checkpoint_holds_the_topics(tmp_path) -> None:
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path / "live", durability="sealed") as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        a, b = topic.subscription("a"), topic.subscription("b")
+        topic.add_messages([(1, e, 1_100 + e) for e in range(10)])
+        clock.advance(104)
+        assert len(a.get_scheduled_messages(100)) == 5
+        a.confirm_delivered()
+        topic.add_message(2, 0, 9_000)  # sealed mode: waits in memory for the seal, or a checkpoint
+        store.checkpoint(tmp_path / "copy")
+        a.get_scheduled_messages(100)  # after the copy: not in it
+    with bucketstore.open(tmp_path / "copy", durability="sealed") as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        assert topic.subscription("a").number_of_delayed_messages == 6
+        assert topic.subscription("b").number_of_delayed_messages == 11
