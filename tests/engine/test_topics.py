@@ -280,3 +280,18 @@ def test_a_checkpoint_holds_the_topics(tmp_path) -> None:
         topic = store.topic("t", config=CFG, clock=clock)
         assert topic.subscription("a").number_of_delayed_messages == 6
         assert topic.subscription("b").number_of_delayed_messages == 11
+
+
+def test_an_abandoned_store_keeps_what_was_committed_and_loses_the_pending_adds(tmp_path) -> None:
+    from bucketstore.testing.faults import abandon_store
+    clock = FakeClock(1_000)
+    store = bucketstore.open(tmp_path, durability="sealed")
+    topic = store.topic("t", config=CFG, clock=clock)
+    sub = topic.subscription("s")
+    topic.add_message(1, 1, 5_000)
+    assert sub.number_of_delayed_messages == 1  # a read writes the adds before it
+    topic.add_message(1, 2, 5_000)  # sealed mode: waits for the seal, in memory
+    abandon_store(store)  # a kill: nothing more is written
+    with bucketstore.open(tmp_path, durability="sealed") as store:
+        sub = store.topic("t", config=CFG, clock=clock).subscription("s")
+        assert sub.number_of_delayed_messages == 1 and sub.contains_message(1, 1)
