@@ -101,9 +101,12 @@ class Subscription:
         """An upper bound of the latest delivery time tracked (the topic's latest row), or None."""
         with self._topic._lock:
             self._ready()
-            if self._state.count(self._topic._inserted) <= 0:
+            state = self._state
+            if state.count(self._topic._inserted) <= 0:
                 return None
-            return self._topic._last_time()
+            # The rows to deliver again may have left the topic (every subscription passed them).
+            times = [t for t in (self._topic._last_time(), *(r[0] for r in state.redeliver)) if t is not None]
+            return max(times) if times else None
 
     def contains_message(self, ledger_id: int, entry_id: int) -> bool:
         check_position(ledger_id, entry_id)

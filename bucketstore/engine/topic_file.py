@@ -94,7 +94,7 @@ class TopicFile:
         if os.path.exists(data) and os.path.getsize(data) > 0:
             check_data_file(data)  # a truncated file would kill the process with SIGBUS once mapped
         try:
-            self._env = lmdb.open(self.path, map_size=_INITIAL_MAP, max_dbs=8, subdir=True, sync=False)
+            self._env = lmdb.open(self.path, map_size=_INITIAL_MAP, max_dbs=8, subdir=True, metasync=False)
             self.topics = self._env.open_db(b"topics")
             self.subs = self._env.open_db(b"subs")
             self.rows = self._env.open_db(b"rows")
