@@ -1,13 +1,13 @@
 """The LMDB environment that holds a store's topics (``STORE/topics/``; ``formats/topics.md``).
 
 Apart from the catalog so that a store without topics is unchanged, and because a topic
-writes a transaction per call where the catalog writes one per seal. The environment is
-opened without LMDB's per-commit fsync: :meth:`TopicFile.sync` makes everything committed
-durable, and the topics call it where their durability mode says (every call in ``journal``
+writes a transaction per call where the catalog writes one per seal. The environment is opened
+with ``MDB_NOMETASYNC``: each commit writes and fsyncs its data pages, and the meta page that
+makes it current is synced by the next commit or :meth:`TopicFile.sync`. LMDB documents that
+this keeps the file intact on a power loss, which may undo the last transaction; the topics
+call :meth:`TopicFile.sync` where their durability mode promises (every call in ``journal``
 mode with ``sync_interval_ms=0``, at group-commit points otherwise, always at ``flush`` and
-``close``). A process killed between syncs loses nothing committed (the pages are in the OS's
-cache); a machine that loses power may lose the transactions after the last sync, never
-half of one (LMDB's copy-on-write, on a file system that keeps write order).
+``close``). A killed process loses nothing committed.
 
 All topics of a store share the environment and :attr:`TopicFile.lock`: one transaction at a
 time, which also makes the map's growth (which needs no transaction running) safe.
