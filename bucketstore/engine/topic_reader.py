@@ -18,14 +18,16 @@ from typing import Any
 import lmdb
 
 from ..cutoff import system_clock
-from ..errors import CatalogError
+from ..errors import CatalogError, ReadOnlyError
 from ..format.topic_codec import (MULTI, POSITION, ROW, TopicRecordError, decode_topic, split_position,
                                   split_row, split_sub_key)
+from .catalog import _is_permission_error
 from .lmdb_file import check_data_file
+from .store_lock import writer_pid
 from .subscription_state import SubscriptionState
 from .topic_file import live_topic_file, topics_directory
 
-__all__ = ["describe_topics", "verify_topics"]
+__all__ = ["describe_topics", "verify_topics", "ReadOnlyTopics"]
 
 
 def _open(store_path: str) -> lmdb.Environment | None:
@@ -34,11 +36,19 @@ def _open(store_path: str) -> lmdb.Environment | None:
     if not os.path.isfile(data):
         return None
     check_data_file(data)  # raises CatalogError on a truncated file (never a SIGBUS)
+    # As the catalog's readers do: registered in the reader table (so that a live writer never
+    # reuses the pages being read), or, without write access to lock.mdb, lock-less and only
+    # while no writer holds the store.
     try:
         try:
             return lmdb.open(path, readonly=True, max_dbs=8, subdir=True, create=False)
-        except lmdb.Error:  # no write access to lock.mdb: read without it
-            return lmdb.open(path, readonly=True, lock=False, max_dbs=8, subdir=True, create=False)
+        except lmdb.Error as exc:
+            if not _is_permission_error(exc):
+                raise
+        if writer_pid(store_path) is not None:
+            raise CatalogError(f"{path}: cannot register as a reader in lock.mdb (no write access), and a writer "
+                               "has the store open: a lock-less read could see a torn view", path=path)
+        return lmdb.open(path, readonly=True, lock=False, max_dbs=8, subdir=True, create=False)
     except lmdb.Error as exc:
         raise CatalogError(f"{path}: cannot open the topic index: {exc}", path=path) from None
 
@@ -212,3 +222,37 @@ def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: li
             continue
         if tid not in topics:
             problems.append(f"{where}: subscription {sub_name!r} of unknown topic id {tid}")
+
+
+class ReadOnlyTopics:
+    """What a read-only store (``bucketstore.open(path, read_only=True)``) offers of its topics:
+    their names and figures, read beside a live writer; never a change."""
+
+    path: str
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def topics(self) -> list[str]:
+        """Names of every topic in the store, sorted."""
+        self._check_open()
+        return sorted(describe_topics(self.path))
+
+    def topic_stats(self, name: str) -> dict[str, Any]:
+        """One topic's rows and, per subscription, its figures (as ``bucketstore stats`` shows them).
+
+        :raises ReadOnlyError: the store has no such topic (a read-only handle creates none).
+        """
+        self._check_open()
+        doc = describe_topics(self.path)
+        if name not in doc:
+            raise ReadOnlyError(f"store {self.path} has no topic {name!r} (a read-only open creates nothing)")
+        return doc[name]
+
+    def topic(self, name: str, config: Any = None, clock: Any = None) -> Any:
+        """Refused: a topic handle changes its file as it delivers; read with :meth:`topic_stats`."""
+        raise ReadOnlyError(f"store {self.path} is open read-only: a topic cannot be opened; "
+                            "use topic_stats() or `bucketstore stats` to look at it")
+
+    def delete_topic(self, name: str) -> None:
+        raise ReadOnlyError(f"store {self.path} is open read-only: topic {name!r} is not deleted")

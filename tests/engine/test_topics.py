@@ -295,3 +295,24 @@ def test_an_abandoned_store_keeps_what_was_committed_and_loses_the_pending_adds(
     with bucketstore.open(tmp_path, durability="sealed") as store:
         sub = store.topic("t", config=CFG, clock=clock).subscription("s")
         assert sub.number_of_delayed_messages == 1 and sub.contains_message(1, 1)
+
+
+def test_a_read_only_open_lists_and_describes_topics_and_changes_nothing(tmp_path) -> None:
+    from bucketstore import ReadOnlyError
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path) as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        topic.subscription("s")
+        fill(topic, 30)
+        before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in (tmp_path / "topics").iterdir())
+        with bucketstore.open(tmp_path, read_only=True) as view:  # beside the writer (another handle)
+            assert view.topics() == ["t"]
+            assert view.topic_stats("t")["subscriptions"]["s"]["number_of_delayed_messages"] == 30
+            with pytest.raises(ReadOnlyError):
+                view.topic("t")
+            with pytest.raises(ReadOnlyError):
+                view.topic_stats("u")
+            with pytest.raises(ReadOnlyError):
+                view.delete_topic("t")
+        after = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in (tmp_path / "topics").iterdir())
+        assert before == after
