@@ -97,6 +97,14 @@ class Topic:
                         self._multi.add((ledger, entry))
             for state in self._subs.values():  # their unconfirmed batches became rows to redeliver
                 txn.put(sub_key(self._id, state.name), state.encode(), db=file.subs)
+            #: Every position with a row is at or before it: an add after it is of a new position
+            #: (the common case, positions grow), found so without a lookup.
+            self._last_position = (-1, -1)
+            with txn.cursor(db=file.positions) as cur:
+                if cur.set_range(topic_prefix(self._id + 1)) and cur.prev() or cur.last():
+                    key = cur.key()
+                    if key[:4] == self._prefix:
+                        self._last_position = POSITION.unpack(key)[1:3]
         file.sync()
         self._max_md = self._max_mark_delete()
 
@@ -132,6 +140,8 @@ class Topic:
         self._next_seq += 1
         txn.put(row_key(self._id, ts, ledger, entry, seq), b"", db=self._file.rows)
         txn.put(position_key(self._id, ledger, entry, seq), U64.pack(ts), db=self._file.positions)
+        if (ledger, entry) > self._last_position:
+            self._last_position = (ledger, entry)
         return seq
 
     def _delete_row(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int, seq: int,
@@ -183,7 +193,7 @@ class Topic:
         md = self._max_md
         fresh = md is None or pos > md
         if fresh and ts > cutoff and pos not in self._multi:
-            versions = self._versions(txn, ledger, entry)
+            versions = [] if pos > self._last_position else self._versions(txn, ledger, entry)
             if not versions:  # the common case: a new position, tracked by every subscription
                 self._insert(txn, ts, ledger, entry)
                 self._inserted += 1
