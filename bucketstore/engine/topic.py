@@ -24,8 +24,8 @@ import lmdb
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ..errors import CatalogError, StoreClosedError
-from ..format.topic_codec import (MAX_KEY, MULTI, POSITION, ROW, U64, TopicRecordError, decode_topic, encode_topic,
-                                  multi_key, position_key, row_key, split_sub_key, sub_key, topic_prefix,
+from ..format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic, encode_topic, multi_key,
+                                  split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ..waiting import DueWaiter
 from .subscription import Subscription
@@ -99,12 +99,7 @@ class Topic:
                 txn.put(sub_key(self._id, state.name), state.encode(), db=file.subs)
             #: Every position with a row is at or before it: an add after it is of a new position
             #: (the common case, positions grow), found so without a lookup.
-            self._last_position = (-1, -1)
-            with txn.cursor(db=file.positions) as cur:
-                if cur.set_range(topic_prefix(self._id + 1)) and cur.prev() or cur.last():
-                    key = cur.key()
-                    if key[:4] == self._prefix:
-                        self._last_position = POSITION.unpack(key)[1:3]
+            self._last_position = file.tables.last_position(txn, self._id) or (-1, -1)
         file.sync()
         self._max_md = self._max_mark_delete()
 
@@ -125,29 +120,19 @@ class Topic:
 
     def _versions(self, txn: lmdb.Transaction, ledger: int, entry: int) -> list[tuple[int, int]]:
         """(seq, deliver_at) of every row of the position, oldest first."""
-        prefix = POSITION.pack(self._id, ledger, entry, 0)[:-8]
-        out = []
-        with txn.cursor(db=self._file.positions) as cur:
-            if cur.set_range(prefix):
-                for key, value in cur:
-                    if not key.startswith(prefix):
-                        break
-                    out.append((POSITION.unpack(key)[3], U64.unpack(value)[0]))
-        return out
+        return self._file.tables.versions(txn, self._id, ledger, entry)
 
     def _insert(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int) -> int:
         seq = self._next_seq
         self._next_seq += 1
-        txn.put(row_key(self._id, ts, ledger, entry, seq), b"", db=self._file.rows)
-        txn.put(position_key(self._id, ledger, entry, seq), U64.pack(ts), db=self._file.positions)
+        self._file.tables.insert(txn, self._id, (ts, ledger, entry, seq))
         if (ledger, entry) > self._last_position:
             self._last_position = (ledger, entry)
         return seq
 
     def _delete_row(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int, seq: int,
                     dirty: set[str]) -> None:
-        txn.delete(row_key(self._id, ts, ledger, entry, seq), db=self._file.rows)
-        txn.delete(position_key(self._id, ledger, entry, seq), db=self._file.positions)
+        self._file.tables.delete(txn, self._id, (ts, ledger, entry, seq))
         pos = (ledger, entry)
         if pos in self._multi and not self._versions(txn, ledger, entry):
             self._forget_multi(txn, pos, dirty)
@@ -207,8 +192,7 @@ class Topic:
                         s.count_base -= 1
                         dirty.add(s.name)
                 for seq, vts in versions:
-                    txn.delete(row_key(self._id, vts, ledger, entry, seq), db=self._file.rows)
-                    txn.delete(position_key(self._id, ledger, entry, seq), db=self._file.positions)
+                    self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq))
                 if pos in self._multi:
                     self._forget_multi(txn, pos, dirty)
             return False
@@ -371,18 +355,10 @@ class Topic:
     # -- reading rows ---------------------------------------------------------------------------
     def _rows_after(self, txn: lmdb.Transaction, frontier: RowKey | None, cutoff: int | None):
         """The topic's rows after ``frontier``, in delivery order, up to ``cutoff`` (inclusive)."""
-        start = self._prefix if frontier is None else row_key(self._id, *frontier) + b"\x00"
-        prefix = self._prefix
-        with txn.cursor(db=self._file.rows) as cur:
-            if not cur.set_range(start):
+        for row in self._file.tables.rows_after(txn, self._id, frontier):
+            if cutoff is not None and row[0] > cutoff:
                 return
-            for key in cur.iternext(values=False):
-                if key[:4] != prefix:
-                    return
-                _, ts, ledger, entry, seq = ROW.unpack(key)
-                if cutoff is not None and ts > cutoff:
-                    return
-                yield ts, ledger, entry, seq
+            yield row
 
     def _visible(self, txn: lmdb.Transaction, state: SubscriptionState, row: RowKey) -> bool:
         """Whether the row (after the subscription's frontier) is one it tracks."""
@@ -443,32 +419,26 @@ class Topic:
             return
         fronts = [s.frontier for s in subs]
         if all(f is not None for f in fronts):
-            bound = row_key(self._id, *min(fronts)) + b"\x00"  # type: ignore[type-var]
+            bound = min(fronts)  # type: ignore[type-var]
             doomed = []
-            with txn.cursor(db=self._file.rows) as cur:
-                if cur.set_range(self._prefix):
-                    for key in cur.iternext(values=False):
-                        if key >= bound or key[:4] != self._prefix:
-                            break
-                        doomed.append(ROW.unpack(key)[1:])
-            for ts, ledger, entry, seq in doomed:
-                self._delete_row(txn, ts, ledger, entry, seq, dirty)
+            for row in self._file.tables.rows_after(txn, self._id, None):
+                if row > bound:
+                    break
+                doomed.append(row)
+            for row in doomed:
+                self._delete_row(txn, *row, dirty)
         marks = [s.mark_delete for s in subs]
         if all(m is not None for m in marks):
             self._drop_positions(txn, min(marks), dirty)  # type: ignore[type-var]
 
     def _drop_positions(self, txn: lmdb.Transaction, upto: tuple[int, int], dirty: set[str]) -> None:
-        bound = POSITION.pack(self._id, upto[0], upto[1], 0)[:-8] + b"\xff" * 9
         doomed = []
-        with txn.cursor(db=self._file.positions) as cur:
-            if cur.set_range(self._prefix):
-                for key, value in cur:
-                    if key >= bound or key[:4] != self._prefix:
-                        break
-                    _, ledger, entry, seq = POSITION.unpack(key)
-                    doomed.append((U64.unpack(value)[0], ledger, entry, seq))
-        for ts, ledger, entry, seq in doomed:
-            self._delete_row(txn, ts, ledger, entry, seq, dirty)
+        for row in self._file.tables.positions_after(txn, self._id, None):
+            if (row[1], row[2]) > upto:
+                break
+            doomed.append(row)
+        for row in doomed:
+            self._delete_row(txn, *row, dirty)
 
     # -- acknowledgement, clear -----------------------------------------------------------------
     def _mark_delete(self, state: SubscriptionState, ledger: int, entry: int) -> None:
@@ -478,16 +448,11 @@ class Topic:
         dirty = {state.name}
         with self._file.write() as txn:
             # Untrack what the subscription tracks up to the position: one pass over those positions.
-            start = self._prefix if md is None else POSITION.pack(self._id, md[0], md[1], 0)[:-8] + b"\xff" * 9
-            bound = POSITION.pack(self._id, ledger, entry, 0)[:-8] + b"\xff" * 9
             seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            with txn.cursor(db=self._file.positions) as cur:
-                if cur.set_range(start):
-                    for key, value in cur:
-                        if key >= bound or key[:4] != self._prefix:
-                            break
-                        _, lg, en, seq = POSITION.unpack(key)
-                        seen.setdefault((lg, en), []).append((seq, U64.unpack(value)[0]))
+            for ts, lg, en, seq in self._file.tables.positions_after(txn, self._id, md):
+                if (lg, en) > (ledger, entry):
+                    break
+                seen.setdefault((lg, en), []).append((seq, ts))
             for (lg, en), versions in seen.items():
                 if state.tracked_row(lg, en, versions) is not None:
                     state.count_base -= 1
@@ -529,14 +494,8 @@ class Topic:
 
     def _last_time(self) -> int | None:
         with self._file.read() as txn:
-            with txn.cursor(db=self._file.rows) as cur:
-                if cur.set_range(topic_prefix(self._id + 1)):
-                    if not cur.prev():
-                        return None
-                elif not cur.last():
-                    return None
-                key = cur.key()
-                return ROW.unpack(key)[1] if key[:4] == self._prefix else None
+            row = self._file.tables.last_row(txn, self._id)
+        return None if row is None else row[0]
 
     # -- lifecycle, figures ---------------------------------------------------------------------
     def flush(self) -> None:

@@ -25,6 +25,7 @@ import lmdb
 from ..errors import CatalogError
 from ..format.topic_codec import TOPICS_FORMAT, U64
 from .lmdb_file import check_data_file
+from .topic_rows import RowTables
 
 __all__ = ["TopicFile", "topics_directory", "live_topic_file", "copy_topics"]
 
@@ -97,8 +98,9 @@ class TopicFile:
             self._env = lmdb.open(self.path, map_size=_INITIAL_MAP, max_dbs=8, subdir=True, metasync=False)
             self.topics = self._env.open_db(b"topics")
             self.subs = self._env.open_db(b"subs")
-            self.rows = self._env.open_db(b"rows")
-            self.positions = self._env.open_db(b"positions")
+            self.rows = self._env.open_db(b"rows", dupsort=True, dupfixed=True)
+            self.positions = self._env.open_db(b"positions", dupsort=True, dupfixed=True)
+            self.tables = RowTables(self.rows, self.positions)
             self.multi = self._env.open_db(b"multi")
             self.meta = self._env.open_db(b"meta")
             self._env.reader_check()

@@ -19,8 +19,8 @@ import lmdb
 
 from ..cutoff import system_clock
 from ..errors import CatalogError, ReadOnlyError
-from ..format.topic_codec import (MULTI, POSITION, ROW, TopicRecordError, decode_topic, split_position,
-                                  split_row, split_sub_key)
+from ..format.topic_codec import (MULTI, TopicRecordError, decode_topic, row_from, row_parts, split_position,
+                                  split_sub_key, topic_prefix)
 from .catalog import _is_permission_error
 from .lmdb_file import check_data_file
 from .store_lock import writer_pid
@@ -54,6 +54,7 @@ def _open(store_path: str) -> lmdb.Environment | None:
 
 
 _NAMES = ("topics", "subs", "rows", "positions", "multi")
+_DUPS = ("rows", "positions")
 
 
 @contextmanager
@@ -73,7 +74,8 @@ def _reading(store_path: str) -> Iterator[tuple[lmdb.Environment, lmdb.Transacti
         return
     try:
         with env.begin(buffers=False) as txn:
-            yield env, txn, {name: env.open_db(name.encode(), txn=txn, create=False) for name in _NAMES}
+            yield env, txn, {name: env.open_db(name.encode(), txn=txn, create=False,
+                                               dupsort=name in _DUPS, dupfixed=name in _DUPS) for name in _NAMES}
     finally:
         env.close()
 
@@ -117,10 +119,10 @@ def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = Non
 
 
 def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
-    prefix = POSITION.pack(record["id"], 0, 0, 0)[:4]
+    prefix = topic_prefix(record["id"])
     tick = 0 if record["config"].get("deliver_at_time_strict") else int(record["config"].get("tick_time_ms", 0))
     cutoff = max(record["cutoff"], (system_clock() if now_ms is None else now_ms) + tick)
-    rows = [split_row(k)[1:] for k, _ in _each(txn, dbs["rows"], prefix)]
+    rows = [row_from(k, v) for k, v in _each(txn, dbs["rows"], prefix)]
     versions: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for key, value in _each(txn, dbs["positions"], prefix):
         _, ledger, entry, seq, ts = split_position(key, value)
@@ -187,12 +189,14 @@ def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: li
         except TopicRecordError as exc:
             problems.append(f"{where}: topic {raw_name!r}: {exc}")
     rows: dict[tuple[int, int, int, int], int] = {}
-    for key, _ in _each(txn, dbs["rows"]):
+    for key, value in _each(txn, dbs["rows"]):
         try:
-            tid, ts, ledger, entry, seq = split_row(key)
+            ts, ledger, entry, seq = row_from(key, value)
         except TopicRecordError as exc:
-            problems.append(f"{where}: rows record {key.hex()}: {exc}")
+            problems.append(f"{where}: rows record {key.hex()}/{value.hex()}: {exc}")
             continue
+        tid = int.from_bytes(key[:4], "big")
+        key = b"".join(row_parts(tid, ts, ledger, entry, seq))  # the row, as the messages name it
         rows[(tid, ledger, entry, seq)] = ts
         if tid not in topics:
             problems.append(f"{where}: row {key.hex()} of unknown topic id {tid}")
@@ -207,9 +211,11 @@ def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: li
             continue
         with_rows.add((tid, ledger, entry))
         if rows.pop((tid, ledger, entry, seq), None) != ts:
-            problems.append(f"{where}: position {key.hex()} (deliver_at {ts}) has no row with that time")
+            problems.append(f"{where}: position {key.hex()}/{value.hex()} (deliver_at {ts}) has no row with that "
+                            "time")
     for (tid, ledger, entry, seq), ts in rows.items():
-        problems.append(f"{where}: row {ROW.pack(tid, ts, ledger, entry, seq).hex()} has no position record")
+        problems.append(f"{where}: row {b''.join(row_parts(tid, ts, ledger, entry, seq)).hex()} has no position "
+                        "record")
     for key, _ in _each(txn, dbs["multi"]):
         if len(key) != MULTI.size or MULTI.unpack(key) not in with_rows:
             problems.append(f"{where}: multi record {key.hex()} names a position without rows")

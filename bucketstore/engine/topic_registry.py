@@ -95,8 +95,10 @@ class TopicRegistry:
                 value = txn.get(raw, db=file.topics)
                 if value is None:
                     raise KeyError(f"no topic {name!r}")
-                prefix = topic_prefix(decode_topic(value)["id"])
-                for db in (file.rows, file.positions, file.multi, file.subs):
+                topic_id = decode_topic(value)["id"]
+                file.tables.delete_topic(txn, topic_id)
+                prefix = topic_prefix(topic_id)
+                for db in (file.multi, file.subs):
                     with txn.cursor(db=db) as cur:
                         if cur.set_range(prefix):
                             while cur.key()[:4] == prefix:

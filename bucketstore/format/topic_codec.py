@@ -5,13 +5,15 @@ catalog, so a store without topics is byte for byte what it was. Its named datab
 
 ``topics``    topic name (UTF-8) -> :func:`encode_topic` (msgpack map: id, seq counters, cutoff, config)
 ``subs``      u32 topic id, subscription name -> :func:`encode_subscription` (msgpack map)
-``rows``      u32 topic id, u64 deliver_at, u64 ledger, u64 entry, u64 seq -> empty
-``positions`` u32 topic id, u64 ledger, u64 entry, u64 seq -> u64 deliver_at
+``rows``      u32 topic id, u64 deliver_at >> 12 -> many u16 deliver_at & 0xfff, u64 ledger, u64 entry, u64 seq
+``positions`` u32 topic id, u64 ledger -> many u64 entry, u64 seq, u64 deliver_at
 ``multi``     u32 topic id, u64 ledger, u64 entry -> empty (positions with more than one row)
 ``meta``      ``format`` -> ``b"1"``, ``next_topic_id`` -> u64
 
-Integers in keys are big-endian so that LMDB's byte order is the numeric order: ``rows`` is the
-topic's delivery order, ``positions`` its acknowledgement order. ``seq`` numbers a topic's rows
+``rows`` and ``positions`` are ``MDB_DUPSORT | MDB_DUPFIXED``: a key holds many fixed-size
+values, sorted by their bytes. Integers are big-endian so that LMDB's byte order is the numeric
+order: ``rows`` is the topic's delivery order (deliver_at, ledger, entry, seq), ``positions`` its
+acknowledgement order (ledger, entry, seq). ``seq`` numbers a topic's rows
 in the order they were added (a position added again at another time gets a second row).
 
 Every decoder raises :class:`TopicRecordError` (a ``ValueError``) saying what is wrong with the
@@ -25,15 +27,18 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["TOPICS_FORMAT", "TopicRecordError", "ROW", "POSITION", "MULTI", "TOPIC_ID", "U64",
-           "row_key", "split_row", "position_key", "split_position", "multi_key", "sub_key", "split_sub_key",
+__all__ = ["TOPICS_FORMAT", "TopicRecordError", "ROW_KEY", "ROW_DUP", "POS_KEY", "POS_DUP", "MULTI", "TOPIC_ID",
+           "U64", "row_parts", "row_from", "position_parts", "split_position", "multi_key", "sub_key", "split_sub_key",
            "encode_topic", "decode_topic", "encode_subscription", "decode_subscription", "validate_name",
            "MAX_KEY", "topic_prefix"]
 
 TOPICS_FORMAT = b"1"
 TOPIC_ID = struct.Struct(">I")
-ROW = struct.Struct(">IQQQQ")        # topic, deliver_at, ledger, entry, seq
-POSITION = struct.Struct(">IQQQ")    # topic, ledger, entry, seq
+ROW_KEY = struct.Struct(">IQ")       # topic, deliver_at >> 12
+ROW_DUP = struct.Struct(">HQQQ")     # deliver_at & 0xfff, ledger, entry, seq
+POS_KEY = struct.Struct(">IQ")       # topic, ledger
+POS_DUP = struct.Struct(">QQQ")      # entry, seq, deliver_at
+_WINDOW_BITS = 12
 MULTI = struct.Struct(">IQQ")        # topic, ledger, entry
 U64 = struct.Struct(">Q")
 _MAX = (1 << 64) - 1
@@ -60,25 +65,35 @@ def topic_prefix(topic_id: int) -> bytes:
     return TOPIC_ID.pack(topic_id)
 
 
-def row_key(topic_id: int, ts: int, ledger: int, entry: int, seq: int) -> bytes:
-    return ROW.pack(topic_id, ts, ledger, entry, seq)
+def row_parts(topic_id: int, ts: int, ledger: int, entry: int, seq: int) -> tuple[bytes, bytes]:
+    """The ``rows`` key and value of a row."""
+    return (ROW_KEY.pack(topic_id, ts >> _WINDOW_BITS),
+            ROW_DUP.pack(ts & ((1 << _WINDOW_BITS) - 1), ledger, entry, seq))
 
 
-def split_row(key: bytes) -> tuple[int, int, int, int, int]:
-    if len(key) != ROW.size:
-        raise TopicRecordError(f"row key of {len(key)} bytes, not {ROW.size}")
-    return ROW.unpack(key)
+def row_from(key: bytes, value: bytes) -> tuple[int, int, int, int]:
+    """(deliver_at, ledger, entry, seq) of a ``rows`` record."""
+    if len(key) != ROW_KEY.size or len(value) != ROW_DUP.size:
+        raise TopicRecordError(f"rows record of {len(key)}+{len(value)} bytes, not {ROW_KEY.size}+{ROW_DUP.size}")
+    high = ROW_KEY.unpack(key)[1]
+    low, ledger, entry, seq = ROW_DUP.unpack(value)
+    if low >> _WINDOW_BITS or high >> (64 - _WINDOW_BITS):
+        raise TopicRecordError(f"rows record with deliver_at parts {high}, {low} out of range")
+    return high << _WINDOW_BITS | low, ledger, entry, seq
 
 
-def position_key(topic_id: int, ledger: int, entry: int, seq: int) -> bytes:
-    return POSITION.pack(topic_id, ledger, entry, seq)
+def position_parts(topic_id: int, ts: int, ledger: int, entry: int, seq: int) -> tuple[bytes, bytes]:
+    """The ``positions`` key and value of a row."""
+    return POS_KEY.pack(topic_id, ledger), POS_DUP.pack(entry, seq, ts)
 
 
 def split_position(key: bytes, value: bytes) -> tuple[int, int, int, int, int]:
     """(topic, ledger, entry, seq, deliver_at) of a ``positions`` record."""
-    if len(key) != POSITION.size or len(value) != U64.size:
-        raise TopicRecordError(f"position record of {len(key)}+{len(value)} bytes, not {POSITION.size}+8")
-    return (*POSITION.unpack(key), U64.unpack(value)[0])
+    if len(key) != POS_KEY.size or len(value) != POS_DUP.size:
+        raise TopicRecordError(f"positions record of {len(key)}+{len(value)} bytes, not {POS_KEY.size}+{POS_DUP.size}")
+    topic_id, ledger = POS_KEY.unpack(key)
+    entry, seq, ts = POS_DUP.unpack(value)
+    return topic_id, ledger, entry, seq, ts
 
 
 def multi_key(topic_id: int, ledger: int, entry: int) -> bytes:
