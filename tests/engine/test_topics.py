@@ -316,3 +316,16 @@ def test_a_read_only_open_lists_and_describes_topics_and_changes_nothing(tmp_pat
                 view.delete_topic("t")
         after = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in (tmp_path / "topics").iterdir())
         assert before == after
+
+
+def test_a_damaged_topic_record_is_a_catalog_error(tmp_path) -> None:
+    with bucketstore.open(tmp_path) as store:
+        store.topic("t").subscription("s")
+    env = lmdb.open(topics_directory(str(tmp_path)), max_dbs=8, subdir=True)
+    with env.begin(write=True) as txn:
+        txn.put(b"t", b"\x91\x01", db=env.open_db(b"topics", txn=txn))  # a list, not a map
+    env.close()
+    with bucketstore.open(tmp_path) as store:
+        with pytest.raises(CatalogError, match="topic 't'.*not a map"):
+            store.topic("t")
+        assert store.topics() == ["t"]  # listing still works: names are keys
