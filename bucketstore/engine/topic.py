@@ -68,7 +68,7 @@ class Topic:
         with file.write() as txn:
             raw = txn.get(raw_name, db=file.topics)
             if raw is None:
-                record = {"id": file.next_topic_id(txn), "next_seq": 0, "inserted": 0, "cutoff": -1,
+                record = {"id": file.next_topic_id(txn), "next_seq": 0, "inserted": 0, "rows": 0, "cutoff": -1,
                           "config": {k: getattr(config, k) for k in config.__dataclass_fields__}}
                 txn.put(raw_name, encode_topic(record), db=file.topics)
             else:
@@ -77,6 +77,8 @@ class Topic:
             self._prefix = topic_prefix(self._id)
             self._next_seq: int = record["next_seq"]
             self._inserted: int = record["inserted"]
+            #: Rows the topic holds (kept with each change: stats never count them by a pass).
+            self._rows: int = record["rows"]
             self._cutoff.raise_to(record["cutoff"])
             self._subs: dict[str, SubscriptionState] = {}
             with txn.cursor(db=file.subs) as cur:
@@ -126,6 +128,7 @@ class Topic:
         seq = self._next_seq
         self._next_seq += 1
         self._file.tables.insert(txn, self._id, (ts, ledger, entry, seq))
+        self._rows += 1
         if (ledger, entry) > self._last_position:
             self._last_position = (ledger, entry)
         return seq
@@ -133,6 +136,7 @@ class Topic:
     def _delete_row(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int, seq: int,
                     dirty: set[str]) -> None:
         self._file.tables.delete(txn, self._id, (ts, ledger, entry, seq))
+        self._rows -= 1
         pos = (ledger, entry)
         if pos in self._multi and not self._versions(txn, ledger, entry):
             self._forget_multi(txn, pos, dirty)
@@ -146,7 +150,7 @@ class Topic:
                 dirty.add(s.name)
 
     def _save(self, txn: lmdb.Transaction, dirty: set[str] | tuple[str, ...] = ()) -> None:
-        record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted,
+        record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted, "rows": self._rows,
                   "cutoff": self._cutoff.value, "config": self._config_record}
         txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
         for name in dirty:
@@ -193,6 +197,7 @@ class Topic:
                         dirty.add(s.name)
                 for seq, vts in versions:
                     self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq))
+                    self._rows -= 1
                 if pos in self._multi:
                     self._forget_multi(txn, pos, dirty)
             return False
@@ -556,9 +561,7 @@ class Topic:
         with self._lock:
             self._check_alive()
             self._apply()
-            with self._file.read() as txn:
-                rows = sum(1 for _ in self._rows_after(txn, None, None))
-            return {"topic": self.name, "rows": rows, "multi_positions": len(self._multi),
+            return {"topic": self.name, "rows": self._rows, "multi_positions": len(self._multi),
                     "cutoff": self._cutoff.value, "next_seq": self._next_seq,
                     "subscriptions": {name: self._sub_stats(state) for name, state in sorted(self._subs.items())}}
 

@@ -182,13 +182,16 @@ def verify_topics(store_path: str | os.PathLike[str]) -> list[str]:
 
 def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: list[str]) -> None:
     topics = {}
+    recorded_rows: dict[int, int] = {}
     for raw_name, value in _each(txn, dbs["topics"]):
         try:
             record = decode_topic(value)
             topics[record["id"]] = (raw_name.decode("utf-8", "replace"), record["next_seq"])
+            recorded_rows[record["id"]] = record["rows"]
         except TopicRecordError as exc:
             problems.append(f"{where}: topic {raw_name!r}: {exc}")
     rows: dict[tuple[int, int, int, int], int] = {}
+    held: dict[int, int] = {}
     for key, value in _each(txn, dbs["rows"]):
         try:
             ts, ledger, entry, seq = row_from(key, value)
@@ -198,6 +201,7 @@ def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: li
         tid = int.from_bytes(key[:4], "big")
         key = b"".join(row_parts(tid, ts, ledger, entry, seq))  # the row, as the messages name it
         rows[(tid, ledger, entry, seq)] = ts
+        held[tid] = held.get(tid, 0) + 1
         if tid not in topics:
             problems.append(f"{where}: row {key.hex()} of unknown topic id {tid}")
         elif seq >= topics[tid][1]:
@@ -228,6 +232,9 @@ def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: li
             continue
         if tid not in topics:
             problems.append(f"{where}: subscription {sub_name!r} of unknown topic id {tid}")
+    for tid, (name, _) in topics.items():
+        if held.get(tid, 0) != recorded_rows[tid]:
+            problems.append(f"{where}: topic {name!r} records {recorded_rows[tid]} rows, holds {held.get(tid, 0)}")
 
 
 class ReadOnlyTopics:

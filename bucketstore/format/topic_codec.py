@@ -133,7 +133,8 @@ def _unpack(raw: bytes, what: str, fields: dict[str, type | tuple[type, ...]]) -
     return record
 
 
-_TOPIC_FIELDS: dict[str, Any] = {"id": int, "next_seq": int, "inserted": int, "cutoff": int, "config": dict}
+_TOPIC_FIELDS: dict[str, Any] = {"id": int, "next_seq": int, "inserted": int, "rows": int, "cutoff": int,
+                                  "config": dict}
 
 
 def encode_topic(record: dict[str, Any]) -> bytes:
@@ -142,7 +143,7 @@ def encode_topic(record: dict[str, Any]) -> bytes:
 
 def decode_topic(raw: bytes) -> dict[str, Any]:
     record = _unpack(raw, "topic", _TOPIC_FIELDS)
-    if record["id"] < 0 or record["next_seq"] < 0:
+    if record["id"] < 0 or record["next_seq"] < 0 or record["rows"] < 0:
         raise TopicRecordError(f"topic record has a negative id or sequence: {record!r}")
     return record
 
