@@ -392,7 +392,7 @@ class Store(TrackerRegistry[BucketTracker], TopicRegistry):
                     tracker.close()  # drains its seals and merges
                 except MaintenanceError as exc:
                     failure = failure or exc  # the other trackers, and the store, still close
-            self._close_topics()
+            topics_failure = self._close_topics()
             self.budget.close()  # an add still waiting (another thread's) finds the store closed
             self.maintenance.stop()
             if self.segment_reader is not None:
@@ -402,6 +402,8 @@ class Store(TrackerRegistry[BucketTracker], TopicRegistry):
             self._closed = True
         if failure is not None:
             raise failure
+        if topics_failure is not None:
+            raise topics_failure
 
     def __enter__(self) -> "Store":
         return self

@@ -199,5 +199,8 @@ class TopicFile:
             if env is not None:
                 try:
                     env.sync(True)
+                except lmdb.Error as exc:
+                    raise CatalogError(f"{self.path}: topic index sync at close failed: {exc}",
+                                       path=self.path) from None
                 finally:
                     env.close()

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
+from ..errors import BucketStoreError
 from ..format.topic_codec import decode_topic, topic_prefix, validate_name
 from .topic import Topic
 from .topic_file import TopicFile, topics_directory
@@ -114,10 +115,19 @@ class TopicRegistry:
         for topic in topics:
             topic.flush()
 
-    def _close_topics(self) -> None:
+    def _close_topics(self) -> BucketStoreError | None:
+        """Close every open topic and the environment; the first failure is returned, not raised,
+        so that the store closes the rest first (``Store.close`` raises it at the end)."""
+        failure: BucketStoreError | None = None
         for topic in list(self._open_topics().values()):
-            topic.close()
+            try:
+                topic.close()
+            except BucketStoreError as exc:
+                failure = failure or exc
         file = self.__dict__.pop("_topics_file", None)
         if file is not None:
-            file.close()
-
+            try:
+                file.close()
+            except BucketStoreError as exc:
+                failure = failure or exc
+        return failure
