@@ -179,7 +179,7 @@ def from_description(doc: dict[str, Any]) -> dict[str, Any]:
     journal_bytes = tree_usage(os.path.join(path, "journal")).bytes
     return {"store": {"trackers": len(trackers), "ledger_files": doc["ledger_files"], "ledger_bytes": doc["bytes"],
                       "journal_bytes": journal_bytes},
-            "trackers": trackers}
+            "trackers": trackers, "topics": {k: v for k, v in (doc.get("topics") or {}).items() if k != "error"}}
 
 
 # -- the text exposition format ------------------------------------------------------------------
@@ -230,7 +230,38 @@ def render(doc: dict[str, Any]) -> str:
         if lines:
             help_text = m.help.replace("\\", "\\\\").replace("\n", "\\n")
             out += [f"# HELP {m.name} {help_text}", f"# TYPE {m.name} {m.kind}", *lines]
+    out += topic_lines(doc.get("topics") or {})
     return "\n".join(out) + "\n"
+
+
+#: Per topic and subscription (from ``describe_topics``): name, help, the figure's key.
+TOPIC_METRICS = (
+    ("bucketstore_topic_rows", "Rows the topic holds (each index once, whatever the subscriptions).", "rows"),
+    ("bucketstore_subscription_delayed_messages", "Indexes the subscription tracks.", "number_of_delayed_messages"),
+    ("bucketstore_subscription_held_rows", "Rows the topic keeps only because this subscription is the furthest "
+     "behind.", "held_rows"),
+    ("bucketstore_subscription_due_undelivered", "Due indexes the subscription has not delivered.", "due_undelivered"),
+    ("bucketstore_subscription_frontier_ms", "The deliver_at of the subscription's delivery frontier.", "frontier"),
+)
+
+
+def topic_lines(topics: dict[str, Any]) -> list[str]:
+    """The topics' gauges in the text format (none when the store has no topic)."""
+    out: list[str] = []
+    for metric, help_text, key in TOPIC_METRICS:
+        lines = []
+        for name in sorted(topics):
+            if key == "rows":
+                lines.append(f"{metric}{_labels([('topic', name)])} {_number(topics[name]['rows'])}")
+                continue
+            for sub, figures in sorted(topics[name]["subscriptions"].items()):
+                value = figures[key]
+                if key == "frontier":
+                    value = value[0] if value else 0
+                lines.append(f"{metric}{_labels([('topic', name), ('subscription', sub)])} {_number(value)}")
+        if lines:
+            out += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge", *lines]
+    return out
 
 
 def _histogram(name: str, labels: tuple[tuple[str, str], ...], h: dict[str, Any]) -> list[str]:

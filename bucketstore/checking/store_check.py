@@ -36,6 +36,8 @@ from ..format.bucket_summary import decode_summary, prefix_mismatch, summary_mis
 from ..engine.catalog import CatalogSnapshot, read_catalog_snapshot
 from ..engine.identity import identity_problems
 from ..engine.store_lock import writer_pid
+from ..engine.topic_file import topics_directory
+from ..engine.topic_reader import describe_topics, verify_topics
 from ..engine.journal import journal_directory
 from ..errors import CatalogError, CorruptLedgerError, JournalError
 from ..format.journal_codec import parse_file
@@ -89,6 +91,10 @@ def describe_store(path: str | os.PathLike[str], *, read_files: bool = True) -> 
     for tracker in doc["trackers"].values():
         for entry in tracker["buckets"]:
             entry["summary"] = entry["summary"] is not None  # JSON-friendly: whether the catalog has one
+    try:
+        doc["topics"] = describe_topics(os.fspath(path))
+    except CatalogError as exc:  # damage of the topic index: said, not raised (verify reports it)
+        doc["topics"] = {"error": str(exc)}
     return doc
 
 
@@ -341,6 +347,7 @@ def verify_store(path: str | os.PathLike[str],
     writer_live = doc["writer_pid"] is not None
     owners = {os.path.basename(journal_directory(path, name)): name for name in doc["trackers"]}
     findings += _verify_journals(path, writer_live, counts, doc.get("store_id"), owners)
+    findings += [Finding(topics_directory(path), None, problem) for problem in verify_topics(path)]
     return findings, counts
 
 

@@ -104,7 +104,26 @@ def _render_store(doc: dict, *, detail: bool) -> str:
             lines.append(f"  {rng:>23} {b['ledger_id']:>10} {b['indexes']:>9} {b['segments']:>5} {b['size']:>9}  "
                          f"{b['min_timestamp'] if b['min_timestamp'] is not None else '-':>14} "
                          f"{b['max_timestamp'] if b['max_timestamp'] is not None else '-':>14}")
+    lines += _topic_lines(doc.get("topics") or {})
     return "\n".join(lines)
+
+
+def _topic_lines(topics: dict) -> list[str]:
+    """The topics and, per subscription, what it tracks, holds alone, has due, and its frontier."""
+    if "error" in topics:
+        return ["", f"topics: ERROR {topics['error']}"]
+    lines = []
+    for name, topic in topics.items():
+        lines += ["", f"topic {name!r}: {topic['rows']} row(s), {len(topic['subscriptions'])} subscription(s), "
+                      f"{topic['file_bytes']} bytes (topic index file), cutoff {topic['cutoff']}"]
+        for sub, s in topic["subscriptions"].items():
+            f = s["frontier"]
+            # A frontier at the end of a millisecond (how a subscription starts) shows as its time.
+            frontier = "-" if not f else str(f[0]) if f[1] == 2**64 - 1 else f"({f[0]}, {f[1]}:{f[2]})"
+            lines.append(f"  subscription {sub!r}: {s['number_of_delayed_messages']} tracked, "
+                         f"{s['held_rows']} held alone, {s['due_undelivered']} due and undelivered, "
+                         f"frontier {frontier}, mark-delete {_position(s['mark_delete'])}")
+    return lines
 
 
 def _print_store(args: argparse.Namespace, *, detail: bool) -> int:
@@ -113,7 +132,8 @@ def _print_store(args: argparse.Namespace, *, detail: bool) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(_render_store(doc, detail=detail))
-    damaged = any("error" in b for t in doc["trackers"].values() for b in t["buckets"])
+    damaged = any("error" in b for t in doc["trackers"].values() for b in t["buckets"]) or \
+        "error" in (doc.get("topics") or {})
     return EXIT_DAMAGE if damaged else EXIT_OK
 
 

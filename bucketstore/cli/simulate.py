@@ -42,6 +42,7 @@ from ..engine.tracker import BucketTracker
 from .progress import Progress
 from ..checking.store_check import NOT_A_STORE, is_store
 from .simulate_journal import JournalSimulationConfig, format_journal_report, run_journal_simulation
+from .simulate_topics import TopicSimulation, format_topic_report, run_topic_simulation
 
 __all__ = ["SimulationConfig", "SimulationReport", "run_simulation", "add_arguments", "run_from_args",
            "refusal"]
@@ -560,7 +561,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kills", type=int, default=j.kills,
                    help=f"journal mode: SIGKILLs of the broker process ({j.kills})")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--subscriptions", type=int, default=0,
+                   help="N >= 1: simulate one topic with N subscriptions instead (one lagging), each checked "
+                        "against an independent in-memory tracker (docs/topics.md)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _run_topics(path: str, base: SimulationConfig, args: argparse.Namespace) -> int:
+    if args.subscriptions < 1:
+        print("bucketstore: --subscriptions must be at least 1", file=sys.stderr)
+        return 2
+    sim = TopicSimulation(subscriptions=args.subscriptions, messages=base.messages, rate_per_s=base.rate_per_s,
+                          delay_window_ms=base.delay_window_ms, entries_per_ledger=base.entries_per_ledger,
+                          durability=args.durability, seed=args.seed)
+    run_topic_simulation(path, sim, progress=not args.no_progress)
+    print(format_topic_report(sim, path))
+    return 0 if sim.mismatches == 0 else 1
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -587,6 +603,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if refused is not None:
         print(f"bucketstore: {refused}", file=sys.stderr)
         return 2
+    if args.subscriptions:
+        return _run_topics(path, base, args)
     if journal:
         base.kills = args.kills
         jreport = run_journal_simulation(path, base, progress=not args.no_progress)

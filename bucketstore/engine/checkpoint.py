@@ -82,6 +82,7 @@ from ..errors import CheckpointError
 from ..format.fs import REAL_FS, FileSystem
 from ..format.ledger_file import ledger_file_name
 from .catalog import Catalog, CatalogSnapshot, copy_catalog
+from .topic_file import copy_topics
 from .journal import journal_directory
 from .journal_copy import JournalFile, combine, read_journal
 
@@ -205,6 +206,7 @@ def _copy(source: str, tmp: str, catalog: Catalog | None, fs: FileSystem, dest: 
     # 4. Every journal again, after the catalog (argument 3), for the trackers it names.
     report.trackers = snapshot.tracker_names()
     _copy_journals(source, journal, snapshot, first, fs, report)
+    copy_topics(source, tmp)  # 5. The topics: a file of their own, referring to nothing above.
     return report
 
 

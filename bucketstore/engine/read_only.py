@@ -61,6 +61,7 @@ from .shared_queue import Run
 from .store_lock import writer_pid
 from .store_services import StoreServices
 from .tracker import BucketTracker
+from .topic_reader import ReadOnlyTopics
 from .tracker_registry import TrackerRegistry
 
 __all__ = ["ReadOnlyStore", "ReadOnlyTracker", "SNAPSHOT_ATTEMPTS"]
@@ -326,7 +327,7 @@ class _DueRows:
         return list(zip(ledgers[order].tolist(), entries[order].tolist()))
 
 
-class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker]):
+class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
     """A store opened with ``bucketstore.open(path, read_only=True)`` (see the module's docstring).
 
     :ivar path: the store directory.

@@ -50,6 +50,7 @@ from .read_only import ReadOnlyStore
 from .store_lock import acquire_write_lock
 from .store_services import StoreServices
 from .tracker_registry import TrackerRegistry
+from .topic_registry import TopicRegistry
 from ..format.ledger_file import LedgerReader
 from ..format.snapshot import BucketFile
 from .tracker import BucketTracker
@@ -65,7 +66,7 @@ JOURNAL_OPEN_FILES = 64
 CONFIRM_SYNC_MS = 100
 
 
-class Store(TrackerRegistry[BucketTracker]):
+class Store(TrackerRegistry[BucketTracker], TopicRegistry):
     """An open bucketstore directory. Use :func:`bucketstore.open` to get one.
 
     :ivar path: the store directory.
@@ -374,6 +375,7 @@ class Store(TrackerRegistry[BucketTracker]):
             trackers = list(self._trackers.values())
         for tracker in trackers:
             tracker._commit_pending()
+        self._flush_topics()
         return make_checkpoint(self.path, dest, catalog=self.catalog, fs=self.fs)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -392,6 +394,7 @@ class Store(TrackerRegistry[BucketTracker]):
                     tracker.close()  # drains its seals and merges
                 except MaintenanceError as exc:
                     failure = failure or exc  # the other trackers, and the store, still close
+            topics_failure = self._close_topics()
             self.budget.close()  # an add still waiting (another thread's) finds the store closed
             self.maintenance.stop()
             if self.segment_reader is not None:
@@ -401,6 +404,8 @@ class Store(TrackerRegistry[BucketTracker]):
             self._closed = True
         if failure is not None:
             raise failure
+        if topics_failure is not None:
+            raise topics_failure
 
     def __enter__(self) -> "Store":
         return self

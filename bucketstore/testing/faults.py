@@ -535,6 +535,9 @@ def abandon_store(store: object) -> None:
     catalog = getattr(store, "catalog", None)
     if catalog is not None:
         catalog.close()
+    topics = getattr(store, "__dict__", {}).get("_topics_file")
+    if topics is not None:
+        topics.abandon()  # committed transactions stay (in the OS's cache); pending adds are lost
     fd = getattr(store, "_lock_fd", -1)
     if fd >= 0:
         try:

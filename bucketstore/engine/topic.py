@@ -1,0 +1,574 @@
+"""A topic: one delayed index shared by its subscriptions (issue 25, ``docs/topics.md``).
+
+A message is added to a topic once; each subscription delivers it on its own. The topic keeps
+each row once, in the store's topic environment (:mod:`~bucketstore.engine.topic_file`), in
+delivery order (``rows``) and in acknowledgement order (``positions``); each subscription keeps
+O(1) numbers plus its exceptions (:mod:`~bucketstore.engine.subscription_state`). So disk and
+memory grow with the messages, not with messages x subscriptions.
+
+Every add goes to every subscription, exactly as if each had its own tracker and received the
+add: a subscription that still tracks the position ignores it, one that delivered it tracks it
+again, one that acknowledged it ignores it. An add of a row already due untracks the position
+for all. A row leaves the topic once every subscription is past it (its frontier beyond it, or
+its mark-delete); a stalled subscription holds the rows after its frontier.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import lmdb
+
+from ..config import TrackerConfig
+from ..cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
+from ..errors import CatalogError, StoreClosedError
+from ..format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic, encode_topic, multi_key,
+                                  split_sub_key, sub_key, topic_prefix,
+                                  validate_name)
+from ..waiting import DueWaiter
+from .subscription import Subscription
+from .subscription_state import RowKey, SubscriptionState
+from .topic_file import TopicFile
+
+__all__ = ["Topic", "START_MODES"]
+
+START_MODES = ("earliest", "latest")
+
+
+class Topic:
+    """One topic's shared index. Obtain it with :meth:`bucketstore.Store.topic`."""
+
+    def __init__(self, file: TopicFile, name: str, config: TrackerConfig, clock: Clock | None, *,
+                 durability: str, sync_interval_ms: int, confirm_sync_ms: int, delivery: str,
+                 on_close: Any = None) -> None:
+        if config.precision_bits:
+            raise ValueError("a topic keeps exact delivery times: precision_bits must be 0")
+        self._file = file
+        self.name = name
+        self.config = config
+        self._durability = durability
+        self._sync_interval = sync_interval_ms
+        self._confirm_sync = confirm_sync_ms
+        self._at_most_once = delivery == "at-most-once"
+        self._on_close = on_close
+        self._lock = file.lock
+        self._cond = threading.Condition(self._lock)
+        self._due = DueWaiter(self._cond, clock)
+        self._cutoff = Cutoff(config, clock)
+        self._closed = False
+        self._last_sync = time.monotonic()
+        #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
+        self._pending: list[tuple[int, int, int, int]] = []
+        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else 10_000
+        self._handles: dict[str, Subscription] = {}
+        self._raw_name = raw_name = validate_name(name, "topic")
+        self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
+        with file.write() as txn:
+            raw = txn.get(raw_name, db=file.topics)
+            if raw is None:
+                record = {"id": file.next_topic_id(txn), "next_seq": 0, "inserted": 0, "rows": 0, "cutoff": -1,
+                          "config": {k: getattr(config, k) for k in config.__dataclass_fields__}}
+                txn.put(raw_name, encode_topic(record), db=file.topics)
+            else:
+                record = self._decode(decode_topic, raw, f"topic {name!r}")
+            self._id: int = record["id"]
+            self._prefix = topic_prefix(self._id)
+            self._next_seq: int = record["next_seq"]
+            self._inserted: int = record["inserted"]
+            #: Rows the topic holds (kept with each change: stats never count them by a pass).
+            self._rows: int = record["rows"]
+            self._cutoff.raise_to(record["cutoff"])
+            self._subs: dict[str, SubscriptionState] = {}
+            with txn.cursor(db=file.subs) as cur:
+                if cur.set_range(self._prefix):
+                    for key, value in cur:
+                        if not key.startswith(self._prefix):
+                            break
+                        _, sub_name = self._decode(split_sub_key, key, "subscription key")
+                        self._subs[sub_name] = self._decode(lambda v: SubscriptionState.decode(sub_name, v), value,
+                                                            f"subscription {sub_name!r}")
+            self._multi: set[tuple[int, int]] = set()
+            with txn.cursor(db=file.multi) as cur:
+                if cur.set_range(self._prefix):
+                    for key in cur.iternext(values=False):
+                        if not key.startswith(self._prefix):
+                            break
+                        _, ledger, entry = MULTI.unpack(key)
+                        self._multi.add((ledger, entry))
+            for state in self._subs.values():  # their unconfirmed batches became rows to redeliver
+                txn.put(sub_key(self._id, state.name), state.encode(), db=file.subs)
+            #: Every position with a row is at or before it: an add after it is of a new position
+            #: (the common case, positions grow), found so without a lookup.
+            self._last_position = file.tables.last_position(txn, self._id) or (-1, -1)
+        file.sync()
+        self._max_md = self._max_mark_delete()
+
+    def _decode(self, decode: Any, raw: bytes, what: str) -> Any:
+        try:
+            return decode(raw)
+        except TopicRecordError as exc:
+            raise CatalogError(f"{self._file.path}: {what}: {exc}", path=self._file.path) from None
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"topic {self.name!r} is closed")
+
+    def _max_mark_delete(self) -> tuple[int, int] | None:
+        marks = [s.mark_delete for s in self._subs.values() if s.mark_delete is not None]
+        return max(marks) if marks else None
+
+    def _versions(self, txn: lmdb.Transaction, ledger: int, entry: int) -> list[tuple[int, int]]:
+        """(seq, deliver_at) of every row of the position, oldest first."""
+        return self._file.tables.versions(txn, self._id, ledger, entry)
+
+    def _insert(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        self._file.tables.insert(txn, self._id, (ts, ledger, entry, seq))
+        self._rows += 1
+        if (ledger, entry) > self._last_position:
+            self._last_position = (ledger, entry)
+        return seq
+
+    def _delete_row(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int, seq: int,
+                    dirty: set[str]) -> None:
+        self._file.tables.delete(txn, self._id, (ts, ledger, entry, seq))
+        self._rows -= 1
+        pos = (ledger, entry)
+        if pos in self._multi and not self._versions(txn, ledger, entry):
+            self._forget_multi(txn, pos, dirty)
+
+    def _forget_multi(self, txn: lmdb.Transaction, pos: tuple[int, int], dirty: set[str]) -> None:
+        """The position has no row left: its exceptions go with it."""
+        self._multi.discard(pos)
+        txn.delete(multi_key(self._id, *pos), db=self._file.multi)
+        for s in self._subs.values():
+            if s.lost.pop(pos, None) is not None:
+                dirty.add(s.name)
+
+    def _save(self, txn: lmdb.Transaction, dirty: set[str] | tuple[str, ...] = ()) -> None:
+        record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted, "rows": self._rows,
+                  "cutoff": self._cutoff.value, "config": self._config_record}
+        txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
+        for name in dirty:
+            state = self._subs.get(name)
+            if state is not None:
+                txn.put(sub_key(self._id, name), state.encode(), db=self._file.subs)
+
+    def _durable(self) -> None:
+        """After a committed delivery, confirmation or acknowledgement: sync when journal mode's
+        ``confirm_sync_ms`` window says (a lost one brings batches back, never loses one).
+        Sealed mode keeps no promise on delivery progress between flushes."""
+        if self._durability == "journal":
+            interval = max(self._sync_interval, self._confirm_sync)
+            if interval == 0 or (time.monotonic() - self._last_sync) * 1000 >= interval:
+                self._sync()
+
+    def _sync(self) -> None:
+        """Write the pending adds and make everything committed durable."""
+        self._apply()
+        self._file.sync()
+        self._last_sync = time.monotonic()
+
+    # -- adding ---------------------------------------------------------------------------------
+    def _add_one(self, txn: lmdb.Transaction, ledger: int, entry: int, ts: int, cutoff: int,
+                 dirty: set[str]) -> bool:
+        """Add for every subscription; whether any subscription (or, with none, the topic) keeps it."""
+        subs = self._subs
+        pos = (ledger, entry)
+        md = self._max_md
+        fresh = md is None or pos > md
+        if fresh and ts > cutoff and pos not in self._multi:
+            versions = [] if pos > self._last_position else self._versions(txn, ledger, entry)
+            if not versions:  # the common case: a new position, tracked by every subscription
+                self._insert(txn, ts, ledger, entry)
+                self._inserted += 1
+                return True
+        else:
+            versions = self._versions(txn, ledger, entry)
+        if ts <= cutoff:
+            if versions:  # due: untracked for every subscription that tracks it
+                for s in subs.values():
+                    if s.tracked_row(ledger, entry, versions) is not None:
+                        s.count_base -= 1
+                        dirty.add(s.name)
+                for seq, vts in versions:
+                    self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq))
+                    self._rows -= 1
+                if pos in self._multi:
+                    self._forget_multi(txn, pos, dirty)
+            return False
+        gaining = [s for s in subs.values() if not s.acked(ledger, entry)
+                   and s.tracked_row(ledger, entry, versions) is None]
+        if subs and not gaining:
+            return any(not s.acked(ledger, entry) for s in subs.values())
+        self._insert(txn, ts, ledger, entry)
+        for s in gaining:
+            s.count_base += 1
+            dirty.add(s.name)
+        if versions and pos not in self._multi:
+            self._multi.add(pos)
+            txn.put(multi_key(self._id, ledger, entry), b"", db=self._file.multi)
+        return True
+
+    def _add_rows(self, rows: list[tuple[int, int, int]], sub: SubscriptionState | None) -> list[bool]:
+        """Answer the adds now; write them now or at the group commit (see :meth:`_apply`).
+
+        The answers need no row: an add is kept unless it is due or acknowledged (by this
+        subscription, or for the topic by all of them), whatever the rows hold.
+        """
+        with self._lock:
+            self._check_alive()
+            cutoff = self._cutoff.advance()
+            subs = self._subs.values()
+            md = self._max_md
+            out = []
+            for ledger, entry, ts in rows:
+                if ts <= cutoff:
+                    out.append(False)
+                    continue
+                self._due.added(ts)
+                if sub is not None:
+                    out.append(not sub.acked(ledger, entry))
+                else:
+                    out.append(md is None or (ledger, entry) > md or any(not s.acked(ledger, entry) for s in subs))
+            self._pending.extend((ledger, entry, ts, cutoff) for ledger, entry, ts in rows)
+            if self._durability == "journal" and self._sync_interval == 0:
+                self._apply()
+                self._sync()
+            elif len(self._pending) >= self._pending_limit or (
+                    self._durability == "journal"
+                    and (time.monotonic() - self._last_sync) * 1000 >= self._sync_interval):
+                self._apply()
+                self._sync()
+            return out
+
+    def _apply(self) -> None:
+        """Write the adds answered but not yet written, in one transaction.
+
+        Adds wait in memory only where no call has promised them yet: ``journal`` mode with
+        ``sync_interval_ms > 0`` (its group commit) and ``sealed`` mode (Pulsar's mutable
+        bucket: durable at the "seal", every ``min_index_count_per_bucket`` adds, or at
+        ``flush``). Every other call writes them first, so it sees what was added before it.
+        """
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        dirty: set[str] = set()
+        with self._file.write(room=len(pending) * 200) as txn:
+            for ledger, entry, ts, cutoff in pending:
+                self._add_one(txn, ledger, entry, ts, cutoff, dirty)
+            self._save(txn, dirty)
+
+    def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
+        """Add an index for every subscription (once, whatever their number).
+
+        :return: False when it is due already (dispatch it now) or every subscription has
+            acknowledged it; True when some subscription tracks it (or, without any
+            subscription, the topic keeps it for an ``earliest`` one).
+        """
+        check_position(ledger_id, entry_id)
+        check_timestamp(deliver_at)
+        return self._add_rows([(ledger_id, entry_id, deliver_at)], None)[0]
+
+    def add_messages(self, indexes: Any) -> int:
+        """Add a batch (columns or rows, as ``BucketTracker.add_messages``) in one transaction;
+        how many :meth:`add_message` would have answered True for."""
+        ledgers, entries, deliver_at = as_columns(indexes)
+        return sum(self._add_rows(list(zip(ledgers.tolist(), entries.tolist(), deliver_at.tolist())), None))
+
+    # -- subscriptions --------------------------------------------------------------------------
+    def subscription(self, name: str, start: str = "earliest") -> Subscription:
+        """Open (creating if needed) the subscription ``name``.
+
+        :param start: for a new subscription, ``"earliest"``: it tracks every row the topic
+            holds that is not due yet; ``"latest"``: only what is added from now on. Ignored
+            when the subscription exists.
+        """
+        validate_name(name, "subscription")
+        if start not in START_MODES:
+            raise ValueError(f"start must be one of {START_MODES}, not {start!r}")
+        with self._lock:
+            self._check_alive()
+            self._apply()
+            live = self._handles.get(name)
+            if live is not None:
+                return live
+            if name not in self._subs:
+                self._create_subscription(name, start)
+            handle = self._handles[name] = Subscription(self, self._subs[name])
+            return handle
+
+    def _create_subscription(self, name: str, start: str) -> None:
+        cutoff = self._cutoff.advance()
+        state = SubscriptionState(name=name, inserted_base=self._inserted)
+        with self._file.write() as txn:
+            if start == "latest":
+                state.start_seq = self._next_seq
+                state.frontier = (cutoff, *MAX_KEY[1:])
+            else:
+                state.frontier = (cutoff, *MAX_KEY[1:])
+                state.count_base = self._count_tracked(txn, state)
+            self._subs[name] = state
+            self._save(txn, (name,))
+        self._max_md = self._max_mark_delete()
+        self._sync()
+
+    def _count_tracked(self, txn: lmdb.Transaction, state: SubscriptionState) -> int:
+        """How many positions the subscription tracks: one pass over the rows after its frontier."""
+        count = 0
+        for row in self._rows_after(txn, state.frontier, None):
+            if self._visible(txn, state, row):
+                count += 1
+        return count
+
+    def subscriptions(self) -> list[str]:
+        """The names of the topic's subscriptions, sorted."""
+        with self._lock:
+            self._check_alive()
+            return sorted(self._subs)
+
+    def delete_subscription(self, name: str) -> None:
+        """Delete a subscription durably; the rows only it held leave the topic."""
+        validate_name(name, "subscription")
+        with self._lock:
+            self._check_alive()
+            self._apply()
+            if name not in self._subs:
+                raise KeyError(f"topic {self.name!r} has no subscription {name!r}")
+            handle = self._handles.pop(name, None)
+            if handle is not None:
+                handle._closed = True
+            del self._subs[name]
+            self._max_md = self._max_mark_delete()
+            dirty: set[str] = set()
+            with self._file.write() as txn:
+                txn.delete(sub_key(self._id, name), db=self._file.subs)
+                self._collect(txn, dirty)
+                self._save(txn, dirty)
+            self._sync()
+            self._cond.notify_all()
+
+    def _handle_closed(self, handle: Any) -> None:
+        if self._handles.get(handle.name) is handle:
+            del self._handles[handle.name]
+
+    # -- reading rows ---------------------------------------------------------------------------
+    def _rows_after(self, txn: lmdb.Transaction, frontier: RowKey | None, cutoff: int | None):
+        """The topic's rows after ``frontier``, in delivery order, up to ``cutoff`` (inclusive)."""
+        for row in self._file.tables.rows_after(txn, self._id, frontier):
+            if cutoff is not None and row[0] > cutoff:
+                return
+            yield row
+
+    def _visible(self, txn: lmdb.Transaction, state: SubscriptionState, row: RowKey) -> bool:
+        """Whether the row (after the subscription's frontier) is one it tracks."""
+        if not state.may_see(row):
+            return False
+        ts, ledger, entry, seq = row
+        if (ledger, entry) not in self._multi:
+            return True
+        return state.tracked_row(ledger, entry, self._versions(txn, ledger, entry)) == row
+
+    def _first_visible(self, state: SubscriptionState) -> RowKey | None:
+        with self._file.read() as txn:
+            for row in self._rows_after(txn, state.frontier, None):
+                if self._visible(txn, state, row):
+                    return row
+        return None
+
+    # -- delivery -------------------------------------------------------------------------------
+    def _deliver(self, state: SubscriptionState, max_messages: int) -> list[tuple[int, int]]:
+        cutoff = self._cutoff.advance()
+        out: list[tuple[int, int]] = []
+        delivered: list[RowKey] = []
+        while state.redeliver and len(out) < max_messages:
+            row = state.redeliver.pop(0)
+            if not state.acked(row[1], row[2]):
+                out.append((row[1], row[2]))
+                delivered.append(row)
+                state.count_base -= 1
+        dirty = {state.name}
+        with self._file.write() as txn:
+            # Walked even when nothing is tracked: passing the due rows that are not this
+            # subscription's (acknowledged, cleared) lets the topic drop them.
+            if len(out) < max_messages:
+                for row in self._rows_after(txn, state.frontier, cutoff):
+                    visible = self._visible(txn, state, row)
+                    state.frontier = row
+                    if visible:
+                        ledger, entry = row[1], row[2]
+                        out.append((ledger, entry))
+                        delivered.append(row)
+                        state.count_base -= 1
+                        if (ledger, entry) in self._multi:
+                            state.lost[(ledger, entry)] = self._next_seq - 1
+                        if len(out) >= max_messages:
+                            break
+            # The batches returned before are confirmed by this call (the delivery handoff).
+            state.unconfirmed = [] if self._at_most_once else delivered
+            self._collect(txn, dirty)
+            self._save(txn, dirty)
+        self._durable()
+        out.sort()
+        return out
+
+    def _collect(self, txn: lmdb.Transaction, dirty: set[str]) -> None:
+        """Delete the rows every subscription is past: before every frontier, or acknowledged by all."""
+        subs = list(self._subs.values())
+        if not subs:
+            return
+        fronts = [s.frontier for s in subs]
+        if all(f is not None for f in fronts):
+            bound = min(fronts)  # type: ignore[type-var]
+            doomed = []
+            for row in self._file.tables.rows_after(txn, self._id, None):
+                if row > bound:
+                    break
+                doomed.append(row)
+            for row in doomed:
+                self._delete_row(txn, *row, dirty)
+        marks = [s.mark_delete for s in subs]
+        if all(m is not None for m in marks):
+            self._drop_positions(txn, min(marks), dirty)  # type: ignore[type-var]
+
+    def _drop_positions(self, txn: lmdb.Transaction, upto: tuple[int, int], dirty: set[str]) -> None:
+        doomed = []
+        for row in self._file.tables.positions_after(txn, self._id, None):
+            if (row[1], row[2]) > upto:
+                break
+            doomed.append(row)
+        for row in doomed:
+            self._delete_row(txn, *row, dirty)
+
+    # -- acknowledgement, clear -----------------------------------------------------------------
+    def _mark_delete(self, state: SubscriptionState, ledger: int, entry: int) -> None:
+        md = state.mark_delete
+        if md is not None and (ledger, entry) < md:
+            return
+        dirty = {state.name}
+        with self._file.write() as txn:
+            # Untrack what the subscription tracks up to the position: one pass over those positions.
+            seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
+            for ts, lg, en, seq in self._file.tables.positions_after(txn, self._id, md):
+                if (lg, en) > (ledger, entry):
+                    break
+                seen.setdefault((lg, en), []).append((seq, ts))
+            for (lg, en), versions in seen.items():
+                if state.tracked_row(lg, en, versions) is not None:
+                    state.count_base -= 1
+            kept = [r for r in state.redeliver if (r[1], r[2]) > (ledger, entry)]
+            state.count_base -= len(state.redeliver) - len(kept)
+            state.redeliver = kept
+            state.lost = {p: s for p, s in state.lost.items() if p > (ledger, entry)}
+            state.mark_delete = (ledger, entry)
+            self._max_md = self._max_mark_delete()
+            self._collect(txn, dirty)
+            self._save(txn, dirty)
+        self._durable()
+
+    def _clear(self, state: SubscriptionState) -> None:
+        state.clear_seq = self._next_seq - 1
+        state.count_base = 0
+        state.inserted_base = self._inserted
+        state.lost = {}
+        state.unconfirmed = []
+        state.redeliver = []
+        with self._file.write() as txn:
+            self._save(txn, (state.name,))
+        self._sync()
+        self._due.wake_all()
+
+    def _confirm(self, state: SubscriptionState) -> None:
+        if not state.unconfirmed:
+            return
+        state.unconfirmed = []
+        with self._file.write() as txn:
+            self._save(txn, (state.name,))
+        self._durable()
+
+    def _contains(self, state: SubscriptionState, ledger: int, entry: int) -> bool:
+        if any(r[1] == ledger and r[2] == entry for r in state.redeliver):
+            return True
+        with self._file.read() as txn:
+            return state.tracked_row(ledger, entry, self._versions(txn, ledger, entry)) is not None
+
+    def _last_time(self) -> int | None:
+        with self._file.read() as txn:
+            row = self._file.tables.last_row(txn, self._id)
+        return None if row is None else row[0]
+
+    # -- lifecycle, figures ---------------------------------------------------------------------
+    def flush(self) -> None:
+        """Make everything added to the topic durable (each subscription's ``flush`` also
+        confirms its deliveries)."""
+        with self._lock:
+            self._check_alive()
+            self._sync()
+
+    def close(self) -> None:
+        """Close the topic and its subscriptions' handles; nothing is deleted."""
+        with self._lock:
+            if self._closed:
+                return
+            for handle in list(self._handles.values()):
+                handle._closed = True
+            self._handles.clear()
+            try:
+                self._apply()
+                with self._file.write() as txn:
+                    self._save(txn)
+                self._sync()
+            finally:
+                self._closed = True
+                self._cond.notify_all()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def __enter__(self) -> "Topic":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def held_rows(self, state: SubscriptionState) -> int:
+        """Rows the topic keeps only because of this subscription: those after its frontier
+        and at or before every other subscription's (it is the furthest behind)."""
+        others = [s.frontier for s in self._subs.values() if s is not state and s.frontier is not None]
+        upper = min(others) if others else None
+        held = 0
+        with self._file.read() as txn:
+            for row in self._rows_after(txn, state.frontier, None):
+                if upper is not None and row > upper:
+                    break
+                held += 1
+        return held
+
+    def due_undelivered(self, state: SubscriptionState) -> int:
+        """Rows due now that the subscription tracks and has not delivered."""
+        n = len(state.redeliver)
+        with self._file.read() as txn:
+            for row in self._rows_after(txn, state.frontier, self._cutoff.value):
+                n += self._visible(txn, state, row)
+        return n
+
+    def stats(self) -> dict[str, Any]:
+        """The topic's rows and, per subscription, its frontier, count and what it holds."""
+        with self._lock:
+            self._check_alive()
+            self._apply()
+            return {"topic": self.name, "rows": self._rows, "multi_positions": len(self._multi),
+                    "cutoff": self._cutoff.value, "next_seq": self._next_seq,
+                    "subscriptions": {name: self._sub_stats(state) for name, state in sorted(self._subs.items())}}
+
+    def _sub_stats(self, state: SubscriptionState) -> dict[str, Any]:
+        return {"number_of_delayed_messages": state.count(self._inserted),
+                "frontier": list(state.frontier) if state.frontier else None,
+                "mark_delete": list(state.mark_delete) if state.mark_delete else None,
+                "held_rows": self.held_rows(state), "due_undelivered": self.due_undelivered(state),
+                "exceptions": len(state.lost), "unconfirmed": len(state.unconfirmed),
+                "redeliver": len(state.redeliver)}

@@ -1,0 +1,173 @@
+"""Topics (issue 25): what S subscriptions of one topic cost, against one subscription and a lone tracker.
+
+For N indexes (``--size``) and S subscriptions (``--subscriptions``), in one run, so the figures
+are ratios on the same machine at the same moment:
+
+* disk: the topic environment's bytes with S subscriptions / with one (target <= 1.1), and a
+  lone ``BucketTracker``'s ledger files and catalog for scale;
+* memory at open: Python allocations (tracemalloc) to open the store, the topic and its S
+  subscriptions, against one (target: <= 1.1x + 64 KB per subscription);
+* drain: seconds per index for one subscription taking batches of 1,000 while the S keep up
+  (each takes its batch in turn), against a topic with one subscription and a lone tracker
+  (target >= 0.9x, as a rate);
+* add: seconds per ``add_message`` into a topic with S subscriptions, against one and against a
+  lone tracker (target <= 1.1x).
+
+Journal mode with ``sync_interval_ms=50`` everywhere: group commit, so the figures are the
+engines' work rather than fsyncs.
+
+    python tools/bench/bench_topics.py --size 20000 --subscriptions 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shlex
+import sys
+import tempfile
+import time
+import tracemalloc
+
+import bucketstore
+from bucketstore import TrackerConfig
+from bucketstore.engine.topic_file import topics_directory
+
+CFG = TrackerConfig(tick_time_ms=0)
+START = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def rows(n: int) -> list[tuple[int, int, int]]:
+    # Ledgers of 1,000 entries; delivery times spread over n ms, out of ledger order.
+    return [(i // 1000, i % 1000, START + 1 + (i * 7919) % n) for i in range(n)]
+
+
+def _open(path: str):
+    return bucketstore.open(path, durability="journal", sync_interval_ms=50)
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def build_topic(path: str, n: int, subs: int) -> float:
+    """Create the topic with its subscriptions, add the rows one by one; seconds per add."""
+    clock = Clock()
+    data = rows(n)
+    with _open(path) as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        for i in range(subs):
+            topic.subscription(f"s{i}")
+        started = time.perf_counter()
+        for ledger, entry, at in data:
+            topic.add_message(ledger, entry, at)
+        took = time.perf_counter() - started
+    return took / n
+
+
+def build_tracker(path: str, n: int) -> float:
+    clock = Clock()
+    data = rows(n)
+    with _open(path) as store:
+        tracker = store.tracker("t", config=CFG, clock=clock)
+        started = time.perf_counter()
+        for ledger, entry, at in data:
+            tracker.add_message(ledger, entry, at)
+        took = time.perf_counter() - started
+        tracker.flush()
+    return took / n
+
+
+def open_memory(path: str, subs: int | None) -> int:
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    store = _open(path)
+    if subs is None:
+        handle = store.tracker("t", config=CFG, clock=Clock())
+        handle.number_of_delayed_messages
+    else:
+        topic = store.topic("t", config=CFG, clock=Clock())
+        handles = [topic.subscription(f"s{i}") for i in range(subs)]
+        assert all(h.number_of_delayed_messages for h in handles[:1])
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    store.close()
+    return used
+
+
+def drain_topic(path: str, n: int, subs: int) -> float:
+    """Seconds per index for one subscription, every subscription taking 1,000 in turn."""
+    clock = Clock()
+    clock.now = START + n + 10
+    with _open(path) as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        handles = [topic.subscription(f"s{i}") for i in range(subs)]
+        spent, done = 0.0, 0
+        while True:
+            got = 0
+            for h in handles:
+                started = time.perf_counter()
+                batch = h.get_scheduled_messages(1000)
+                spent += time.perf_counter() - started
+                got += len(batch)
+            done += got
+            if not got:
+                break
+        assert done == n * subs, (done, n, subs)
+    return spent / (n * subs)
+
+
+def drain_tracker(path: str, n: int) -> float:
+    clock = Clock()
+    clock.now = START + n + 10
+    with _open(path) as store:
+        tracker = store.tracker("t", config=CFG, clock=clock)
+        started = time.perf_counter()
+        done = 0
+        while batch := tracker.get_scheduled_messages(1000):
+            done += len(batch)
+        took = time.perf_counter() - started
+        assert done == n
+    return took / n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=20_000, help="indexes added (the issue's target: 10,000,000)")
+    p.add_argument("--subscriptions", type=int, default=100)
+    args = p.parse_args()
+    n, s = args.size, args.subscriptions
+    print("$ python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]]))
+    with tempfile.TemporaryDirectory() as tmp:
+        one, many, lone = (os.path.join(tmp, x) for x in ("one", "many", "lone"))
+        add_one = build_topic(one, n, 1)
+        add_many = build_topic(many, n, s)
+        add_lone = build_tracker(lone, n)
+        disk_one, disk_many = dir_bytes(topics_directory(one)), dir_bytes(topics_directory(many))
+        disk_lone = dir_bytes(lone)
+        mem_one, mem_many, mem_lone = open_memory(one, 1), open_memory(many, s), open_memory(lone, None)
+        drain_one, drain_many, drain_lone = drain_topic(one, n, 1), drain_topic(many, n, s), drain_tracker(lone, n)
+    print(f"{n:,} indexes, {s} subscriptions")
+    print(f"disk        topic/{s}: {disk_many:>12,} B   topic/1: {disk_one:>12,} B   ratio {disk_many / disk_one:5.2f}"
+          f"   (lone tracker: {disk_lone:,} B)")
+    print(f"open memory topic/{s}: {mem_many:>12,} B   topic/1: {mem_one:>12,} B   per extra subscription "
+          f"{(mem_many - mem_one) / max(1, s - 1):,.0f} B   (lone tracker: {mem_lone:,} B)")
+    print(f"drain       topic/{s}: {drain_many * 1e6:8.2f} us/index   topic/1: {drain_one * 1e6:8.2f}   rate ratio "
+          f"{drain_one / drain_many:5.2f}   (lone tracker: {drain_lone * 1e6:.2f} us, rate ratio "
+          f"{drain_lone / drain_many:5.2f})")
+    print(f"add         topic/{s}: {add_many * 1e6:8.2f} us/add     topic/1: {add_one * 1e6:8.2f}   ratio "
+          f"{add_many / add_one:5.2f}   (lone tracker: {add_lone * 1e6:.2f} us, ratio {add_many / add_lone:5.2f})")
+
+
+if __name__ == "__main__":
+    main()
