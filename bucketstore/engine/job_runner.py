@@ -134,8 +134,7 @@ class JobRunning:
             self._record_failure(exc)
 
     def delete_source_files(self, paths: list[str]) -> None:
-        for path in paths:
-            self._store.remove_ledger_file(path)
+        self._store.remove_ledger_files(paths)
 
     def _note_backlog(self, waited: float) -> None:
         """After an add: report the mutable bucket's bytes to the store's budget, and count

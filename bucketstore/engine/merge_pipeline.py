@@ -100,6 +100,5 @@ class MergeJob(BucketJob):
             merged = tracker.install_bucket(self.path, self.ledger_id, self.meta)
             tracker.enqueue(Slot(merged))
         tracker.drop_dead_runs()  # the sources' loaded segments
-        tracker.finish_job(self, "done")
-        tracker.delete_source_files([b.path for b in self.window])
-        tracker.merge_while_too_many()
+        # install() unlinks them once it let the lock go, then ends the job.
+        self.orphans = [b.path for b in self.window]

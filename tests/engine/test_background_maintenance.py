@@ -334,3 +334,49 @@ def test_a_seal_whose_rows_were_all_delivered_meanwhile_leaves_no_bucket(tmp_pat
     else:
         store.close()
         assert os.listdir(tmp_path / "ledgers") == []
+
+
+class UnlinkWatchFS(FileSystem):
+    """Real files; each unlink of a ledger file records whether another thread could take the
+    tracker's lock at that moment (``watch``: the tracker)."""
+
+    def __init__(self) -> None:
+        self.watch = None
+        self.lock_free: list[bool] = []
+
+    def unlink(self, path: str) -> None:
+        if self.watch is not None and str(path).endswith(".ledger"):
+            got: list[bool] = []
+
+            def probe() -> None:
+                lock = self.watch.job_lock
+                got.append(lock.acquire(timeout=2))
+                if got[-1]:
+                    lock.release()
+
+            prober = threading.Thread(target=probe)
+            prober.start()
+            prober.join()
+            self.lock_free.append(got[0])
+        super().unlink(path)
+
+
+def test_a_merge_unlinks_its_sources_without_the_lock_and_ends_after(tmp_path):
+    """The merged sources' files are unlinked with the tracker's lock free (another thread's add
+    does not wait for the unlinks and their directory fsync), and waiting for the merge returns only after."""
+    fs = UnlinkWatchFS()
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10,
+                        max_num_buckets=2)
+    with _open(tmp_path / "s", fs) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        fs.watch = t
+        for ledger in (1, 2, 3):
+            _fill(t, ledger, 40, 1000 * ledger)
+        t.flush()
+        assert t.add_message(4, 0, 9000)  # seals ledger 3: three buckets, merged into one
+        t.wait_for_maintenance()  # (the seal's install submits the merge)
+        assert t.stats()["merge"]["succeeded"] == 1
+        [merged] = t.buckets()
+        assert os.listdir(os.path.dirname(merged.path)) == [os.path.basename(merged.path)]
+        assert fs.lock_free == [True, True, True]
+        t._check()
