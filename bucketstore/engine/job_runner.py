@@ -197,7 +197,8 @@ class JobRunning:
         return self._handoff.held_rows(start_ledger, end_ledger)
 
     def job_started(self) -> None:
-        self._maint.running += 1
+        with self._lock:  # two maintenance threads may start jobs of this tracker at once
+            self._maint.running += 1
 
     def withdraw_job(self, job: BucketJob) -> None:
         (self._sealing if isinstance(job, SealJob) else self._merging).remove(job)

@@ -380,3 +380,46 @@ def test_a_merge_unlinks_its_sources_without_the_lock_and_ends_after(tmp_path):
         assert os.listdir(os.path.dirname(merged.path)) == [os.path.basename(merged.path)]
         assert fs.lock_free == [True, True, True]
         t._check()
+
+
+class FirstLedgerGateFS(FileSystem):
+    """Real files; the rename that publishes ledger file 0 waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def rename(self, src: str, dst: str) -> None:
+        if os.path.basename(dst) == "00000000000000000000.ledger":
+            self.held.set()
+            assert self.gate.wait(60), "test never opened the gate"
+        super().rename(src, dst)
+
+
+def test_two_seals_work_side_by_side_and_install_in_order(tmp_path):
+    """While the first seal is held before its rename, the second one's work runs on the other
+    maintenance thread to its durable file; it installs only after the first (flush order)."""
+    fs = FirstLedgerGateFS()
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=50, max_indexes_per_segment=20)
+    with _open(tmp_path / "s", fs) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        _fill(t, 1, 100, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1: held at its rename
+        assert fs.held.wait(60)
+        _fill(t, 2, 100, 2000)
+        assert t.add_message(3, 0, 6000)  # seals ledger 2 (as ledger file 1) on the other thread
+        second = os.path.join(tmp_path / "s", "ledgers", "00000000000000000001.ledger")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(second):
+            assert time.monotonic() < deadline, "the second seal did not work beside the first"
+            time.sleep(0.005)
+        time.sleep(0.05)  # (room for a wrong install to happen)
+        stats = t.stats()
+        assert stats["create"]["succeeded"] == 0 and stats["maintenance"]["done"] == 0
+        assert t.buckets() == []
+        fs.gate.set()
+        t.flush()
+        assert [(b.start_ledger, b.end_ledger) for b in t.buckets()] == [(1, 1), (2, 2)]
+        m = t.stats()["maintenance"]
+        assert (m["done"], m["running"], m["queued"], m["failed"]) == (2, 0, 0, 0)
+        t._check()
