@@ -28,6 +28,7 @@ from .handoff import HeldRows
 from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run, Slot
+from .side_thread import run_beside
 from .store_services import StoreServices
 
 __all__ = ["BucketJob", "JobHost"]
@@ -159,9 +160,11 @@ class BucketJob:
         """Encode sorted rows as ledger ``self.ledger_id`` and write it durably, unless cancelled."""
         tracker = self.tracker
         store, cfg = tracker.store_services, tracker.config
+        # A big bucket's segments are encoded in two halves, one on a thread beside this one.
         self.meta, payloads = build_bucket(self.start, self.end, ts, ledgers, entries,
                                            time_step_ms=cfg.max_time_step_per_segment_ms,
-                                           max_indexes_per_segment=cfg.max_indexes_per_segment)
+                                           max_indexes_per_segment=cfg.max_indexes_per_segment,
+                                           run_beside=run_beside)
         if self.cancelled:
             return
         self.head = tuple(np.array(c[:PREFIX_ROWS + 1], dtype=np.uint64) for c in (ts, ledgers, entries))
