@@ -75,7 +75,8 @@ class MergeJob(BucketJob):
         self.ledger_id = self.tracker.store_services.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
-        self._write(*drop_repeats(*sort_row_parts(parts)))  # (no concatenated copy of the parts)
+        # (No concatenated copy of the parts; each is sorted, a bucket's segments one run.)
+        self._write(*drop_repeats(*sort_row_parts(parts, sorted_parts=True)))
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: JobHost) -> None:
