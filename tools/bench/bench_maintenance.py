@@ -27,7 +27,8 @@ within one run on a noisy machine.
   synchronous seals, so read-ahead is the only difference).
 * ``steps``: one thread, synchronous: the time of each step of a ``--per-bucket`` seal
   (liveness, sort, encode of segments and bitmaps, write, fsync) and of a 4-bucket merge
-  (reads, index lookups, sort, encode, write), then each step alone on a thread beside a
+  (reads, index lookups, sort, encode, write), wall and the process's CPU (the work done,
+  which a loaded machine inflates less than the wall time), then each step alone on a thread beside a
   pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
 * ``gil``: is a seal's encode GIL-bound? A pure-Python counting thread runs
   alone, then while a ``--per-bucket`` seal runs on the maintenance thread; the
@@ -379,6 +380,9 @@ def bench_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, float]:
 
 #: Per-step wall seconds of the pipelines' parts, filled while ``STEPS_ON`` is set: (kind, step) -> [s].
 STEPS: dict[tuple[str, str], list[float]] = {}
+#: The same steps' CPU seconds (the process's, so a thread beside the step counts too): on a
+#: loaded machine, the work a step does, where its wall time also holds the waits for a core.
+STEPS_CPU: dict[tuple[str, str], list[float]] = {}
 STEPS_ON = threading.Event()
 _STEP_KIND = threading.local()
 
@@ -393,13 +397,14 @@ def trace_steps() -> None:
 
     def timed(label: str, fn):
         def run(*args, **kwargs):
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 if STEPS_ON.is_set():
                     kind = getattr(_STEP_KIND, "kind", "?")
                     STEPS.setdefault((kind, label), []).append(time.perf_counter() - started)
+                    STEPS_CPU.setdefault((kind, label), []).append(time.process_time() - cpu)
         return run
 
     def job_kind(cls, kind: str) -> None:
@@ -440,6 +445,7 @@ def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
     rng = np.random.default_rng(11)
     path = os.path.join(tmp, "steps")
     STEPS.clear()
+    STEPS_CPU.clear()
     with bucketstore.open(path, durability="sealed", background=False) as store:
         t = store.tracker("t", cfg, Clock(EPOCH))
         STEPS_ON.set()  # (only calls inside a job's work are counted)
@@ -456,7 +462,8 @@ def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
     for (kind, label), values in sorted(STEPS.items()):
         if kind in jobs and jobs[kind]:
             ms = sum(values) / jobs[kind] * 1000
-            out[f"{kind}: {label}"] = f"{ms:.1f} ms ({rows[kind] / ms / 1000:.1f} M/s)"
+            cpu = sum(STEPS_CPU[(kind, label)]) / jobs[kind] * 1000
+            out[f"{kind}: {label}"] = f"{ms:.1f} ms ({rows[kind] / ms / 1000:.1f} M/s), cpu {cpu:.1f} ms"
     return out
 
 
