@@ -113,9 +113,9 @@ def trace_holds() -> None:
         setattr(cls, name, timed)
 
     wrap(tracker_module.BucketTracker, "_start_seal", "roll: freeze + seal plan")
-    wrap(seal_pipeline.SealJob, "install", "seal install")
+    wrap(seal_pipeline.SealJob, "_install", "seal install")  # (the part under the lock)
     wrap(merge_pipeline.MergeJob, "__init__", "merge plan")
-    wrap(merge_pipeline.MergeJob, "install", "merge install")
+    wrap(merge_pipeline.MergeJob, "_install", "merge install")  # (its unlinks come after the lock)
 
 
 def _rss_bytes() -> int:
