@@ -197,15 +197,21 @@ class BucketJob:
         from about 2 ms to 20, and another thread's single add waited for all of it. Their keys
         are gone already: a crash before the unlinks leaves orphans, which the next open removes.
         """
+        orphans, self.orphans = self.orphans, []
         started = time.perf_counter()
         try:
-            tracker.delete_source_files(self.orphans)
-        finally:
-            self.orphans = []
-            with tracker.job_lock:
-                self.seconds += time.perf_counter() - started
-                tracker.finish_job(self, "done")
-                tracker.merge_while_too_many()
+            tracker.delete_source_files(orphans)  # (an OSError leaves orphans, swallowed there)
+        except Exception:  # a bug: the merge is installed all the same, so the job still ends
+            self._end_installed(tracker, started)
+            raise
+        # (Not in a ``finally``: a crash, a BaseException, runs nothing more, as a dead process.)
+        self._end_installed(tracker, started)
+
+    def _end_installed(self, tracker: JobHost, started: float) -> None:
+        with tracker.job_lock:
+            self.seconds += time.perf_counter() - started
+            tracker.finish_job(self, "done")
+            tracker.merge_while_too_many()
 
     def _install(self, tracker: JobHost) -> None:
         raise NotImplementedError
