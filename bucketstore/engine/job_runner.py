@@ -134,8 +134,7 @@ class JobRunning:
             self._record_failure(exc)
 
     def delete_source_files(self, paths: list[str]) -> None:
-        for path in paths:
-            self._store.remove_ledger_file(path)
+        self._store.remove_ledger_files(paths)
 
     def _note_backlog(self, waited: float) -> None:
         """After an add: report the mutable bucket's bytes to the store's budget, and count
@@ -200,7 +199,8 @@ class JobRunning:
         return self._handoff.held_rows(start_ledger, end_ledger)
 
     def job_started(self) -> None:
-        self._maint.running += 1
+        with self._lock:  # two maintenance threads may start jobs of this tracker at once
+            self._maint.running += 1
 
     def withdraw_job(self, job: BucketJob) -> None:
         (self._sealing if isinstance(job, SealJob) else self._merging).remove(job)

@@ -69,13 +69,16 @@ class MergeJob(BucketJob):
                 keep = self._live.present_mask(run.ledgers, run.entries, run.ts)
                 if self._held:
                     keep |= self._held.mask(run.ts, run.ledgers, run.entries)
-                if keep.any():
+                if keep.all():  # usually: no three gathers (a 4 M-row merge's would copy 96 MB)
+                    parts.append((run.ts, run.ledgers, run.entries))
+                elif keep.any():
                     parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
         self._live = self._held = None  # type: ignore[assignment]
         self.ledger_id = self.tracker.store_services.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
-        self._write(*drop_repeats(*sort_row_parts(parts)))  # (no concatenated copy of the parts)
+        # (No concatenated copy of the parts; each is sorted, a bucket's segments one run.)
+        self._write(*drop_repeats(*sort_row_parts(parts, sorted_parts=True)))
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: JobHost) -> None:
@@ -100,6 +103,5 @@ class MergeJob(BucketJob):
             merged = tracker.install_bucket(self.path, self.ledger_id, self.meta)
             tracker.enqueue(Slot(merged))
         tracker.drop_dead_runs()  # the sources' loaded segments
-        tracker.finish_job(self, "done")
-        tracker.delete_source_files([b.path for b in self.window])
-        tracker.merge_while_too_many()
+        # install() unlinks them once it let the lock go, then ends the job.
+        self.orphans = [b.path for b in self.window]

@@ -98,6 +98,23 @@ class StoreServices:
         except OSError:
             pass  # FileNotFoundError included: the next open's orphan sweep catches the rest
 
+    def remove_ledger_files(self, paths: list[str]) -> None:
+        """:meth:`remove_ledger_file` of several files with one ``fsync`` of each directory
+        (a merge's four sources: each fsync of the directory costs milliseconds)."""
+        dirs = []
+        for path in paths:
+            try:
+                self.fs.unlink(path)
+            except OSError:
+                continue  # as above: an orphan, or already gone
+            if os.path.dirname(path) not in dirs:
+                dirs.append(os.path.dirname(path))
+        for directory in dirs:
+            try:
+                self.fs.fsync_dir(directory)
+            except OSError:
+                pass
+
     def tracker_closed(self, tracker: Any) -> None:
         """Called by a tracker as it closes: the store drops its handle."""
         self._tracker_closed(tracker)

@@ -523,7 +523,12 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             return self._buckets.values()
 
     def _check(self) -> None:
-        """Assert internal invariants (tests call this after every step)."""
+        """Assert internal invariants (tests call this after every step), holding the lock: a
+        background install may be changing them meanwhile (the index's settle is not reentrant)."""
+        with self._lock:
+            self._check_unlocked()
+
+    def _check_unlocked(self) -> None:
         self._index._check()
         prev_end = -1
         for b in self._buckets.values():

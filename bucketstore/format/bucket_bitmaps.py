@@ -28,15 +28,42 @@ _U64 = np.dtype("<u8")
 EntryBitmap = Union[BitMap, BitMap64]
 
 
+#: Entry ids given to pyroaring per call: it holds the GIL while it builds, about 0.5 ms for
+#: this many, so a maintenance thread building a bucket's bitmaps never keeps another thread
+#: (a single add) waiting for longer than that.
+_BUILD_CHUNK = 1 << 17
+
+
 def _make_bitmap(entries: np.ndarray) -> EntryBitmap:
     if len(entries) and int(entries.max()) >= 1 << 32:
         bm: EntryBitmap = BitMap64(entries.tolist())
     else:
         # pyroaring builds fastest from array('I'); a numpy array takes its slow path.
-        bm = BitMap(array("I", entries.astype(np.uint32).tobytes()))
+        ids = entries.astype(np.uint32)
+        bm = BitMap()
+        for lo in range(0, len(ids), _BUILD_CHUNK):
+            bm.update(array("I", ids[lo:lo + _BUILD_CHUNK].tobytes()))
     bm.run_optimize()
     bm.shrink_to_fit()
     return bm
+
+
+def _range_bitmap(first: int, stop: int) -> EntryBitmap:
+    """The bitmap of the entry ids ``first .. stop - 1``, as :func:`_make_bitmap` makes it, without
+    handing pyroaring every id. Only for ranges whose first and last containers (65,536 ids
+    each) hold 4 ids or more: a run then serializes smaller than an array, whichever way the
+    bitmap was built; with 3 a run and an array tie, and the two builds keep different ones."""
+    bm: EntryBitmap = BitMap64(range(first, stop)) if stop > 1 << 32 else BitMap(range(first, stop))
+    bm.run_optimize()
+    bm.shrink_to_fit()
+    return bm
+
+
+def _range_fits(first: int, stop: int) -> bool:
+    """Whether :func:`_range_bitmap` serializes ``first .. stop - 1`` as :func:`_make_bitmap` does."""
+    head = min(stop, (first | 0xFFFF) + 1) - first
+    tail = stop - max(first, (stop - 1) & ~0xFFFF)
+    return head >= 4 and tail >= 4
 
 
 def segment_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryBitmap]:
@@ -52,12 +79,17 @@ def segment_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, Entry
 def ledger_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryBitmap]:
     """Per-ledger bitmaps of the entry ids of unsorted columns (a whole bucket's).
 
-    The ids are sorted by (ledger, entry) first: pyroaring, which holds the GIL, builds a
-    bitmap about four times faster from sorted ids (bench_maintenance ``steps``), and
-    numpy's sort releases the GIL, so the maintenance thread leaves more of it to adders.
+    Dense positions (few ledgers, most ids of their span) are marked in a grid instead
+    (:func:`_dense_ledger_bitmaps`); others are sorted by (ledger, entry) first: pyroaring,
+    which holds the GIL, builds a bitmap about four times faster from sorted ids
+    (bench_maintenance ``steps``), and numpy's sort releases the GIL, so the maintenance
+    thread leaves more of it to adders.
     """
     if not len(ledgers):
         return {}
+    dense = _dense_ledger_bitmaps(ledgers, entries)
+    if dense is not None:
+        return dense
     first = ledgers[0]
     if (ledgers == first).all():
         return {int(first): _make_bitmap(np.sort(entries))}
@@ -78,6 +110,45 @@ def ledger_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryB
     starts = [0, *cuts.tolist()]
     ends = [*cuts.tolist(), len(sl)]
     return {int(sl[a]): _make_bitmap(se[a:b]) for a, b in zip(starts, ends)}
+
+
+#: A bucket's positions are *dense* when the grid of its ledgers by its entry-id span has at
+#: most this many cells a position: :func:`_dense_ledger_bitmaps` then marks them in a grid of
+#: bytes instead of sorting them.
+_DENSE_CELLS_PER_POSITION = 4
+
+
+def _dense_ledger_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> dict[int, EntryBitmap] | None:
+    """:func:`ledger_bitmaps` of dense positions (few ledgers, each with most entry ids of a
+    span: what a producer writes), without sorting them: each position marks its cell in a
+    ledgers x entry-span grid of bytes, and each ledger's row of the grid gives its ids in
+    order. One pass of numpy work that releases the GIL, where a sort of a merge's 4 M
+    positions took four times as long; a ledger holding every id of its range becomes a
+    bitmap of one range, with no id handed to pyroaring. None when the positions are not dense."""
+    ledgers, entries = np.asarray(ledgers, dtype=_U64), np.asarray(entries, dtype=_U64)
+    l0, e0, e1 = int(ledgers.min()), int(entries.min()), int(entries.max())
+    rows, span = int(ledgers.max()) - l0 + 1, e1 - e0 + 1
+    if rows * span > _DENSE_CELLS_PER_POSITION * len(ledgers) or e1 >= 1 << 32:
+        return None
+    cell = np.subtract(ledgers, np.uint64(l0))
+    cell *= np.uint64(span)
+    cell += entries
+    cell -= np.uint64(e0)
+    grid = np.zeros(rows * span, dtype=np.bool_)
+    grid[cell.view(np.intp)] = True
+    del cell
+    out: dict[int, EntryBitmap] = {}
+    for j in range(rows):
+        row = grid[j * span:(j + 1) * span]
+        first = int(row.argmax())
+        if not row[first]:
+            continue  # no position of this ledger
+        last = span - 1 - int(row[::-1].argmax())
+        if _range_fits(e0 + first, e0 + last + 1) and row[first:last + 1].all():
+            out[l0 + j] = _range_bitmap(e0 + first, e0 + last + 1)
+        else:
+            out[l0 + j] = _make_bitmap(np.flatnonzero(row[first:last + 1]).astype(np.uint32) + np.uint32(e0 + first))
+    return out
 
 
 class LedgerBitmaps(Mapping[int, EntryBitmap]):

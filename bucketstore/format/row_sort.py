@@ -39,7 +39,7 @@ def sort_rows(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray
     return sort_row_parts([(ts, ledgers, entries)])
 
 
-def sort_row_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]
+def sort_row_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *, sorted_parts: bool = False
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows of several parts (each three columns) sorted together, as :func:`sort_rows`
     of their concatenation gives them, without making the concatenation.
@@ -48,6 +48,11 @@ def sort_row_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]
     merge's segments need no concatenated copy of the three columns (for a 4 M-row merge,
     96 MB fewer to allocate, fault in and copy). Every step is a numpy call that releases
     the GIL on large arrays (bench_maintenance ``steps``).
+
+    ``sorted_parts``: each part is sorted already (a merge's segments; consecutive ones of a
+    bucket make one run). The keys are then sorted by numpy's stable sort, a timsort, which
+    finds the runs and merges them: about a fifth less time than its quicksort for 4 runs of
+    a million rows. (On unsorted keys it is many times slower.)
     """
     cols = [tuple(np.asarray(c, dtype=_U64) for c in part) for part in parts if len(part[0])]
     n = sum(len(c[0]) for c in cols)
@@ -86,7 +91,7 @@ def sort_row_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]
             np.subtract(entries, e0u, out=s)
             k |= s
         lo = hi
-    key.sort()
+    key.sort(kind="stable" if sorted_parts else "quicksort")
     # Unpack in place where possible: each new column is computed into its own buffer.
     if len(scratch) < n:
         scratch = np.empty(n, dtype=_U64)

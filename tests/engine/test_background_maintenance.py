@@ -334,3 +334,92 @@ def test_a_seal_whose_rows_were_all_delivered_meanwhile_leaves_no_bucket(tmp_pat
     else:
         store.close()
         assert os.listdir(tmp_path / "ledgers") == []
+
+
+class UnlinkWatchFS(FileSystem):
+    """Real files; each unlink of a ledger file records whether another thread could take the
+    tracker's lock at that moment (``watch``: the tracker)."""
+
+    def __init__(self) -> None:
+        self.watch = None
+        self.lock_free: list[bool] = []
+
+    def unlink(self, path: str) -> None:
+        if self.watch is not None and str(path).endswith(".ledger"):
+            got: list[bool] = []
+
+            def probe() -> None:
+                lock = self.watch.job_lock
+                got.append(lock.acquire(timeout=2))
+                if got[-1]:
+                    lock.release()
+
+            prober = threading.Thread(target=probe)
+            prober.start()
+            prober.join()
+            self.lock_free.append(got[0])
+        super().unlink(path)
+
+
+def test_a_merge_unlinks_its_sources_without_the_lock_and_ends_after(tmp_path):
+    """The merged sources' files are unlinked with the tracker's lock free (another thread's add
+    does not wait for the unlinks and their directory fsync), and waiting for the merge returns only after."""
+    fs = UnlinkWatchFS()
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10,
+                        max_num_buckets=2)
+    with _open(tmp_path / "s", fs) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        fs.watch = t
+        for ledger in (1, 2, 3):
+            _fill(t, ledger, 40, 1000 * ledger)
+        t.flush()
+        assert t.add_message(4, 0, 9000)  # seals ledger 3: three buckets, merged into one
+        t.wait_for_maintenance()  # (the seal's install submits the merge)
+        assert t.stats()["merge"]["succeeded"] == 1
+        [merged] = t.buckets()
+        assert os.listdir(os.path.dirname(merged.path)) == [os.path.basename(merged.path)]
+        assert fs.lock_free == [True, True, True]
+        t._check()
+
+
+class FirstLedgerGateFS(FileSystem):
+    """Real files; the rename that publishes ledger file 0 waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def rename(self, src: str, dst: str) -> None:
+        if os.path.basename(dst) == "00000000000000000000.ledger":
+            self.held.set()
+            assert self.gate.wait(60), "test never opened the gate"
+        super().rename(src, dst)
+
+
+def test_two_seals_work_side_by_side_and_install_in_order(tmp_path):
+    """While the first seal is held before its rename, the second one's work runs on the other
+    maintenance thread to its durable file; it installs only after the first (flush order)."""
+    fs = FirstLedgerGateFS()
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=50, max_indexes_per_segment=20)
+    with _open(tmp_path / "s", fs) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        _fill(t, 1, 100, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1: held at its rename
+        assert fs.held.wait(60)
+        _fill(t, 2, 100, 2000)
+        assert t.add_message(3, 0, 6000)  # seals ledger 2 (as ledger file 1) on the other thread
+        second = os.path.join(tmp_path / "s", "ledgers", "00000000000000000001.ledger")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(second):
+            assert time.monotonic() < deadline, "the second seal did not work beside the first"
+            time.sleep(0.005)
+        time.sleep(0.05)  # (room for a wrong install to happen)
+        stats = t.stats()
+        assert stats["create"]["succeeded"] == 0 and stats["maintenance"]["done"] == 0
+        assert t.buckets() == []
+        fs.gate.set()
+        t.flush()
+        assert [(b.start_ledger, b.end_ledger) for b in t.buckets()] == [(1, 1), (2, 2)]
+        m = t.stats()["maintenance"]
+        assert (m["done"], m["running"], m["queued"], m["failed"]) == (2, 0, 0, 0)
+        t._check()

@@ -27,7 +27,8 @@ within one run on a noisy machine.
   synchronous seals, so read-ahead is the only difference).
 * ``steps``: one thread, synchronous: the time of each step of a ``--per-bucket`` seal
   (liveness, sort, encode of segments and bitmaps, write, fsync) and of a 4-bucket merge
-  (reads, index lookups, sort, encode, write), then each step alone on a thread beside a
+  (reads, index lookups, sort, encode, write), wall and the process's CPU (the work done,
+  which a loaded machine inflates less than the wall time), then each step alone on a thread beside a
   pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
 * ``gil``: is a seal's encode GIL-bound? A pure-Python counting thread runs
   alone, then while a ``--per-bucket`` seal runs on the maintenance thread; the
@@ -112,9 +113,9 @@ def trace_holds() -> None:
         setattr(cls, name, timed)
 
     wrap(tracker_module.BucketTracker, "_start_seal", "roll: freeze + seal plan")
-    wrap(seal_pipeline.SealJob, "install", "seal install")
+    wrap(seal_pipeline.SealJob, "_install", "seal install")  # (the part under the lock)
     wrap(merge_pipeline.MergeJob, "__init__", "merge plan")
-    wrap(merge_pipeline.MergeJob, "install", "merge install")
+    wrap(merge_pipeline.MergeJob, "_install", "merge install")  # (its unlinks come after the lock)
 
 
 def _rss_bytes() -> int:
@@ -379,6 +380,9 @@ def bench_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, float]:
 
 #: Per-step wall seconds of the pipelines' parts, filled while ``STEPS_ON`` is set: (kind, step) -> [s].
 STEPS: dict[tuple[str, str], list[float]] = {}
+#: The same steps' CPU seconds (the process's, so a thread beside the step counts too): on a
+#: loaded machine, the work a step does, where its wall time also holds the waits for a core.
+STEPS_CPU: dict[tuple[str, str], list[float]] = {}
 STEPS_ON = threading.Event()
 _STEP_KIND = threading.local()
 
@@ -393,13 +397,14 @@ def trace_steps() -> None:
 
     def timed(label: str, fn):
         def run(*args, **kwargs):
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 if STEPS_ON.is_set():
                     kind = getattr(_STEP_KIND, "kind", "?")
                     STEPS.setdefault((kind, label), []).append(time.perf_counter() - started)
+                    STEPS_CPU.setdefault((kind, label), []).append(time.process_time() - cpu)
         return run
 
     def job_kind(cls, kind: str) -> None:
@@ -440,6 +445,7 @@ def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
     rng = np.random.default_rng(11)
     path = os.path.join(tmp, "steps")
     STEPS.clear()
+    STEPS_CPU.clear()
     with bucketstore.open(path, durability="sealed", background=False) as store:
         t = store.tracker("t", cfg, Clock(EPOCH))
         STEPS_ON.set()  # (only calls inside a job's work are counted)
@@ -456,7 +462,8 @@ def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
     for (kind, label), values in sorted(STEPS.items()):
         if kind in jobs and jobs[kind]:
             ms = sum(values) / jobs[kind] * 1000
-            out[f"{kind}: {label}"] = f"{ms:.1f} ms ({rows[kind] / ms / 1000:.1f} M/s)"
+            cpu = sum(STEPS_CPU[(kind, label)]) / jobs[kind] * 1000
+            out[f"{kind}: {label}"] = f"{ms:.1f} ms ({rows[kind] / ms / 1000:.1f} M/s), cpu {cpu:.1f} ms"
     return out
 
 
@@ -489,6 +496,36 @@ def _step_gil_ratio(fn, repeats: int, window: float = 0.4) -> tuple[float, float
     return float(np.median(alone)), float(np.median(ratios))
 
 
+def _step_sleeper_lateness(fn, window: float = 0.4) -> tuple[float, float]:
+    """A thread sleeping 1 ms at a time while another calls ``fn`` over and over for ``window``
+    s: how late it wakes, p99 and max ms. A C call that holds the GIL for longer than the
+    sleep shows as lateness (as a single ``add_message`` waiting behind it would); the
+    switch interval (5 ms) bounds what pure Python in ``fn`` adds. The machine's own
+    scheduling delays are in it too: compare with ``idle``."""
+    late: list[float] = []
+    stop = threading.Event()
+
+    def sleeper() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            time.sleep(0.001)
+            late.append(time.perf_counter() - started - 0.001)
+
+    def calls() -> None:
+        deadline = time.perf_counter() + window
+        while time.perf_counter() < deadline:
+            fn()
+
+    threads = [threading.Thread(target=sleeper), threading.Thread(target=calls)]
+    for t in threads:
+        t.start()
+    threads[1].join()
+    stop.set()
+    threads[0].join()
+    ms = np.array(late) * 1000
+    return float(np.percentile(ms, 99)), float(ms.max())
+
+
 def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
     """Which steps of a seal and a merge release the GIL: each run on a thread beside a pure-Python one."""
     from bucketstore.engine.sealed_bucket import SealedBucket
@@ -515,6 +552,7 @@ def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
     path = write_bucket(directory, 10 ** 6, meta, payloads)
     bucket = SealedBucket(path, 10 ** 6, meta, os.path.getsize(path))
     steps = {
+        "idle (sleeps)": lambda: time.sleep(0.01),
         "sort_rows": lambda: sort_rows(ts, ledgers, entries),
         "drop_repeats": lambda: drop_repeats(*rows),
         "encode segments (numpy + zstd)": lambda: encode_segments(*rows, starts, compress=True, codec="zstd",
@@ -527,7 +565,9 @@ def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
     out = {}
     for name, fn in steps.items():
         seconds, ratio = _step_gil_ratio(fn, repeats)
-        out[name] = f"{seconds * 1000:.1f} ms, other thread keeps {ratio:.2f}"
+        p99, worst = _step_sleeper_lateness(fn)
+        out[name] = (f"{seconds * 1000:.1f} ms, other thread keeps {ratio:.2f}, a 1-ms sleeper beside it "
+                     f"wakes late by p99 {p99:.1f} / max {worst:.1f} ms")
     shutil.rmtree(directory)
     return out
 
