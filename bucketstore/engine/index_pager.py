@@ -177,8 +177,9 @@ class IndexPager:
 
 def _untouched(bucket: SealedBucket, run: Run) -> bool:
     """Whether ``run`` is exactly the bucket's current loaded segment, not a row of it read yet
-    (segment 1 loaded past a prefix is shorter than its count: it stays)."""
-    return run.pos == 0 and bucket.current >= 1 and len(run.ts) == int(bucket.counts[bucket.current - 1])
+    (segment 1 loaded past a prefix is shorter than its count: it stays). The caller has left
+    out a bucket with no segment loaded (``current`` 0), whose run can only be its prefix."""
+    return run.pos == 0 and len(run.ts) == int(bucket.counts[bucket.current - 1])
 
 
 def _merged(ranges: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
