@@ -60,6 +60,7 @@ class Delivery:
                 if key is not None and journal is not None:
                     journal.frontier(key)  # at-most-once: durable before the batch is returned
             self._delete_exhausted()
+            self._pager.maybe_sweep(self)
             if journal is not None:
                 self._sync()
             self._horizon.emptied(self._count())

@@ -137,6 +137,9 @@ class JobRunning:
         for path in paths:
             self._store.remove_ledger_file(path)
 
+    def page_out_idle(self) -> None:
+        self._pager.maybe_sweep(self)
+
     def _note_backlog(self, waited: float) -> None:
         """After an add: report the mutable bucket's bytes to the store's budget, and count
         the time the add waited for it (the ``backpressure`` operation)."""

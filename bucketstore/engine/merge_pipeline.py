@@ -103,3 +103,4 @@ class MergeJob(BucketJob):
         tracker.finish_job(self, "done")
         tracker.delete_source_files([b.path for b in self.window])
         tracker.merge_while_too_many()
+        tracker.page_out_idle()

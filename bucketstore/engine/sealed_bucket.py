@@ -45,7 +45,8 @@ class SealedBucket:
     """
 
     __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
-                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head")
+                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head",
+                 "paged")
 
     def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
                  first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> None:
@@ -67,6 +68,9 @@ class SealedBucket:
         #: The catalog's summary while entry 0 is unread (the bucket is *unopened*: its
         #: positions are not in the tracker's index yet); None once opened.
         self.summary: BucketSummary | None = None
+        #: While the bucket's positions are paged out of the tracker's index (to the membership
+        #: spill, see ``index_pager``): how many there are; None while they are in the index.
+        self.paged: int | None = None
 
     @classmethod
     def unopened(cls, path: str, ledger_id: int, start: int, end: int, summary: BucketSummary, *,
@@ -83,6 +87,7 @@ class SealedBucket:
         b.head = None
         b._on_load = on_load
         b.summary = summary
+        b.paged = None
         return b
 
     def __getattr__(self, name: str):
@@ -94,8 +99,9 @@ class SealedBucket:
 
     @property
     def opened(self) -> bool:
-        """Whether entry 0 has been read and the bucket's positions are in the tracker's index."""
-        return self.summary is None
+        """Whether entry 0 has been read and the bucket's positions are in the tracker's index
+        (not paged out)."""
+        return self.summary is None and self.paged is None
 
     @property
     def key(self) -> str:
