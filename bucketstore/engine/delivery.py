@@ -187,8 +187,9 @@ class Delivery:
         """How many positions are tracked and undelivered (O(1)).
 
         :raises StoreClosedError: the tracker is closed (a closed tracker knows nothing)."""
-        self._check_alive()
-        return self._count()
+        with self._lock:  # a background install may be moving positions between index and spill
+            self._check_alive()
+            return self._count()
 
     def _count(self) -> int:
         # Buckets not opened yet count from their catalog summaries: nothing has touched them.

@@ -529,7 +529,13 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             return self._buckets.values()
 
     def _check(self) -> None:
-        """Assert internal invariants (tests call this after every step)."""
+        """Assert internal invariants (tests call this after every step). Under the lock: a
+        background install changes what is checked, and the index's settle, which the check
+        runs, must not run on two threads at once (both would apply the same removals)."""
+        with self._lock:
+            self._check_invariants()
+
+    def _check_invariants(self) -> None:
         self._index._check()
         prev_end = -1
         for b in self._buckets.values():
