@@ -23,11 +23,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .engine.disk_usage import dir_usage, tree_usage
 from .engine.journal import journal_directory
 from .engine.op_stats import LATENCY_BUCKETS
 from .engine.read_only import ReadOnlyStore
 from .engine.store import Store
-from .errors import StoreClosedError
+from .errors import StaleSnapshotError, StoreClosedError
 
 __all__ = ["METRICS", "MetricInfo", "collect", "from_description", "render", "prometheus_text"]
 
@@ -111,11 +112,9 @@ _OP_LABEL = {"create": "seal", "load": "load", "merge": "merge", "delete": "dele
 
 
 def _dir_bytes(path: str) -> int:
-    try:
-        with os.scandir(path) as entries:
-            return sum(e.stat(follow_symlinks=False).st_size for e in entries if e.is_file(follow_symlinks=False))
-    except FileNotFoundError:
-        return 0
+    # Beside live maintenance: a file retired between the listing and its stat counts nothing
+    # (the rest of the directory still counts), a directory deleted meanwhile holds nothing.
+    return dir_usage(path).bytes
 
 
 def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
@@ -128,7 +127,9 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
     ``ok``, ``failed``, ``buckets`` (per :data:`~bucketstore.engine.op_stats.LATENCY_BUCKETS`,
     not cumulative, +Inf last), ``sum_seconds`` and ``observed``. On a read-only handle
     (``bucketstore.open(path, read_only=True)``) the trackers are those opened on it, with
-    their snapshot's figures, and the journal descriptor pool (it has none) is left out.
+    their snapshot's figures, and the journal descriptor pool (it has none) is left out; a
+    tracker whose snapshot the writer has outdated (it raises ``StaleSnapshotError``) is left
+    out, as one closed meanwhile is. File figures beside live maintenance: docs/operator.md.
     """
     summary = store.stats()
     trackers: dict[str, dict[str, Any]] = {}
@@ -137,8 +138,9 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
             st = tracker.stats()
             ops = tracker.operation_metrics()
             last = tracker.last_delivery_time()
-        except StoreClosedError:  # closed between the listing and now: not reported
-            continue  # (reads never raise a background failure: that is the writer's to see)
+        except (StoreClosedError, StaleSnapshotError):  # closed between the listing and now, or a
+            continue  # read-only view the writer has outdated (it answers nothing now): not reported
+            # (reads never raise a background failure: that is the writer's to see)
         maint = st["maintenance"]
         trackers[tracker.name] = {
             "delayed_indexes": st["number_of_delayed_messages"],
@@ -157,10 +159,7 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
         }
         if last is not None:  # nothing tracked: no sample (a 0 would read as 1970, far behind)
             trackers[tracker.name]["last_delivery_time_seconds"] = last / 1000
-    journal_root = os.path.join(store.path, "journal")
-    journal_bytes = 0
-    if os.path.isdir(journal_root):
-        journal_bytes = sum(_dir_bytes(os.path.join(journal_root, d)) for d in os.listdir(journal_root))
+    journal_bytes = tree_usage(os.path.join(store.path, "journal")).bytes
     figures = {"trackers": summary["trackers"], "open_trackers": len(trackers),
                "ledger_files": summary["ledger_files"], "ledger_bytes": summary["ledger_bytes"],
                "journal_bytes": journal_bytes}
@@ -177,10 +176,7 @@ def from_description(doc: dict[str, Any]) -> dict[str, Any]:
     trackers = {name: {"sealed_indexes": t["indexes"], "buckets": len(t["buckets"]), "snapshot_bytes": t["bytes"],
                        "journal_bytes": _dir_bytes(journal_directory(path, name))}
                 for name, t in doc["trackers"].items()}
-    journal_root = os.path.join(path, "journal")
-    journal_bytes = 0
-    if os.path.isdir(journal_root):
-        journal_bytes = sum(_dir_bytes(os.path.join(journal_root, d)) for d in os.listdir(journal_root))
+    journal_bytes = tree_usage(os.path.join(path, "journal")).bytes
     return {"store": {"trackers": len(trackers), "ledger_files": doc["ledger_files"], "ledger_bytes": doc["bytes"],
                       "journal_bytes": journal_bytes},
             "trackers": trackers}

@@ -195,7 +195,8 @@ def _classify_files(path: str, doc: dict[str, Any], snapshot: CatalogSnapshot, w
     if writer_live:
         in_flight += temporary
         temporary = []
-    doc["ledger_files"] = sum(1 for f in files if _LEDGER_NAME.match(f))
+    # A file the writer retired since the listing is no longer one (as for Store.stats()).
+    doc["ledger_files"] = sum(1 for f in files if _LEDGER_NAME.match(f) and os.path.exists(os.path.join(ledgers_dir, f)))
     doc["orphan_files"] = unreferenced
     doc["temporary_files"] = temporary
     doc["in_flight_files"] = sorted(in_flight)

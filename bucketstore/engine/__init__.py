@@ -19,7 +19,8 @@ gets only ``store_services`` from its store (catalog, ledger directory, id alloc
 file is the one its catalog entry names, ``lmdb_file`` checks ``data.mdb`` before LMDB maps it,
 ``rebuild`` rebuilds a lost catalog from the files' headers, ``store_lock`` owns ``STORE/LOCK``
 for the writer, the rebuild and the readers, and ``checkpoint`` copies a live store (its
-journals through ``journal_copy``).
+journals through ``journal_copy``). ``disk_usage`` counts a live store's files and bytes for
+``stats()`` and the metrics, leaving out a file retired between the listing and its stat.
 
 May import: ``bucketstore.format``, ``bucketstore.memory`` and the root leaves. Never the CLI,
 Spark or ``bucketstore.testing``.

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..cutoff import check_max, check_position
 from ..waiting import CancelToken
+from .delivery_rollback import DeliveryMark
 from .index_set import sort_positions
 from .sealed_bucket import SealedBucket
 
@@ -53,16 +54,24 @@ class Delivery:
                     self._sync()
                 return []
             self._sync_queue()
+            mark = DeliveryMark(self._handoff, journal)
             ts, ledgers, entries, last_key = self._queue.pop_due(cutoff, max_messages, self._index)
-            if last_key is not None:
-                batch = (ts, ledgers, entries) if journal is not None and self._handoff.at_least_once else None
-                key = self._handoff.delivered(last_key, batch)
-                if key is not None and journal is not None:
-                    journal.frontier(key)  # at-most-once: durable before the batch is returned
-            self._delete_exhausted()
-            self._pager.maybe_sweep(self)
-            if journal is not None:
-                self._sync()
+            try:
+                if last_key is not None:
+                    batch = (ts, ledgers, entries) if journal is not None and self._handoff.at_least_once else None
+                    key = self._handoff.delivered(last_key, batch)
+                    if key is not None and journal is not None:
+                        journal.frontier(key)  # at-most-once: durable before the batch is returned
+                self._delete_exhausted()
+                if journal is not None:
+                    self._sync()
+            except BaseException:
+                # Recording the batch failed (a journal commit): it is not returned, so it goes
+                # back, and the buckets read to their end stay (their files hold its rows).
+                mark.put_back(self._queue, self._index, (ts, ledgers, entries))
+                self._exhausted = []
+                raise
+            self._pager.maybe_sweep(self)  # (after the batch is recorded: a put-back needs its buckets in)
             self._horizon.emptied(self._count())
             positions = _positions(ledgers, entries)
             self._ops.delivered += len(positions)
@@ -204,6 +213,9 @@ class Delivery:
         ledgers (and of ``ledger_id`` up to ``entry_id``) are dropped: they are
         never delivered afterwards. A position earlier than the recorded one is
         ignored (acknowledgement never moves back).
+
+        :raises CorruptLedgerError: a bucket it would delete, not read yet, disagrees with
+            its catalog summary (nothing is recorded or deleted).
         """
         check_position(ledger_id, entry_id)
         with self._lock:
@@ -212,8 +224,16 @@ class Delivery:
                 return
             if self._unopened and ledger_id <= self._buckets.newest_end:
                 self._open_covering(ledger_id)  # the bucket the trim cuts through; may raise: nothing recorded yet
-            self._mark_delete = (ledger_id, entry_id)
-            self._store.catalog.commit(self.name, state=self._state)
+            if self._unopened:  # the ones it passes: checked against their file before any goes
+                self._verify_before_delete([b for b in self._buckets.values() if b.end_ledger < ledger_id])
+            previous, self._mark_delete = self._mark_delete, (ledger_id, entry_id)
+            try:
+                self._store.catalog.commit(self.name, state=self._state)
+            except BaseException:
+                # Not recorded: acknowledged in memory only, it would refuse re-adds of the
+                # positions while still delivering them. As before the call; a retry records it.
+                self._mark_delete = previous
+                raise
             self._trim(ledger_id, entry_id)
             self._horizon.emptied(self._count())
 
@@ -249,10 +269,14 @@ class Delivery:
         nothing is held and the call does nothing.
 
         ``stats()`` counts what is held: ``held_for_replay_buckets``, ``held_for_replay_indexes``.
+
+        :raises CorruptLedgerError: a bucket it would delete disagrees with its catalog summary
+            (its entry 0 is read first; nothing is deleted).
         """
         with self._lock:
             self._check_open()
             drained = [b for b in self._held_drained if not b.dead]
+            self._verify_before_delete(drained)  # their rows were skipped on the summary's word
             self._held_drained = []
             for b in drained:
                 _log_held_removal(self.name, b, "the embedder's replay is done (replay_done)")

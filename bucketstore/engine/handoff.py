@@ -120,6 +120,19 @@ class DeliveryHandoff:
             self._batches.append(_Batch(last, ts, ledgers, entries, np.ones(len(ts), dtype=bool)))
         return None
 
+    def mark(self) -> tuple[Key | None, Key | None]:
+        """The frontiers now: what :meth:`rewind` goes back to."""
+        return self.frontier, self.confirmed
+
+    def rewind(self, mark: tuple[Key | None, Key | None]) -> None:
+        """Forget the deliveries made since ``mark``: the call that made them raised, and put
+        their rows back in the queue (see :mod:`~bucketstore.engine.delivery_rollback`)."""
+        self.frontier, self.confirmed = mark
+        if self.frontier is not None:
+            self._batches = [b for b in self._batches if b.last <= self.frontier]
+        else:
+            self._batches = []
+
     def confirm(self) -> Key | None:
         """The embedder confirmed everything delivered so far; return the frontier to journal, or None."""
         if self.frontier is None or self.frontier == self.confirmed:

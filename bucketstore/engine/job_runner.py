@@ -155,7 +155,9 @@ class JobRunning:
         while self._background and self._submitted - self._finished >= limit and not self._closed:
             if not self._store.maintenance.run_while_waiting():
                 self._cond.wait()
-        self._check_open()
+        # Only closed: a job that failed meanwhile is raised by the next call, not half-way
+        # through this batch (its earlier ledgers are tracked already).
+        self._check_alive()
 
     def _wait_for_jobs(self, number: int, timeout: float | None = None) -> bool:
         """Wait (releasing the lock) until every job up to ``number`` has finished."""
@@ -207,7 +209,8 @@ class JobRunning:
         (self._sealing if isinstance(job, SealJob) else self._merging).remove(job)
 
     def install_bucket(self, path: str, ledger_id: int, meta: BucketMetadata) -> SealedBucket:
-        bucket = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load)
+        bucket = SealedBucket(path, ledger_id, meta, os.path.getsize(path), on_load=self._record_load,
+                              fs=self._store.fs)
         self._buckets.add(bucket)
         return bucket
 

@@ -169,6 +169,8 @@ class Journal:
         self._fd = -1
         self._number = -1
         self._poisoned: str | None = None
+        #: Groups made durable so far (commits and checkpoints): a :meth:`mark` is stale after one.
+        self.groups = 0
         #: The largest delivery frontier that is durable (fsynced, or replayed).
         self.durable_frontier: tuple[int, int, int] | None = None
         self._pending_frontier: tuple[int, int, int] | None = None
@@ -179,6 +181,32 @@ class Journal:
             self.identity = (store_id, tracker)
         self._pool = pool
         self._fd_lock = threading.Lock()
+
+    def discard_deleted(self) -> int:
+        """Remove the files a deleted tracker of this name left here; how many.
+
+        Called only for a tracker the catalog has no state for: every tracker commits its
+        state at its first open, before anything is journaled, and ``delete_tracker`` removes
+        the state before the files, so files here belong to a deleted tracker (a crash or an
+        I/O error stopped the deletion half-way). Replayed, they would bring its indexes back
+        under the new tracker. Only when every file's header names this tracker of this store
+        (or no one: version 1): a file of another store or tracker, or one whose header cannot
+        be read (a named journal file always has a whole header: it is renamed into place after
+        its fsync), is damage, and then nothing is removed and the replay reports it.
+        """
+        files, leftovers = _list_files(self.directory)
+        for _, path in files:
+            try:
+                owner = read_identity(path)
+            except (JournalError, OSError):
+                return 0
+            if owner is not None and owner != self.identity:
+                return 0
+        for path in [p for _, p in files] + leftovers:
+            self._fs.unlink(path)
+        if files or leftovers:
+            self._fs.fsync_dir(self.directory)
+        return len(files)
 
     # -- replay ---------------------------------------------------------------------------------
     def replay(self) -> JournalState:
@@ -263,6 +291,21 @@ class Journal:
         self._lazy_last = lazy
         self._pending_frontier = key
 
+    def mark(self) -> tuple:
+        """The pending group as it is now: what :meth:`rewind` goes back to."""
+        return len(self._pending), self._urgent, self._lazy_last, self._pending_frontier, self.groups
+
+    def rewind(self, mark: tuple) -> bool:
+        """Drop the records appended since ``mark``, not committed: the call that appended them
+        raised and undid what they record. False (nothing dropped) when a group was made durable
+        since: the records are on disk or in a checkpoint, past undoing."""
+        n, urgent, lazy_last, pending_frontier, groups = mark
+        if groups != self.groups:
+            return False
+        del self._pending[n:]
+        self._urgent, self._lazy_last, self._pending_frontier = urgent, lazy_last, pending_frontier
+        return True
+
     @property
     def has_pending(self) -> bool:
         return bool(self._pending)
@@ -275,7 +318,10 @@ class Journal:
         return self._urgent
 
     def commit(self) -> None:
-        """Write the pending records as one group and fsync it. A failure poisons the journal."""
+        """Write the pending records as one group and fsync it. A failed write or fsync poisons
+        the journal (:class:`JournalError`); a failure to open the file (to create the first
+        one, or to reopen the one the descriptor pool closed) writes nothing and is raised as
+        the ``OSError``: the group stays pending for the next commit."""
         if not self._pending:
             return
         if self._poisoned:
@@ -285,8 +331,10 @@ class Journal:
             self._open_new(checkpoint=[])
         body = b"".join(self._pending)
         with self._fd_lock:  # the pool must not close the descriptor mid-write
+            # Reopening the file the pool closed (EMFILE, ENFILE) writes nothing: the group stays
+            # pending and the next commit tries again, as after a failed first file's creation.
+            fd = self._ensure_fd()
             try:
-                fd = self._ensure_fd()
                 self._fs.write(fd, frame_group(self._number, body))
                 # Never retried: after a failed fsync the kernel may have dropped the
                 # dirty pages, and a second fsync could report success for lost data.
@@ -296,6 +344,7 @@ class Journal:
                 raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
         self._pending.clear()
         self._urgent = self._lazy_last = False
+        self.groups += 1
         if self._pending_frontier is not None:
             self.durable_frontier, self._pending_frontier = self._pending_frontier, None
 
@@ -323,19 +372,29 @@ class Journal:
         head = encode_header(number, self.identity)
         body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
         fd = self._fs.create(tmp)
+        renamed = False
         try:
             self._fs.write(fd, head + frame_group(number, body))
             self._fs.fsync(fd)
             self._fs.rename(tmp, path)
+            renamed = True
             self._fs.fsync_dir(self.directory)
-        except BaseException:
+        except BaseException as exc:
             try:
                 self._fs.close(fd)
             finally:
-                try:
-                    self._fs.unlink(tmp)
-                except OSError:
-                    pass
+                if not renamed:
+                    try:
+                        self._fs.unlink(tmp)
+                    except OSError:
+                        pass
+            if renamed and isinstance(exc, OSError):
+                # The new file is complete under its final name, its entry perhaps durable: a
+                # replay starts from it and would skip whatever this journal appended to the
+                # current file from now on. Unlinking it could be undone by a crash as well, so
+                # no more appends: the file holds the whole state, and a reopen replays it.
+                self._poisoned = f"{type(exc).__name__}: {exc}"
+                raise JournalError(path, 0, f"journal checkpoint failed after its rename: {exc}") from exc
             raise
         with self._fd_lock:
             old_fd, self._fd, self._number = self._fd, fd, number
@@ -371,10 +430,13 @@ class Journal:
             records.append(encode_add(ledgers, entries, ts))
         if frontier is not None:
             records.append(encode_frontier(frontier))
+        # The pending group is in ``records`` (the tracker's state): it is dropped only once the
+        # new file holds it. A checkpoint that fails first leaves it pending for the next commit.
+        self._open_new(records)
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
-        self._open_new(records)
+        self.groups += 1
         self.durable_frontier = frontier
         for number, path in _list_files(self.directory)[0]:
             if number < self._number:

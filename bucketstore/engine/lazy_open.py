@@ -16,7 +16,7 @@ from .bucket_prefix import head_holds, without_delivered_head
 from ..format.bucket_summary import BucketSummary, summary_mismatch
 from .identity import check_identity
 from .sealed_bucket import SealedBucket, split_positions
-from .shared_queue import Run, Slot
+from .shared_queue import Run
 
 __all__ = ["LazyOpening", "OPEN_AHEAD"]
 
@@ -33,7 +33,7 @@ class LazyOpening:
         """Read a bucket's entry 0 and check the file is the one the catalog names (and, with a
         summary, the one it summarised). The same typed errors whether at open or later."""
         try:
-            bf = BucketFile(path)
+            bf = BucketFile(path, fs=self._store.fs)
         except FileNotFoundError:
             raise CatalogError(f"tracker {self.name!r}: catalog key {key} names ledger {ledger_id}, "
                                f"but {path} is missing", path=path, key=key) from None
@@ -46,6 +46,21 @@ class LazyOpening:
                     raise CorruptLedgerError(path, bf.ledger.entry_payload_offset(0),
                                              f"bucket {key}: {why}")
         return meta, size
+
+    def _verify_before_delete(self, buckets: list[SealedBucket]) -> None:
+        """Read the entry 0 of each unopened bucket about to be deleted and check it against the
+        catalog summary (and the file against the key) first: no file goes on the word of a
+        summary alone (the skip that made it due, its segment count, its range).
+
+        Opened buckets were checked when opened. All are checked before any is deleted, so a
+        mismatch deletes nothing; the error is the one opening the bucket would raise
+        (:class:`~bucketstore.CorruptLedgerError` at entry 0's offset for a summary that
+        disagrees, ``CatalogError`` for a missing file, ``LedgerIdentityError`` for a file
+        of another bucket). One entry 0 read per deleted file: open stays lazy for the rest.
+        """
+        for b in buckets:
+            if b.summary is not None and not b.dead:
+                self._read_entry0(b.path, b.ledger_id, b.key, b.summary)
 
     def _open_covering(self, ledger_id: int) -> None:
         bucket = self._buckets.covering(ledger_id)
@@ -115,12 +130,11 @@ class LazyOpening:
 
     def _load_segment(self, bucket: SealedBucket) -> Run:
         """The shared queue's loader: open the bucket on its first load, then read the segment."""
-        if not bucket.opened:
-            try:
-                self._open_bucket(bucket)
-            except BaseException:
-                self._queue.push(Slot(bucket))  # the queue popped the slot: keep it for the next try
-                raise
+        if bucket.summary is not None or bucket.paged is not None:  # unopened, or paged out
+            # On failure nothing changed, and the queue keeps the bucket's place itself (the
+            # slot it popped goes back; a run being extended stays): a slot pushed here too
+            # would queue the bucket twice, and its two runs would read on past each other.
+            self._open_bucket(bucket)
             self._open_ahead()
         return self._read_ahead.load(bucket)
 

@@ -20,6 +20,8 @@ gone from the queue, so its read is never taken; a read for a segment the queue
 already read synchronously carries a stale number and is dropped. A read that
 failed (damage, EIO, a file unlinked under it) is dropped too and the segment is
 read again synchronously, which raises and reports exactly as without read-ahead.
+A reader thread that cannot start (out of threads or memory) refuses the request,
+which is not kept: the segment is read when needed, and a later request starts it.
 The finished read is published by plain attribute stores (the run, then the
 ``done`` flag) that the tracker reads under its lock: under the GIL the flag is
 never seen before the run.
@@ -125,9 +127,22 @@ class SegmentReader(WorkerThread[SegmentRead]):
     def __init__(self, name: str) -> None:
         super().__init__(f"bucketstore-readahead {name}")
         self._name = name
+        self._start_failed = False  # logged once until the thread starts
 
-    def submit(self, request: SegmentRead) -> None:
-        self._enqueue(request)  # refused once the store is closing: the queue reads synchronously, if ever
+    def submit(self, request: SegmentRead) -> bool:
+        """Queue a read; False when it is not queued: the store is closing, or the thread cannot
+        start (out of threads or memory; logged). Never raises: the queue then reads the
+        segment itself when it needs it, as without read-ahead."""
+        try:
+            queued = self._enqueue(request)
+        except RuntimeError as exc:
+            if not self._start_failed:
+                self._start_failed = True
+                log.warning("bucketstore read-ahead of %s: the reader thread cannot start (%s); "
+                            "segments are read when needed until it can", self._name, exc)
+            return False
+        self._start_failed = False
+        return queued
 
     def _handle(self, request: SegmentRead) -> None:
         request.perform()
@@ -190,20 +205,21 @@ class ReadAhead:
             if pending.number == number:
                 return  # already asked for
             pending.cancelled = True
+            bucket.ahead = None
             self.counters.dropped += 1  # asked for a segment the queue has read since
         request = SegmentRead(bucket, number)
-        bucket.ahead = request
-        self.counters.requested += 1
-        self._reader.submit(request)
+        if self._reader.submit(request):
+            bucket.ahead = request
+            self.counters.requested += 1
 
     def open_ahead(self, bucket: Bucket, read: Callable[[], Any]) -> None:
         """Ask the reader for an unopened bucket's entry 0 (``read`` reads and checks it), once."""
         if self._reader is None or bucket.dead or bucket.ahead is not None:
             return
         request = Entry0Read(bucket, read)
-        bucket.ahead = request
-        self.counters.open_requests += 1
-        self._reader.submit(request)
+        if self._reader.submit(request):
+            bucket.ahead = request
+            self.counters.open_requests += 1
 
     def take_entry0(self, bucket: Bucket) -> Any:
         """What the reader's :class:`Entry0Read` of ``bucket`` returned, or None (not asked for,

@@ -54,6 +54,7 @@ from ..format.fs import REAL_FS
 from ..format.ledger_file import ledger_file_name
 from ..format.catalog_codec import validate_tracker_name
 from .catalog import CatalogSnapshot, read_catalog_quietly, read_catalog_snapshot
+from .disk_usage import dir_usage
 from .journal import FdPool, JournalState, read_journal
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run
@@ -449,18 +450,11 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker]):
     def stats(self) -> dict[str, Any]:
         """Store-level figures: trackers (as of the open), ledger files and bytes (now), the writer's pid."""
         self._check_open()
-        try:
-            names = [n for n in os.listdir(self.ledgers_dir) if n.endswith(".ledger")]
-        except FileNotFoundError:
-            names = []
-        size = 0
-        for n in names:
-            try:
-                size += os.path.getsize(os.path.join(self.ledgers_dir, n))
-            except FileNotFoundError:
-                pass  # retired by the live writer while we looked
+        # A file the live writer retires between the listing and its stat is in neither figure.
+        ledgers = dir_usage(self.ledgers_dir, lambda n: n.endswith(".ledger"))
         return {"path": self.path, "durability": self.durability, "read_only": True,
-                "trackers": len(self.snapshot.tracker_names()), "ledger_files": len(names), "ledger_bytes": size,
+                "trackers": len(self.snapshot.tracker_names()), "ledger_files": ledgers.files,
+                "ledger_bytes": ledgers.bytes,
                 "next_ledger_id": self.snapshot.next_ledger_id(), "writer_pid": writer_pid(self.path)}
 
     def close(self) -> None:

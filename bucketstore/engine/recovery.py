@@ -52,7 +52,9 @@ class Recovery:
         Each bucket's catalog summary (segment table and count) is enough to
         decide the skip, to count its indexes and to queue it by its first live
         segment: the bucket stays *unopened* and its entry 0 is read when it is
-        first needed (:meth:`_open_bucket`). Opened now are only buckets without
+        first needed (:meth:`_open_bucket`); one that opening deletes has its entry 0 read
+        and checked against the summary first (a disagreement raises, nothing is deleted:
+        see :meth:`_verify_before_delete`). Opened now are only buckets without
         a summary (written before summaries existed: read and summarised, the
         summaries committed here), the one a mark-delete position cuts through,
         those the journal's frontier falls inside (their delivered rows must be
@@ -63,6 +65,12 @@ class Recovery:
         store = self._store
         state = store.catalog.tracker_state(self.name)
         if state is None:
+            if self._journal is not None and not self._read_only:
+                # Before the state commit: a crash in between must not make them this tracker's.
+                dropped = self._journal.discard_deleted()
+                if dropped:
+                    log.info("tracker %r: removed %d journal file(s) of a deleted tracker of that name "
+                             "(its deletion had stopped half-way)", self.name, dropped)
             store.catalog.commit(self.name, state=self._state)
             state = {}
         md = state.get("mark_delete")
@@ -134,11 +142,15 @@ class Recovery:
                 while skip < n and int(max_ts[skip]) < bound:
                     skip += 1
             bucket = SealedBucket.unopened(path, ledger_id, start, end, summary, first_segment=skip + 1,
-                                           on_load=self._record_load)
+                                           on_load=self._record_load, fs=store.fs)
             fate = _fate_at_open(skip, n, end, first_live, sealed=replayed is None)
             if fate is not None:
+                if meta is None and not self._read_only:
+                    # Deleted only on the file's word: a summary that disagrees with entry 0 is
+                    # damage, raised here before the catalog or any file is touched.
+                    self._read_entry0(path, ledger_id, key, summary)
                 _ = bucket.counts  # the table, before the summary goes
-                bucket.summary = None  # deleted unread: never counted among the unopened
+                bucket.summary = None  # deleted below: never counted among the unopened
                 doomed.append(bucket)
                 _log_removal_at_open(self.name, key, ledger_id, path, int(bucket.counts.sum()), fate)
                 continue
@@ -170,6 +182,10 @@ class Recovery:
             else:
                 self._held_drained.append(bucket)  # every segment skipped: nothing to deliver
         track_heads(self._index, heads)
+        if enclosed and not self._read_only:
+            # The enclosed files go on the word of the wider key: its file must say the same first.
+            enclosers = [self._buckets.covering(parse_bucket_key(k)[0]) for k in enclosed]
+            self._verify_before_delete(list({id(b): b for b in enclosers if b is not None}.values()))
         if (stale_keys or backfill) and not self._read_only:
             # Summaries of keys written before summaries existed, in one transaction with
             # the stale keys' removal; a crash before it only means reading entry 0 again.
@@ -206,6 +222,10 @@ class Recovery:
             if int(bucket.min_ts[number - 1]) > frontier[0]:
                 break
             run = bucket.read_segment(number)
+            if number == 1 and bucket.summary is not None:
+                # A prefix delivered and confirmed in an earlier run put the frontier where
+                # it is: a forged row there would untrack the real one it stood for.
+                bucket.check_prefix(bucket.summary, run)
             done = ~after_key(run.ts, run.ledgers, run.entries, frontier)
             for ledger, entry in zip(run.ledgers[done].tolist(), run.entries[done].tolist()):
                 self._index.discard(ledger, entry)

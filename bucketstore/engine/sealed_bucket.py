@@ -19,6 +19,7 @@ from pyroaring import BitMap64
 from sortedcontainers import SortedDict
 
 from ..errors import CorruptLedgerError
+from ..format.fs import REAL_FS, FileSystem
 from ..format.ledger_file import LedgerReader
 from .shared_queue import Run
 from ..format.snapshot import (BucketMetadata, EntryBitmap, bucket_key, ledger_bitmaps, read_segment_entry,
@@ -46,11 +47,12 @@ class SealedBucket:
     """
 
     __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
-                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head",
+                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head", "fs",
                  "paged")
 
     def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
-                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> None:
+                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None,
+                 fs: FileSystem = REAL_FS) -> None:
         self.start_ledger = meta.start_ledger
         self.end_ledger = meta.end_ledger
         self.ledger_id = ledger_id
@@ -66,6 +68,7 @@ class SealedBucket:
         self.held_rows = 0
         self.head: BucketSummary | None = None
         self._on_load = on_load
+        self.fs = fs  # the file layer its segments are read through
         #: The catalog's summary while entry 0 is unread (the bucket is *unopened*: its
         #: positions are not in the tracker's index yet); None once opened.
         self.summary: BucketSummary | None = None
@@ -75,7 +78,8 @@ class SealedBucket:
 
     @classmethod
     def unopened(cls, path: str, ledger_id: int, start: int, end: int, summary: BucketSummary, *,
-                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None) -> "SealedBucket":
+                 first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None,
+                 fs: FileSystem = REAL_FS) -> "SealedBucket":
         """A bucket known from its catalog summary only; its entry 0 is read when it is first needed."""
         b = cls.__new__(cls)
         b.start_ledger, b.end_ledger, b.ledger_id, b.path, b.size = start, end, ledger_id, path, summary.size
@@ -87,6 +91,7 @@ class SealedBucket:
         b.held_rows = 0
         b.head = None
         b._on_load = on_load
+        b.fs = fs
         b.summary = summary
         b.paged = None
         return b
@@ -151,7 +156,7 @@ class SealedBucket:
 
         Uses only what never changes after construction (path, ids, per-segment
         counts and timestamps): the read-ahead thread calls it with no lock held."""
-        with LedgerReader(self.path) as reader:
+        with LedgerReader(self.path, fs=self.fs) as reader:
             # The file is opened anew for every segment: check it is still the ledger
             # recovery or the seal registered (a file swapped underneath would otherwise
             # deliver another bucket's positions).
@@ -201,12 +206,17 @@ class SealedBucket:
         head = self.head
         if number != 1 or head is None:
             return run
-        why = prefix_mismatch(head, run.ts, run.ledgers, run.entries)
-        if why is not None:
-            raise CorruptLedgerError(self.path, 0, f"bucket {self.key}: {why}")
+        self.check_prefix(head, run)
         self.head = None
         k = head.prefix_rows
         return Run(run.ts[k:], run.ledgers[k:], run.entries[k:], owner=self)
+
+    def check_prefix(self, summary: BucketSummary, run: Run) -> None:
+        """Raise :class:`~bucketstore.CorruptLedgerError` at segment 1's offset when ``run`` (segment 1
+        as read from the file) disagrees with the prefix rows ``summary`` keeps."""
+        why = prefix_mismatch(summary, run.ts, run.ledgers, run.entries)
+        if why is not None:
+            raise CorruptLedgerError(self.path, _payload_offset(self.path, 1), f"bucket {self.key}: {why}")
 
     def file_exists(self) -> bool:
         return os.path.exists(self.path)
@@ -214,6 +224,15 @@ class SealedBucket:
     def __repr__(self) -> str:
         return (f"SealedBucket([{self.start_ledger}, {self.end_ledger}], ledger {self.ledger_id}, "
                 f"segment {self.current}/{self.segment_count})")
+
+
+def _payload_offset(path: str, entry: int) -> int:
+    """Where entry ``entry``'s payload starts in the file (0 when the file cannot say: an error path)."""
+    try:
+        with LedgerReader(path) as reader:
+            return reader.entry_payload_offset(entry)
+    except (OSError, CorruptLedgerError):
+        return 0
 
 
 def split_positions(bucket: SealedBucket, meta: BucketMetadata, skip: int, need_skipped: bool

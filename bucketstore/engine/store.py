@@ -37,6 +37,7 @@ from .backlog_budget import DEFAULT_BUDGET_BYTES, BacklogBudget
 from ..format.catalog_codec import validate_tracker_name
 from .catalog import Catalog
 from .checkpoint import CheckpointReport, check_destination, make_checkpoint
+from .disk_usage import dir_usage
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock
 from ..errors import CatalogError, CorruptLedgerError, MaintenanceError, StoreClosedError
@@ -334,13 +335,14 @@ class Store(TrackerRegistry[BucketTracker]):
         """Store-level figures: trackers, buckets, bytes on disk, orphans removed on open."""
         with self._lock:
             self._check_open()
-            files = [f for f in os.listdir(self.ledgers_dir) if _LEDGER_NAME.match(f)]
+            # Trackers retire files without the store's lock: one gone before its stat is left out.
+            ledgers = dir_usage(self.ledgers_dir, _LEDGER_NAME.match)
             return {
                 "path": self.path,
                 "durability": self.durability,
                 "trackers": len(self.catalog.tracker_names()),
-                "ledger_files": len(files),
-                "ledger_bytes": sum(os.path.getsize(os.path.join(self.ledgers_dir, f)) for f in files),
+                "ledger_files": ledgers.files,
+                "ledger_bytes": ledgers.bytes,
                 "orphans_removed_on_open": self.orphans_removed,
                 "orphans_kept": len(self.orphans_kept),
                 "next_ledger_id": self._services.next_ledger_id,

@@ -386,8 +386,14 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         """Forget every index and delete every bucket (files and keys), durably."""
         with self._lock:
             self._check_open()
+            buckets = self._buckets.values()
+            if buckets:
+                # The keys go first, and a failed commit raises before anything changed: a
+                # clear that dropped only its memory would see its buckets come back at the
+                # next open (a retry clears them). _delete_buckets then finds them gone.
+                self._store.catalog.commit(self.name, remove=[b.key for b in buckets])
             self._cancel_jobs()
-            self._delete_buckets(self._buckets.values())
+            self._delete_buckets(buckets)
             self._buckets.clear()
             self._queue.clear()
             self._mutable.clear()

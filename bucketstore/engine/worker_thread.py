@@ -30,14 +30,23 @@ class WorkerThread(Generic[T]):
         self._stopping = False
 
     def _enqueue(self, item: T) -> bool:
-        """Queue an item; False (and nothing queued) once :meth:`stop` was called."""
+        """Queue an item; False (and nothing queued) once :meth:`stop` was called.
+
+        :raises RuntimeError: the thread could not be started (nothing queued)."""
         with self._cond:
             if self._stopping:
                 return False
             self._items.append(item)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._thread_name, daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._loop, name=self._thread_name, daemon=True)
+                try:
+                    thread.start()
+                except BaseException:
+                    # Out of threads or memory: nothing stays queued for a thread that never runs,
+                    # and the next item tries to start it again.
+                    self._items.pop()
+                    raise
+                self._thread = thread
             self._cond.notify()
             return True
 

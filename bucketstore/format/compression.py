@@ -32,6 +32,14 @@ ZSTD = "zstd"
 
 #: With a frame per byte plane, level 1 is as small as 3 (and faster); bench_codec compares them.
 _ZSTD_LEVEL = 1
+#: Shortest match zstd looks for in a plane of differences (level 1 picks 5 for a plane of up to
+#: 16 KiB, 6 up to 128 KiB; 7 is the longest setting), other parameters as level 1's for an input of
+#: unknown size. Small differences (the timestamps of a merged bucket) hold short chance repeats that
+#: cost more as matches than as Huffman-coded literals: measured (tools/bench/bench_merge_bytes.py)
+#: 5 % off the timestamp planes of a random-delay merge, at the same speed. Not for offsets from a
+#: minimum (an entry column climbing ledger by ledger: its high bytes repeat in short runs, 8 % larger
+#: with it), nor for a whole body (entry 0's repeated 5-byte msgpack timestamps).
+_ZSTD_MIN_MATCH = 7
 #: Pieces shorter than this share a frame with the next (a frame costs 6-10 bytes of header).
 _MIN_FRAME = 64
 _ZLIB_LEVEL = 1
@@ -50,7 +58,7 @@ class Compressor:
     plane, so a writer makes one per bucket. Not thread-safe: one per thread.
     """
 
-    __slots__ = ("codec", "_zstd")
+    __slots__ = ("codec", "_zstd", "_differences")
 
     def __init__(self, codec: str) -> None:
         if codec not in (ZLIB, ZSTD):
@@ -58,20 +66,27 @@ class Compressor:
         self.codec = codec
         # write_content_size: every frame records its size, which the reader checks.
         self._zstd = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True) if codec == ZSTD else None
+        self._differences = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters.from_level(
+            _ZSTD_LEVEL, min_match=_ZSTD_MIN_MATCH, write_content_size=True)) if codec == ZSTD else None
 
-    def compress(self, body: bytes | list[bytes]) -> bytes:
+    def compress(self, body: bytes | list[bytes], differences: list[bool] | None = None) -> bytes:
         """Compress ``body``; given as its pieces (byte planes), zstd writes one frame per
-        piece (short pieces joined to the next) and zlib compresses their concatenation."""
+        piece (short pieces joined to the next) and zlib compresses their concatenation.
+
+        :param differences: per piece, whether it is a plane of differences (a DELTA_U or
+            DELTA_Z column's): a frame closed by such a piece looks for matches of
+            :data:`_ZSTD_MIN_MATCH` bytes or more only.
+        """
         zstd = self._zstd
         if zstd is None:
             return zlib.compress(body if isinstance(body, bytes) else b"".join(body), _ZLIB_LEVEL)
         if isinstance(body, bytes):
             return zstd.compress(body)
         frames, pending = [], b""
-        for piece in body:
+        for i, piece in enumerate(body):
             pending += piece
             if len(pending) >= _MIN_FRAME:
-                frames.append(zstd.compress(pending))
+                frames.append((self._differences if differences and differences[i] else zstd).compress(pending))
                 pending = b""
         if pending or not frames:
             frames.append(zstd.compress(pending))

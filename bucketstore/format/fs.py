@@ -51,6 +51,17 @@ class FileSystem:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def open_read(self, path: str) -> int:
+        """Open ``path`` for reading and return its descriptor (a ledger reader's).
+
+        Reads change nothing durable; they pass through the file layer only so that a
+        test can fail them (EMFILE, EIO) where the engine reads a sealed bucket."""
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        """Read up to ``length`` bytes at ``offset`` (thread-safe: no file position)."""
+        return os.pread(fd, length, offset)
+
     def rename(self, src: str, dst: str) -> None:
         """Atomically replace ``dst`` by ``src`` (same directory); durable only after :meth:`fsync_dir`."""
         os.rename(src, dst)

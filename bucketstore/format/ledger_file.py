@@ -270,6 +270,8 @@ class LedgerReader:
     Any damage raises :class:`~bucketstore.CorruptLedgerError` with the path and
     the offset of the structure that failed. Thread-safe: reads use ``pread``.
 
+    :param fs: the file layer the open and the reads go through (a test's fails them).
+
     :ivar ledger_id: the id stored in the header.
     :ivar version: the format version of the file.
     :ivar properties: the header's properties.
@@ -279,11 +281,12 @@ class LedgerReader:
     :raises OSError: the file cannot be opened or read (missing, permissions, I/O error).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fs: FileSystem = REAL_FS) -> None:
         self.path = os.fspath(path)
+        self._fs = fs
         # An OSError (missing file, EACCES, EMFILE, EIO) says nothing about the file's
         # content, so it is not CorruptLedgerError: the caller must not treat it as damage.
-        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd = fs.open_read(self.path)
         try:
             self.size = os.fstat(self._fd).st_size
             self._read_header()
@@ -300,7 +303,7 @@ class LedgerReader:
     def _pread(self, length: int, offset: int) -> bytes:
         # Callers have already checked offset + length <= size; a shorter read
         # means the file shrank under us, which is damage too.
-        data = os.pread(self._fd, length, offset)
+        data = self._fs.pread(self._fd, length, offset)
         if len(data) != length:
             raise self._damage(offset, f"short read: wanted {length} bytes, file ends early")
         return data
@@ -418,6 +421,8 @@ class LedgerReader:
     def close(self) -> None:
         """Close the file. Idempotent."""
         if self._fd >= 0:
+            # Not through the file layer: closing a reader makes nothing durable, and a
+            # crashed test file layer refuses every call, which would leak the descriptor.
             os.close(self._fd)
             self._fd = -1
 

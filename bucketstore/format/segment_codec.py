@@ -62,6 +62,8 @@ KIND_FRAME = 3
 #: Version 2: offsets from the minimum below 16, bit-packed 1, 2 or 4 bits a value.
 KIND_PACKED = 4
 _PACK_BITS = (1, 2, 4)
+#: Columns stored as differences (compressed looking for longer matches only: compression._ZSTD_MIN_MATCH).
+_DIFFERENCE_KINDS = (KIND_DELTA_U, KIND_DELTA_Z)
 _V2_KINDS = (KIND_FRAME, KIND_PACKED)
 
 _PREFIX = struct.Struct("<BI")  # flags, count
@@ -325,7 +327,9 @@ def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
             pieces = [*t_pieces, *l_pieces, *e_pieces]
             body = b"".join(pieces)
             if squeeze is not None and len(body) > 64:
-                packed = squeeze.compress(pieces)
+                # Each column's first piece is its header, whose first byte is its kind.
+                differences = [c[0][0] in _DIFFERENCE_KINDS for c in (t_pieces, l_pieces, e_pieces) for _ in c]
+                packed = squeeze.compress(pieces, differences)
                 if len(packed) + _RAW_LEN.size < len(body):
                     out.append(_PREFIX.pack(flag, count) + _RAW_LEN.pack(len(body)) + packed)
                     continue

@@ -15,14 +15,14 @@ from typing import Any
 
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
-from ..errors import StoreClosedError
 from ..waiting import CancelToken, DueWaiter
 from .horizon import DeliveryHorizon
+from .volatile_base import VolatileTracker
 
 __all__ = ["InMemoryTracker"]
 
 
-class InMemoryTracker:
+class InMemoryTracker(VolatileTracker):
     """A delayed index held as a heap of ``(deliver_at, ledger_id, entry_id)`` tuples.
 
     Membership is a dict from position to its current delivery time; heap rows
@@ -43,10 +43,6 @@ class InMemoryTracker:
         self._mark_delete: tuple[int, int] | None = None
         self._horizon = DeliveryHorizon()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("tracker is closed")
-
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Track an index; False if it is already due (dispatch it now), True otherwise."""
         check_position(ledger_id, entry_id)
@@ -54,7 +50,7 @@ class InMemoryTracker:
         with self._lock:
             self._check_open()
             cutoff = self._cutoff.advance()  # every add reads the clock, acknowledged or not
-            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+            if self._acknowledged(ledger_id, entry_id):
                 return False  # acknowledged already: nothing to track
             if deliver_at <= cutoff:
                 self._tracked.pop((ledger_id, entry_id), None)
@@ -147,29 +143,10 @@ class InMemoryTracker:
         check_position(ledger_id, entry_id)
         with self._lock:
             self._check_open()
-            if self._mark_delete is not None and (ledger_id, entry_id) < self._mark_delete:
+            if not self._move_mark_delete(ledger_id, entry_id):
                 return
-            self._mark_delete = (ledger_id, entry_id)
             for pos in [p for p in self._tracked if p <= (ledger_id, entry_id)]:
                 del self._tracked[pos]
-
-    def flush(self) -> None:
-        """Nothing is durable in memory; present for interface parity."""
-
-    def confirm_delivered(self) -> None:
-        """Confirm the positions returned so far (see
-        :meth:`bucketstore.BucketTracker.confirm_delivered`). Nothing survives a restart
-        here, so a delivery is final when it is returned and there is nothing to record;
-        present so that embedders call every tracker the same way."""
-        with self._lock:
-            self._check_open()
-
-    def replay_done(self) -> None:
-        """The embedder has replayed its log (see :meth:`bucketstore.BucketTracker.replay_done`).
-        Nothing is kept across a restart here, so nothing is held for a replay; present so
-        that embedders call every tracker the same way."""
-        with self._lock:
-            self._check_open()
 
     def clear(self) -> None:
         with self._lock:
@@ -183,12 +160,6 @@ class InMemoryTracker:
             self._heap.clear()
             self._tracked.clear()
             self._due.wake_all()
-
-    def __enter__(self) -> "InMemoryTracker":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -13,19 +13,18 @@ millisecond is due: never early, up to ``2**precision_bits - 1`` ms late.
 from __future__ import annotations
 
 import threading
-from types import TracebackType
 from typing import Any
 
 from ..config import TrackerConfig, config_or_default
 from ..cutoff import Clock, Cutoff, as_columns, check_max
-from ..errors import StoreClosedError
 from ..waiting import CancelToken, DueWaiter
 from .timebucket import TimeBucketIndex, check_uint64
+from .volatile_base import VolatileTracker
 
 __all__ = ["TimeBucketTracker"]
 
 
-class TimeBucketTracker:
+class TimeBucketTracker(VolatileTracker):
     """A thread-safe delayed-delivery tracker whose indexes live in a ``TimeBucketIndex``.
 
     **Cutoff.** Each call that looks at due messages computes
@@ -55,10 +54,6 @@ class TimeBucketTracker:
         self._closed = False
 
     # -- internals (call with the lock held) -----------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("tracker is closed")
-
     def _advance(self) -> int:
         cutoff = self._cutoff.advance()
         if self.config.deliver_at_time_strict and self.config.precision_bits:
@@ -93,7 +88,7 @@ class TimeBucketTracker:
         with self._lock:
             self._check_open()
             cutoff = self._cutoff.advance()  # every add reads the clock, acknowledged or not
-            if self._mark_delete is not None and (ledger_id, entry_id) <= self._mark_delete:
+            if self._acknowledged(ledger_id, entry_id):
                 return False  # acknowledged already: nothing to track
             if deliver_at < 0 or deliver_at <= cutoff:
                 self._index.remove(ledger_id, entry_id)
@@ -175,28 +170,9 @@ class TimeBucketTracker:
         """Acknowledge up to ``(ledger_id, entry_id)``: untrack every position at or before it."""
         with self._lock:
             self._check_open()
-            if self._mark_delete is not None and (ledger_id, entry_id) < self._mark_delete:
+            if not self._move_mark_delete(ledger_id, entry_id):
                 return  # acknowledgement never moves back
-            self._mark_delete = (ledger_id, entry_id)
             self._index.remove_through(ledger_id, entry_id)
-
-    def flush(self) -> None:
-        """Nothing is durable in memory; present for interface parity."""
-
-    def confirm_delivered(self) -> None:
-        """Confirm the positions returned so far (see
-        :meth:`bucketstore.BucketTracker.confirm_delivered`). Nothing survives a restart
-        here, so a delivery is final when it is returned and there is nothing to record;
-        present so that embedders call every tracker the same way."""
-        with self._lock:
-            self._check_open()
-
-    def replay_done(self) -> None:
-        """The embedder has replayed its log (see :meth:`bucketstore.BucketTracker.replay_done`).
-        Nothing is kept across a restart here, so nothing is held for a replay; present so
-        that embedders call every tracker the same way."""
-        with self._lock:
-            self._check_open()
 
     def clear(self) -> None:
         """Untrack everything."""
@@ -227,9 +203,3 @@ class TimeBucketTracker:
             self._index.clear()
             self._due.wake_all()
 
-    def __enter__(self) -> "TimeBucketTracker":
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()

@@ -11,14 +11,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import CatalogError
+from ..errors import CatalogError, StaleSnapshotError
 from ..engine.journal import has_journal, read_frontier
 from ..format.ledger_file import LedgerReader
-from ..format.snapshot import BucketFile, parse_bucket_key
+from ..format.snapshot import BucketFile, bucket_key, parse_bucket_key
 from .schema import READ_ARROW_SCHEMA, signed_view, to_signed
 from .store_access import ledger_path, open_catalog_readonly
 
@@ -30,6 +31,17 @@ __all__ = ["SegmentRange", "plan_scan", "read_segment_range", "DEFAULT_PARTITION
 DEFAULT_PARTITION_BYTES = 2 << 20
 #: Rows per Arrow batch (segments are concatenated up to about this many).
 DEFAULT_BATCH_ROWS = 1 << 16
+#: How often planning starts again from a fresh catalog snapshot when a live writer retired
+#: a bucket file the snapshot names before its sizes were read.
+PLAN_ATTEMPTS = 20
+
+
+class _Retired(Exception):
+    """A file the snapshot names was retired by the writer since: plan again."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +72,30 @@ def plan_scan(store: str, trackers: Sequence[str] | None = None,
     carries the same frontier, so all of a query's tasks agree on it.
 
     :param trackers: the trackers to read (default: every one); an unknown name is an error.
-    :raises CatalogError: not a store, an unknown tracker, a key naming a missing file.
+    :raises CatalogError: not a store, an unknown tracker, a key naming a missing file (one
+        still named by a snapshot taken after it was found gone: a file a live writer retired
+        meanwhile makes the planning start again from a newer snapshot).
     :raises CorruptLedgerError: a bucket file's header or trailer is damaged.
     :raises JournalError: a tracker's journal is damaged (not just a torn tail).
+    :raises StaleSnapshotError: the writer retired files faster than :data:`PLAN_ATTEMPTS`
+        snapshots could be planned.
     """
     if partition_bytes < 1:
         raise ValueError("partition_bytes must be at least 1")
     store = os.path.abspath(store)
+    retired = ""
+    for _ in range(PLAN_ATTEMPTS):
+        try:
+            return _plan_once(store, trackers, partition_bytes)
+        except _Retired as gone:  # a merge, delivery or trim beside us: a newer snapshot plans it
+            retired = gone.path
+    raise StaleSnapshotError(f"{store}: the store's writer retired bucket files faster than the scan could be "
+                             f"planned ({PLAN_ATTEMPTS} snapshots; the last one gone: {retired})", path=retired)
+
+
+def _plan_once(store: str, trackers: Sequence[str] | None, partition_bytes: int) -> list[list[SegmentRange]]:
+    """:func:`plan_scan` from one catalog snapshot; :class:`_Retired` when a file it names is gone
+    and a newer snapshot no longer names it."""
     catalog = open_catalog_readonly(store)
     try:
         known = catalog.tracker_names()
@@ -93,7 +122,7 @@ def plan_scan(store: str, trackers: Sequence[str] | None = None,
         for key, ledger_id in sorted(buckets.items(), key=lambda kv: parse_bucket_key(kv[0])):
             start, end = parse_bucket_key(key)
             path = ledger_path(store, ledger_id)
-            sizes = _segment_sizes(path, name, key)
+            sizes = _segment_sizes(store, path, name, key, ledger_id)
             first = 1
             for number, size in enumerate(sizes, start=1):
                 filled += size
@@ -108,24 +137,42 @@ def plan_scan(store: str, trackers: Sequence[str] | None = None,
     return partitions
 
 
-def _segment_sizes(path: str, tracker: str, key: str) -> list[int]:
+def _segment_sizes(store: str, path: str, tracker: str, key: str, ledger_id: int) -> list[int]:
     try:
         with LedgerReader(path) as reader:
             return [reader.entry_size(k) for k in range(1, reader.entry_count)]
     except FileNotFoundError:
+        if not _still_named(store, tracker, key, ledger_id):
+            raise _Retired(path) from None
         raise CatalogError(f"tracker {tracker!r}: catalog key {key} names {path}, which is missing",
                            path=path, key=key) from None
+
+
+def _still_named(store: str, tracker: str, key: str, ledger_id: int) -> bool:
+    """Whether a catalog snapshot taken now still names ``ledger_id`` under ``key``: a missing file
+    still named is damage; one no longer named was retired (key first, file second) meanwhile."""
+    catalog = open_catalog_readonly(store)
+    try:
+        return catalog.buckets(tracker).get(key) == ledger_id
+    finally:
+        catalog.close()
 
 
 def read_segment_range(part: SegmentRange, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """Yield the rows of a segment range as Arrow batches of :data:`READ_ARROW_SCHEMA`.
 
     :raises CorruptLedgerError: the file is damaged (naming the file and offset).
-    :raises CatalogError: the file holds another ledger range than its catalog key.
+    :raises CatalogError: the file holds another ledger range than its catalog key, or is
+        missing while the catalog still names it.
+    :raises StaleSnapshotError: a live writer retired the file since the scan was planned.
     """
     pending: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
     rows = 0
-    with BucketFile(part.path) as bucket:
+    try:
+        bucket = BucketFile(part.path)
+    except FileNotFoundError:
+        _raise_missing(part)
+    with bucket:
         meta = bucket.metadata
         if (meta.start_ledger, meta.end_ledger) != (part.start_ledger, part.end_ledger):
             raise CatalogError(f"{part.path} holds ledgers [{meta.start_ledger}, {meta.end_ledger}] but its catalog "
@@ -142,6 +189,20 @@ def read_segment_range(part: SegmentRange, batch_rows: int = DEFAULT_BATCH_ROWS)
                 pending, rows = [], 0
     if pending:
         yield _batch(part, pending)
+
+
+def _raise_missing(part: SegmentRange) -> NoReturn:
+    """A planned file is gone: retired by a live writer since the plan (typed, the query may be run
+    again), or damage when the catalog still names it."""
+    store = os.path.dirname(os.path.dirname(part.path))
+    key = bucket_key(part.start_ledger, part.end_ledger)
+    ledger_id = int(os.path.basename(part.path).split(".")[0])
+    if _still_named(store, part.tracker, key, ledger_id):
+        raise CatalogError(f"tracker {part.tracker!r}: catalog key {key} names {part.path}, which is missing",
+                           path=part.path, key=key)
+    raise StaleSnapshotError(f"{part.path}: tracker {part.tracker!r} bucket {key} was retired by the store's "
+                             "writer after the scan was planned; run the query again to read a newer snapshot",
+                             path=part.path)
 
 
 def _batch(part: SegmentRange, segments: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> pa.RecordBatch:

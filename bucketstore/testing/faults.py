@@ -11,6 +11,11 @@ OSDI 2014):
   (the *durable* entries): a ``create``, ``rename`` or ``unlink`` that no
   directory fsync has followed may not have happened.
 
+Reads (``open_read``, ``read``: the engine's reads of ledger files) are numbered too, on a
+counter of their own (:attr:`FaultyFileSystem.reads`), and can fail (:meth:`FaultyFileSystem.fail_reads`)
+but never crash: a read changes nothing durable, and numbering them apart leaves the durable
+calls' numbers, which crash enumeration relies on, as they were.
+
 Every durable call is numbered (``create``, ``open_append``, ``write``,
 ``fsync``, ``truncate``, ``rename``, ``unlink``, ``fsync_dir``, and the
 ``catalog_commit`` pseudo-call that :meth:`FaultyFileSystem.attach` installs in
@@ -41,6 +46,7 @@ import enum
 import errno
 import os
 import random
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -64,6 +70,7 @@ __all__ = [
     "DAMAGES",
     "SURVIVABLE_DAMAGES",
     "OPERATIONS",
+    "READ_OPERATIONS",
     "FaultRule",
     "FaultyFileSystem",
     "abandon_store",
@@ -72,6 +79,8 @@ __all__ = [
 #: The calls that are numbered and can fail or crash.
 OPERATIONS = ("create", "open_append", "write", "fsync", "truncate", "rename", "unlink", "fsync_dir",
               "catalog_commit")
+#: The read calls, numbered apart (see the module's docstring); they can fail, not crash.
+READ_OPERATIONS = ("open_read", "read")
 
 
 class SimulatedCrash(BaseException):
@@ -189,6 +198,12 @@ class FaultyFileSystem(FileSystem):
         self.crash_at = crash_at
         self.crashed = False
         self.rules: list[FaultRule] = []
+        #: Read calls so far (the read-ahead thread reads too: counted under a lock).
+        self.reads = 0
+        self.read_log: list[tuple[str, str]] = []
+        self.read_rules: list[FaultRule] = []
+        self._read_lock = threading.Lock()
+        self._read_paths: dict[int, str] = {}  # a reader's fd -> its path (for messages; fds are reused)
         #: Paths the engine fsynced again after an fsync of the same file had failed.
         self.fsync_retries: list[str] = []
         self._dirs: dict[str, _Dir] = {}
@@ -206,6 +221,26 @@ class FaultyFileSystem(FileSystem):
         rule = FaultRule(err, kinds, self.calls if first_call is None else first_call, times, short)
         self.rules.append(rule)
         return rule
+
+    def fail_reads(self, err: int = errno.EIO, *, ops: Iterable[str] | None = None, first_read: int | None = None,
+                   times: int | None = 1) -> FaultRule:
+        """Fail the next ``times`` read calls of kinds ``ops`` (of :data:`READ_OPERATIONS`; all
+        when None) from read number ``first_read`` on (default: the next read) with
+        ``OSError(err)`` (``EMFILE`` on every open, ``EIO`` on a read, ...); ``times=None`` fails
+        them until :meth:`heal`. Returns the rule (its ``fired`` counts how often it fired)."""
+        kinds = frozenset(ops) if ops is not None else None
+        if kinds is not None and not kinds <= set(READ_OPERATIONS):
+            raise ValueError(f"unknown read operations {sorted(kinds - set(READ_OPERATIONS))}")
+        with self._read_lock:
+            rule = FaultRule(err, kinds, self.reads if first_read is None else first_read, times)
+            self.read_rules.append(rule)
+        return rule
+
+    def heal(self) -> None:
+        """The fault clears: drop every rule, of durable calls and of reads (a crash stays)."""
+        with self._read_lock:
+            self.rules = []
+            self.read_rules = []
 
     def attach(self, catalog: "Catalog") -> None:
         """Number the catalog's commits as ``catalog_commit`` calls.
@@ -237,6 +272,18 @@ class FaultyFileSystem(FileSystem):
                     raise lmdb.DiskError(message)
                 raise OSError(rule.errno_, os.strerror(rule.errno_) + f" ({message})", target)
         return None
+
+    def _read_call(self, op: str, target: str) -> None:
+        """Count one read call; raise if a read fault is due (never a crash: see the docstring)."""
+        with self._read_lock:
+            k = self.reads
+            self.reads += 1
+            self.read_log.append((op, target))
+            for rule in self.read_rules:
+                if rule.matches(k, op):
+                    rule.fired += 1
+                    message = f"injected {errno.errorcode.get(rule.errno_, rule.errno_)} at read {k}: {op} {target}"
+                    raise OSError(rule.errno_, os.strerror(rule.errno_) + f" ({message})", target)
 
     def crash(self) -> None:
         """Die now: close every descriptor (as the kernel does) and refuse all later calls."""
@@ -352,6 +399,16 @@ class FaultyFileSystem(FileSystem):
             raise SimulatedCrash("the process already crashed; close never runs")
         self._fds.pop(fd, None)
         super().close(fd)
+
+    def open_read(self, path: str) -> int:
+        self._read_call("open_read", path)
+        fd = super().open_read(path)
+        self._read_paths[fd] = path
+        return fd
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        self._read_call("read", self._read_paths.get(fd, f"fd {fd}"))
+        return super().pread(fd, length, offset)
 
     def rename(self, src: str, dst: str) -> None:
         self._call("rename", f"{src} -> {dst}")

@@ -130,8 +130,22 @@ CASES_V1 = [
     Case("mixed_compression", "one zlib-compressed segment, one uncompressed, compressed entry 0", 7, 50, 51,
          _mixed_compression, max_indexes=-1),
 ]
-CASES = CASES_V1 + [replace(case, version=2, description=case.description.replace("zlib", "zstd"))
-                    for case in CASES_V1]
+def _sparse_ledgers() -> list[tuple[int, int, int]]:
+    # 1 % of the entries of 120 ledgers of 1,000 entries, random delays: bitmaps of a few
+    # entry ids each, enough of them (over 4 KiB) for version 3's shuffled bitmap frames.
+    rng = random.Random(28)
+    rows = []
+    for ledger in range(1000, 1120):
+        for entry in sorted(rng.sample(range(1_000), 10)):
+            rows.append((BASE_TS + 1_000 * (ledger - 1000) + entry + rng.randrange(600_000), ledger, entry))
+    return rows
+
+
+CASES = CASES_V1 + [replace(case, version=version, description=case.description.replace("zlib", "zstd"))
+                    for version in (2, 3) for case in CASES_V1] + [
+    Case("sparse_ledgers", "10 random entries of each of 120 ledgers, random delays: entry 0's shuffled "
+         "bitmaps in frames of their own", 8, 1000, 1119, _sparse_ledgers, version=3),
+]
 
 
 def _columns(rows: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -38,6 +38,13 @@ def test_dump_text(capsys) -> None:
     assert len(re.findall(r"^ {8}\s*\d+  \d+:\d+$", out, re.M)) == 8  # 2 indexes x 4 segments
 
 
+def test_dump_of_a_v3_bucket_with_shuffled_bitmaps(capsys) -> None:
+    code, out, err = run(capsys, "dump", os.path.join(GOLDEN, "v3_sparse_ledgers.ledger"))
+    assert code == 0 and err == ""
+    assert "snapshot v3, ledgers [1000, 1119], 1200 indexes in" in out
+    assert re.search(r"^ledgers     1000:10 1001:10 .* 1119:10$", out, re.M)
+
+
 def test_dump_json_is_one_object(capsys) -> None:
     code, out, _ = run(capsys, "dump", "--json", "--indexes", "1", os.path.join(GOLDEN, "wide_entry_ids.ledger"))
     doc = json.loads(out)
@@ -95,11 +102,13 @@ def test_verify_finds_a_bitmap_that_lies(capsys, tmp_path) -> None:
     assert code == 1 and "segment 1: ledger 3: the bitmap in entry 0 (20 entries) differs" in out
 
 
-def test_verify_finds_a_v2_bucket_bitmap_that_lies(capsys, tmp_path) -> None:
+@pytest.mark.parametrize("version", [2, 3])
+def test_verify_finds_a_v2_bucket_bitmap_that_lies(capsys, tmp_path, version) -> None:
     def edit(meta, payloads):
+        assert meta.version == version
         meta.bitmaps[3] = BitMap(list(range(1, 21)))  # entry 0 instead of 20: same cardinality
         return [encode_metadata(meta), *payloads[1:]]
-    path = _rewrite(tmp_path, "v2_one_segment.ledger", edit)
+    path = _rewrite(tmp_path, f"v{version}_one_segment.ledger", edit)
     assert run(capsys, "dump", path)[0] == 0  # the engine's reader cannot see it...
     code, out, _ = run(capsys, "verify", path)
     assert code == 1 and "ledger 3: entry 0's bitmap (20 entries) differs from the 20 entry ids" in out

@@ -10,6 +10,11 @@ CRCs so that the damage reaches the decoder it is aimed at. Every file here
 must be rejected by ``BucketFile`` (plus reading its segments), by
 ``bucketstore verify`` and by ``bucketstore dump``; ``tests/format/test_fuzz.py`` and
 ``tests/cli/test_cli.py`` replay them on every run. The output is deterministic.
+
+``*.summary`` files are the golden catalog summary (``formats/golden/summary_v2.bin``) with
+one field wrong (``summary_damage.py``): each must be refused or disagree with the bucket
+it describes (``tests/format/test_summary_damage.py``), and no bucket file is deleted on
+the word of such a summary (``tests/engine/test_deletion_evidence.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from bucketstore.format.ledger_file import masked_crc32c
 from bucketstore.format.segment_codec import decode_segment, encode_segment
 from bucketstore.format.snapshot import decode_metadata, encode_metadata
 from corpus.framing import frame_ledger, split_ledger, trailer
+from corpus.summary_damage import SUMMARY_CASES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, os.pardir, os.pardir, "formats", "golden")
@@ -133,6 +139,23 @@ def _decompressed_entry0(payload: bytes) -> bytes:
     return zlib.decompress(payload[5:]) if flags == 1 else payload[5:]
 
 
+def _v3_bitmap_sizes(shift: int) -> bytes:
+    """The golden sparse v3 bucket with its first bitmap's size off by ``shift`` bytes; when
+    ``shift`` is negative the next one's is off the other way (the sizes still add up, the cuts
+    are wrong)."""
+    import msgpack
+    from bucketstore.format.compression import decompress_exact
+
+    lid, props, payloads = _parts("v3_sparse_ledgers")
+    flags, size = struct.unpack_from("<BI", payloads[0])
+    doc = msgpack.unpackb(decompress_exact(payloads[0][5:], size, "zstd") if flags else payloads[0][5:])
+    doc[5][2] += shift
+    if shift < 0:
+        doc[5][5] -= shift
+    body = msgpack.packb(doc, use_bin_type=True)
+    return frame_ledger(lid, props, [struct.pack("<BI", 0, len(body)) + body, *payloads[1:]])
+
+
 CASES: dict[str, Callable[[], bytes]] = {
     "empty_file": lambda: b"",
     "truncated_footer": lambda: _golden("several_ledgers")[:-10],
@@ -168,6 +191,9 @@ CASES: dict[str, Callable[[], bytes]] = {
     "v2_zstd_segment_frame_damaged": _zstd_segment_frame,
     "v2_entry0_zstd_bomb": lambda: _with_entry0(
         "v2_one_segment", struct.pack("<BI", 2, 100) + zstandard.ZstdCompressor(level=19).compress(bytes(1 << 20))),
+    # Format version 3 (entry 0's bitmaps end to end, shuffled from 4 KiB).
+    "v3_bitmap_sizes_do_not_add_up": lambda: _v3_bitmap_sizes(1),
+    "v3_bitmap_sizes_cut_wrong": lambda: _v3_bitmap_sizes(-2),
 }
 
 
@@ -224,6 +250,12 @@ def main(argv: list[str]) -> int:
         with open(os.path.join(out_dir, name + ".journal"), "wb") as f:
             f.write(make_journal())
         print(f"wrote {name}.journal")
+    with open(os.path.join(GOLDEN, "summary_v2.bin"), "rb") as f:
+        golden_summary = f.read()
+    for name, change in SUMMARY_CASES.items():
+        with open(os.path.join(out_dir, name + ".summary"), "wb") as f:
+            f.write(change(golden_summary))
+        print(f"wrote {name}.summary")
     return 0
 
 

@@ -1,8 +1,10 @@
-"""Version-1 stores: they open and deliver as written, and `bucketstore upgrade` rewrites them in place.
+"""Version-1 and version-2 stores: they open and deliver as written, and `bucketstore upgrade` rewrites
+them in place in the current version.
 
 A v1 store is made the way an old release left it: a tracker seals buckets,
 then each bucket file is rewritten byte for byte as the version-1 writer
-would have written it (same ledger id, same cuts, per-segment bitmaps, zlib).
+would have written it (same ledger id, same cuts, per-segment bitmaps, zlib);
+a v2 store likewise with the version-2 writer (bucket-wide bitmaps, not shuffled).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from bucketstore.cli import commands as cli
 from bucketstore.engine.catalog import Catalog
 from bucketstore.engine.upgrade import upgrade_store
 from bucketstore.format.ledger_file import ledger_file_name
-from bucketstore.format.snapshot import BucketFile, build_bucket, write_bucket
+from bucketstore.format.snapshot import SNAPSHOT_VERSION, BucketFile, build_bucket, write_bucket
 from bucketstore.checking.store_check import verify_store
 
 from helpers import as_format1_catalog
@@ -53,8 +55,8 @@ def _sealed_positions(path: str) -> list[tuple[int, int]]:
     return sorted(out)
 
 
-def _rewrite_as_v1(path: str) -> int:
-    """Rewrite every bucket file of the store as version 1 (same ledger id); return how many."""
+def _rewrite_as_old(path: str, version: int = 1) -> int:
+    """Rewrite every bucket file of the store as ``version`` (same ledger id); return how many."""
     ledgers_dir = os.path.join(path, "ledgers")
     with Catalog(os.path.join(path, "catalog"), readonly=True) as catalog:
         ids = [lid for keys in catalog.all_buckets().values() for lid in keys.values()]
@@ -67,12 +69,12 @@ def _rewrite_as_v1(path: str) -> int:
             segs = [bucket.read_segment(n) for n in range(1, bucket.segment_count + 1)]
         cols = [np.concatenate([getattr(s, c) for s in segs]) for c in ("timestamps", "ledger_ids", "entry_ids")]
         old, payloads = build_bucket(meta.start_ledger, meta.end_ledger, *cols, time_step_ms=1 << 62,
-                                     max_indexes_per_segment=300, version=1)
+                                     max_indexes_per_segment=300, version=version)
         assert [s.count for s in old.segments] == [s.count for s in meta.segments]
         os.unlink(file)
         write_bucket(ledgers_dir, lid, old, payloads, props)
         with BucketFile(file) as bucket:
-            assert bucket.metadata.version == 1
+            assert bucket.metadata.version == version
     as_format1_catalog(path)  # and its catalog as that release wrote it: no bucket summaries
     return len(ids)
 
@@ -105,7 +107,7 @@ def v1_store(tmp_path):
     path = str(tmp_path / "s")
     _store_with_buckets(path)
     expected = _sealed_positions(path)
-    assert _rewrite_as_v1(path) >= 1 and len(expected) >= 2_000
+    assert _rewrite_as_old(path) >= 1 and len(expected) >= 2_000
     return path, expected
 
 
@@ -124,7 +126,7 @@ def test_upgrade_rewrites_every_bucket_and_keeps_the_content(v1_store, capsys) -
     assert cli.main(["upgrade", path]) == 0
     out = capsys.readouterr().out
     assert f"upgraded {before} bucket(s)" in out and "0 failed" in out
-    assert _versions(path) == [2] * before  # the old files are gone, not left beside the new
+    assert _versions(path) == [SNAPSHOT_VERSION] * before  # the old files are gone, not left beside the new
     assert verify_store(path)[0] == []
     assert cli.main(["upgrade", path]) == 0  # idempotent
     assert f"0 bucket(s); {before} already current" in capsys.readouterr().out
@@ -162,7 +164,7 @@ def test_upgrade_crash_after_the_new_file_is_durable(v1_store, monkeypatch) -> N
     with pytest.raises(Crash):
         upgrade_store(path)
     monkeypatch.undo()
-    assert 2 in _versions(path)  # the orphan v2 file is on disk
+    assert SNAPSHOT_VERSION in _versions(path)  # the orphan new file is on disk
     bucketstore.open(path).close()  # opening removes it; the v1 bucket is still the one in the catalog
     assert set(_versions(path)) == {1}
     assert sorted(_drain(path)) == rows
@@ -173,3 +175,21 @@ def test_upgrade_refuses_an_open_store(v1_store, capsys) -> None:
     with bucketstore.open(path):
         assert cli.main(["upgrade", path]) == 1
     assert "close it before upgrading" in capsys.readouterr().err
+
+
+def test_upgrade_rewrites_a_v2_store_as_v3_keeping_every_row(tmp_path, capsys) -> None:
+    """Version 3 changed only entry 0's layout of the bitmaps: a v2 store verifies as it is,
+    and upgrading it rewrites each bucket with the same rows."""
+    path = str(tmp_path / "s")
+    _store_with_buckets(path)
+    rows = _sealed_positions(path)
+    count = _rewrite_as_old(path, version=2)
+    assert set(_versions(path)) == {2}
+    assert all(f.warning and "no bucket summary" in f.message for f in verify_store(path)[0])
+    assert cli.main(["upgrade", path]) == 0
+    out = capsys.readouterr().out
+    assert f"upgraded {count} bucket(s)" in out and "0 failed" in out
+    assert _versions(path) == [3] * count
+    assert _sealed_positions(path) == rows
+    assert verify_store(path)[0] == []
+    assert sorted(_drain(path)) == rows

@@ -189,3 +189,27 @@ def test_encode_segments_refuses_bad_starts() -> None:
             encode_segments(col, col, col, np.array(starts, dtype=np.int64))
     with pytest.raises(ValueError, match="strictly increasing"):
         encode_segments(col[::-1].copy(), col, col, np.array([0, 2], dtype=np.int64))
+
+
+def _sparse_fixed_delay_segment() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """5,000 rows of a sparse bucket under a fixed delay: 1 % of the entries of 10,000-entry
+    ledgers, so in time order the entry ids climb ledger by ledger (a FRAME column whose high
+    bytes repeat in short runs) and the timestamps' differences are small (DELTA_U)."""
+    rng = np.random.default_rng(11)
+    chosen = np.flatnonzero(rng.random(600_000) < 0.01)[:5_000].astype(np.uint64)
+    return chosen + np.uint64(60_000), chosen // np.uint64(10_000), chosen % np.uint64(10_000)
+
+
+def test_only_planes_of_differences_look_for_long_matches_only(monkeypatch) -> None:
+    """Planes of differences are compressed with a shortest match of 7 (compression._ZSTD_MIN_MATCH),
+    which takes bytes off small random differences; planes of offsets keep level 1's own, with which
+    a climbing entry column's repeated high bytes compress better. Each choice, swapped, costs bytes."""
+    rows = _sparse_fixed_delay_segment()
+    mine = len(encode_segment(*rows))
+    monkeypatch.setattr(segment_codec, "_DIFFERENCE_KINDS", (KIND_DELTA_U, KIND_DELTA_Z, KIND_FRAME))
+    offsets_too = len(encode_segment(*rows))
+    monkeypatch.setattr(segment_codec, "_DIFFERENCE_KINDS", ())
+    none = len(encode_segment(*rows))
+    assert mine < offsets_too and mine <= none
+    seg = decode_segment(encode_segment(*rows), 5_000)
+    assert np.array_equal(seg.entry_ids, rows[2])

@@ -8,6 +8,7 @@ FRAME/PACKED base and the zstd framing of a body (bucket_snapshot.md).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -130,3 +131,50 @@ def test_version_1_buckets_using_version_2_codecs_and_a_wrong_bucket_key_fail_wh
             raise AssertionError(f"{name} read as sound")
         findings = check_file(_corpus(name)).findings
         assert [(f.offset, words in f.message) for f in findings] == [(offset, True)], (name, findings)
+
+
+def test_v3_entry0_is_the_table_then_the_shuffled_portable_bitmaps_in_frames_of_their_own() -> None:
+    """bucket_snapshot.md, entry 0 (version 3): the bitmaps' portable serializations laid end to end in
+    table order, even bytes then odd bytes, as the body's last element; from 4096 such bytes the
+    msgpack before them and each half are zstd frames of their own."""
+    import msgpack
+    from pyroaring import BitMap
+
+    from bucketstore.format.ledger_file import LedgerReader
+    from repo_paths import GOLDEN
+
+    with LedgerReader(os.path.join(GOLDEN, "v3_sparse_ledgers.ledger")) as reader:
+        payload = bytes(reader.read_entry(0))
+    flags, body_len = struct.unpack_from("<BI", payload)
+    frames = _frames(payload[5:])
+    body = b"".join(zstandard.ZstdDecompressor().decompress(payload[5:][start:end])
+                    for start, end in _frame_extents(payload[5:]))
+    assert flags == 2 and len(body) == body_len
+    doc = msgpack.unpackb(body)
+    assert doc[0] == 3 and len(doc) == 7
+    table, shuffled = doc[5], doc[6]
+    total = len(shuffled)
+    assert total >= 4096 and body.endswith(shuffled)
+    assert [size for size, _ in frames] == [body_len - total, (total + 1) // 2, total // 2]
+    data = bytearray(total)
+    data[0::2], data[1::2] = shuffled[:(total + 1) // 2], shuffled[(total + 1) // 2:]
+    with open(os.path.join(GOLDEN, "v3_sparse_ledgers.json"), encoding="utf-8") as f:
+        expected = json.load(f)["metadata"]["bitmaps"]
+    pos = 0
+    for (ledger, width, size), want in zip(zip(table[0::3], table[1::3], table[2::3]), expected, strict=True):
+        bm = BitMap(want["entries"])
+        bm.run_optimize()
+        assert (ledger, width, bytes(data[pos:pos + size])) == (want["ledger_id"], 32, bm.serialize())
+        pos += size
+    assert pos == total
+
+
+def _frame_extents(data: bytes) -> list[tuple[int, int]]:
+    out, pos = [], 0
+    while pos < len(data):
+        obj = zstandard.ZstdDecompressor().decompressobj()
+        obj.decompress(data[pos:])
+        end = len(data) - len(obj.unused_data)
+        out.append((pos, end))
+        pos = end
+    return out

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import doctest
+import errno
 import itertools
 import types
 from pathlib import Path
@@ -20,7 +21,8 @@ import pytest
 import bucketstore
 import bucketstore.checking
 import bucketstore.testing
-from bucketstore.testing import DAMAGES, FakeClock, crash_each_point
+from bucketstore.engine.store import Store
+from bucketstore.testing import DAMAGES, FakeClock, FaultyFileSystem, crash_each_point
 from bucketstore.testing import clock as clock_module
 from bucketstore.testing import crash_points, oracle
 
@@ -145,3 +147,32 @@ def test_a_nondeterministic_workload_is_refused(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="not deterministic"):
         for _ in crash_each_point(workload, tmp_path, durability="sealed"):
             pass
+
+
+def test_read_faults_fail_the_reads_of_ledger_files_until_healed(tmp_path: Path) -> None:
+    """``fail_reads`` fails the engine's reads of ledger files (numbered apart from the durable
+    calls, which crash enumeration counts), ``times=None`` until ``heal``; the store goes on."""
+    with bucketstore.open(tmp_path / "s", durability="sealed", background=False) as store:
+        t = store.tracker("t", CONFIG, FakeClock(0))
+        t.add_messages([(1, e, 1_000 + e) for e in range(8)])
+        t.add_message(2, 0, 10**9)  # rolls ledger 1: sealed
+    fs = FaultyFileSystem()
+    clock = FakeClock(0)
+    store = Store(tmp_path / "s", durability="sealed", fs=fs, background=False, read_ahead=False)
+    try:
+        t = store.tracker("t", CONFIG, clock)
+        clock.now = 2_000
+        calls = fs.calls
+        with pytest.raises(ValueError, match="unknown read operations"):
+            fs.fail_reads(errno.EIO, ops=["write"])
+        rule = fs.fail_reads(errno.EMFILE, ops=["open_read"], times=None)
+        for _ in range(2):
+            with pytest.raises(OSError) as info:
+                t.get_scheduled_messages(100)
+            assert info.value.errno == errno.EMFILE and "injected EMFILE at read" in str(info.value)
+        assert rule.fired == 2 and fs.read_log[-1][0] == "open_read" and fs.calls == calls
+        fs.heal()
+        assert t.get_scheduled_messages(100) == [(1, e) for e in range(8)]
+        assert fs.reads > 2 and {op for op, _ in fs.read_log} == {"open_read", "read"}
+    finally:
+        store.close()

@@ -1,4 +1,4 @@
-"""Bytes per index and codec rates of bucket snapshots (v2, and v1 for comparison), against Pulsar's layout.
+"""Bytes per index and codec rates of bucket snapshots (v3, and v1 for comparison), against Pulsar's layout.
 
 Workloads of 50,000 indexes, publish times rising 1 ms a message, cut 5,000
 indexes / 300,000 ms a segment:
@@ -36,7 +36,7 @@ import numpy as np
 from pyroaring import BitMap
 
 from bucketstore.format.segment_codec import decode_segment
-from bucketstore.format.snapshot import (SegmentMetadata, build_bucket, cut_segments, decode_metadata,
+from bucketstore.format.snapshot import (SNAPSHOT_VERSION, SegmentMetadata, build_bucket, cut_segments, decode_metadata,
                                          encode_metadata, sort_indexes, write_bucket)
 
 TIME_STEP_MS = 300_000
@@ -145,7 +145,7 @@ def measure(name: str, n: int, seed: int, repeat: int) -> dict[str, float]:
         for payload, seg in zip(payloads, meta.segments):
             decode_segment(payload, seg.count)
 
-    enc, (entry0, payloads) = best_of(repeat, lambda: encode(2))
+    enc, (entry0, payloads) = best_of(repeat, lambda: encode(SNAPSHOT_VERSION))
     dec, _ = best_of(repeat, lambda: decode(entry0, payloads))
     meta = decode_metadata(entry0)
     v1_entry0, v1_payloads = encode(1)
@@ -177,12 +177,12 @@ def report(name: str, n: int, r: dict[str, float]) -> list[str]:
     target = TARGETS[name]
     return [
         f"workload {name}: {n} indexes, {r['segments']} segments, {r['ledgers']} ledgers",
-        f"  v2 whole file {r['file']:7.3f} B/idx  (target <= {target})  {_mark(r['file'] <= target)}"
+        f"  v{SNAPSHOT_VERSION} whole file {r['file']:7.3f} B/idx  (target <= {target})  {_mark(r['file'] <= target)}"
         f"   segments {r['seg']:.3f}  entry 0 {r['entry0']:.3f}",
         f"     encode {r['enc']:6.2f} M idx/s (target >= {TARGET_ENCODE}) {_mark(r['enc'] >= TARGET_ENCODE)}"
         f"   decode {r['dec']:6.2f} M idx/s (target >= {TARGET_DECODE}) {_mark(r['dec'] >= TARGET_DECODE)}",
         f"  v1 whole file {r['v1_file']:7.3f} B/idx   segments {r['v1_seg']:.3f}  entry 0 {r['v1_entry0']:.3f}",
-        f"  pulsar total  {r['p_total']:7.3f} B/idx  ({r['p_total'] / r['file']:.0f}x v2's file)"
+        f"  pulsar total  {r['p_total']:7.3f} B/idx  ({r['p_total'] / r['file']:.0f}x v{SNAPSHOT_VERSION}'s file)"
         f"   segments {r['p_seg']:.3f}  entry 0 {r['p_entry0']:.3f}  (segment encode {r['p_seg_enc']:.2f} M idx/s, "
         "pure-Python protobuf)",
     ]
