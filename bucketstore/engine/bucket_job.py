@@ -112,6 +112,10 @@ class JobHost(Protocol):
     def merge_while_too_many(self) -> None:
         """Plan the next merge if the tracker still has too many buckets."""
 
+    def page_out_idle(self) -> None:
+        """Page idle sealed buckets out of the tracker-wide index if it has grown enough
+        (see :mod:`~bucketstore.engine.index_pager`): what an install left idle may leave it."""
+
 
 class BucketJob:
     """A seal or merge of ledgers ``[start, end]``; subclasses give ``_work`` and ``_install``."""
@@ -212,6 +216,7 @@ class BucketJob:
             self.seconds += time.perf_counter() - started
             tracker.finish_job(self, "done")
             tracker.merge_while_too_many()
+            tracker.page_out_idle()
 
     def _install(self, tracker: JobHost) -> None:
         raise NotImplementedError

@@ -71,6 +71,7 @@ class Delivery:
                 mark.put_back(self._queue, self._index, (ts, ledgers, entries))
                 self._exhausted = []
                 raise
+            self._pager.maybe_sweep(self)  # (after the batch is recorded: a put-back needs its buckets in)
             self._horizon.emptied(self._count())
             positions = _positions(ledgers, entries)
             self._ops.delivered += len(positions)
@@ -195,8 +196,9 @@ class Delivery:
         """How many positions are tracked and undelivered (O(1)).
 
         :raises StoreClosedError: the tracker is closed (a closed tracker knows nothing)."""
-        self._check_alive()
-        return self._count()
+        with self._lock:  # a background install may be moving positions between index and spill
+            self._check_alive()
+            return self._count()
 
     def _count(self) -> int:
         # Buckets not opened yet count from their catalog summaries: nothing has touched them.

@@ -459,6 +459,30 @@ class DelayedIndexSet:
             del self._ledgers[ledger_id]
         return dropped
 
+    def ledger_ids(self) -> np.ndarray:
+        """The ledgers holding tracked positions, sorted (uint64)."""
+        self.settle()
+        ids = np.fromiter(self._ledgers, dtype=np.uint64, count=len(self._ledgers))
+        ids.sort()
+        return ids
+
+    def ledger_count(self) -> int:
+        """How many ledgers hold tracked positions (pending removals not applied: an upper bound)."""
+        return len(self._ledgers)
+
+    def take_ledgers(self, ledger_ids: list[int]) -> dict[int, Bitmap]:
+        """Remove these ledgers' bitmaps from the set and return them (paged out: see
+        :mod:`~bucketstore.engine.index_pager`). Their ghosts and live times stay."""
+        self.settle()
+        out = {}
+        for ledger in ledger_ids:
+            bm = self._ledgers.pop(ledger, None)
+            if bm is not None:
+                out[ledger] = bm
+                self._count -= len(bm)
+                self._dirty.add(ledger)
+        return out
+
     def ledgers(self) -> Iterator[tuple[int, Bitmap]]:
         self.settle()
         return iter(self._ledgers.items())

@@ -136,6 +136,9 @@ class JobRunning:
     def delete_source_files(self, paths: list[str]) -> None:
         self._store.remove_ledger_files(paths)
 
+    def page_out_idle(self) -> None:
+        self._pager.maybe_sweep(self)
+
     def _note_backlog(self, waited: float) -> None:
         """After an add: report the mutable bucket's bytes to the store's budget, and count
         the time the add waited for it (the ``backpressure`` operation)."""

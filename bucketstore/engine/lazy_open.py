@@ -75,6 +75,9 @@ class LazyOpening:
         ledgers since, because every operation on them opens it first. Raises the
         same typed errors as recovery; on failure nothing changes.
         """
+        if bucket.paged is not None and not bucket.dead:
+            self._pager.page_in(self, bucket)  # paged out after it was opened: nothing else to apply
+            return
         summary = bucket.summary
         if summary is None or bucket.dead:
             return
@@ -100,7 +103,7 @@ class LazyOpening:
 
     def _forget_unopened(self, bucket: SealedBucket) -> None:
         self._unopened -= 1
-        self._unopened_rows -= bucket.pending_indexes
+        self._unopened_rows -= bucket.pending_indexes if bucket.paged is None else bucket.paged
         self._membership.forget(bucket.ledger_id)
 
     def _unopened_contains(self, bucket: SealedBucket, ledger_id: int, entry_id: int) -> bool:
@@ -108,7 +111,11 @@ class LazyOpening:
         nothing of its ledgers yet, and its live positions are those recovery left it (see
         :mod:`~bucketstore.engine.sealed_membership`), but for its prefix rows, which the index
         tracks from the open (delivery untracks them: :mod:`~bucketstore.engine.bucket_prefix`).
+        A bucket paged out of the index (:mod:`~bucketstore.engine.index_pager`) is answered from
+        its pinned spill alone: that is the index's own state for its ledgers, prefix rows too.
         Raises what opening it would raise."""
+        if bucket.paged is not None:
+            return bool(self._membership.contains(bucket.ledger_id, ledger_id, entry_id))
         if head_holds(bucket, ledger_id, entry_id):
             return self._index.contains(ledger_id, entry_id)
         answer = self._membership.contains(bucket.ledger_id, ledger_id, entry_id)
@@ -123,7 +130,7 @@ class LazyOpening:
 
     def _load_segment(self, bucket: SealedBucket) -> Run:
         """The shared queue's loader: open the bucket on its first load, then read the segment."""
-        if bucket.summary is not None:
+        if bucket.summary is not None or bucket.paged is not None:  # unopened, or paged out
             # On failure nothing changed, and the queue keeps the bucket's place itself (the
             # slot it popped goes back; a run being extended stays): a slot pushed here too
             # would queue the bucket twice, and its two runs would read on past each other.

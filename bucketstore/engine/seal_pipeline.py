@@ -120,3 +120,4 @@ class SealJob(BucketJob):
         tracker.checkpoint_after_seal()
         tracker.finish_job(self, "done")
         tracker.merge_while_too_many()
+        tracker.page_out_idle()

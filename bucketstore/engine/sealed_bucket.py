@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from bisect import bisect_right
 from collections.abc import Callable
 
 import numpy as np
@@ -46,7 +47,8 @@ class SealedBucket:
     """
 
     __slots__ = ("start_ledger", "end_ledger", "ledger_id", "path", "size", "min_ts", "max_ts", "counts",
-                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head", "fs")
+                 "current", "dead", "merging", "ahead", "_on_load", "summary", "held_rows", "head", "fs",
+                 "paged")
 
     def __init__(self, path: str, ledger_id: int, meta: BucketMetadata, size: int, *,
                  first_segment: int = 1, on_load: Callable[[float, bool], None] | None = None,
@@ -70,6 +72,9 @@ class SealedBucket:
         #: The catalog's summary while entry 0 is unread (the bucket is *unopened*: its
         #: positions are not in the tracker's index yet); None once opened.
         self.summary: BucketSummary | None = None
+        #: While the bucket's positions are paged out of the tracker's index (to the membership
+        #: spill, see ``index_pager``): how many there are; None while they are in the index.
+        self.paged: int | None = None
 
     @classmethod
     def unopened(cls, path: str, ledger_id: int, start: int, end: int, summary: BucketSummary, *,
@@ -88,6 +93,7 @@ class SealedBucket:
         b._on_load = on_load
         b.fs = fs
         b.summary = summary
+        b.paged = None
         return b
 
     def __getattr__(self, name: str):
@@ -99,8 +105,9 @@ class SealedBucket:
 
     @property
     def opened(self) -> bool:
-        """Whether entry 0 has been read and the bucket's positions are in the tracker's index."""
-        return self.summary is None
+        """Whether entry 0 has been read and the bucket's positions are in the tracker's index
+        (not paged out)."""
+        return self.summary is None and self.paged is None
 
     @property
     def key(self) -> str:
@@ -277,10 +284,15 @@ class BucketMap:
     newer than every sealed bucket?" and that must cost an attribute read.
     """
 
-    __slots__ = ("_by_start", "newest_end")
+    __slots__ = ("_by_start", "newest_end", "_flat")
 
     def __init__(self) -> None:
         self._by_start: SortedDict = SortedDict()
+        # Starts and buckets as plain lists for covering(), rebuilt after a change: buckets come
+        # and go a few times a second at most, and covering() is asked per question (a paged-out
+        # or unopened bucket's contains_message), where SortedDict's bisect and peekitem cost
+        # about a quarter of the answer.
+        self._flat: tuple[list[int], list[SealedBucket]] | None = None
         #: The largest ``end_ledger`` of any bucket, -1 when there is none.
         self.newest_end = -1
 
@@ -292,26 +304,32 @@ class BucketMap:
 
     def add(self, bucket: SealedBucket) -> None:
         self._by_start[bucket.start_ledger] = bucket
+        self._flat = None
         self.newest_end = max(self.newest_end, bucket.end_ledger)
 
     def remove(self, bucket: SealedBucket) -> None:
         """Forget ``bucket`` if it is the one registered at its start (idempotent)."""
         if self._by_start.get(bucket.start_ledger) is bucket:
             del self._by_start[bucket.start_ledger]
+            self._flat = None
             self.newest_end = self._by_start.peekitem(-1)[1].end_ledger if self._by_start else -1
 
     def clear(self) -> None:
         self._by_start.clear()
+        self._flat = None
         self.newest_end = -1
 
     def covering(self, ledger_id: int) -> SealedBucket | None:
         """The bucket whose range holds ``ledger_id``, or None. O(log n)."""
         if ledger_id > self.newest_end:
             return None  # the common case: a ledger newer than every sealed bucket
-        i = self._by_start.bisect_right(ledger_id) - 1
+        flat = self._flat
+        if flat is None:
+            flat = self._flat = (list(self._by_start.keys()), list(self._by_start.values()))
+        i = bisect_right(flat[0], ledger_id) - 1
         if i < 0:
             return None
-        bucket = self._by_start.peekitem(i)[1]
+        bucket = flat[1][i]
         return bucket if bucket.end_ledger >= ledger_id else None
 
     def values(self) -> list[SealedBucket]:

@@ -64,10 +64,10 @@ _HELD_MAX_BYTES = 256
 class _Spilled:
     """One bucket's directory: ledger offsets from ``start``, and where their ids lie in the spill."""
 
-    __slots__ = ("start", "ledgers", "offsets", "code", "base", "size", "roaring")
+    __slots__ = ("start", "ledgers", "offsets", "code", "base", "size", "roaring", "pinned")
 
     def __init__(self, start: int, ledgers: array, offsets: array, code: str, base: int, size: int,
-                 roaring: dict[int, BitMap | None] | None) -> None:
+                 roaring: dict[int, BitMap | None] | None, pinned: bool = False) -> None:
         self.start = start
         self.ledgers = ledgers   # sorted ledger - start
         self.offsets = offsets   # len(ledgers) + 1 byte offsets, relative to base
@@ -76,6 +76,9 @@ class _Spilled:
         self.size = size
         # Ledgers (by index) kept as roaring bitmaps: in memory, or (None) serialized in the spill.
         self.roaring = roaring
+        # The only copy of a paged-out bucket's membership (see index_pager): never dropped
+        # under the budget, only by forget().
+        self.pinned = pinned
 
     @property
     def nbytes(self) -> int:
@@ -103,6 +106,7 @@ class SpilledMembership:
         self._live = 0         # of which belong to buckets still spilled
         self._by_bucket: OrderedDict[int, _Spilled] = OrderedDict()  # least recently asked first
         self._resident = 0
+        self._pinned = 0       # of which belong to pinned (paged-out) buckets, outside the budget
         #: Counters for ``stats()``: entry 0 reads that spilled a bucket, questions answered,
         #: directories dropped under the budget, spill failures (the bucket was opened instead).
         self.spills = self.questions = self.evictions = self.failures = 0
@@ -138,10 +142,33 @@ class SpilledMembership:
         j = bisect_left(ids, entry_id)
         return j < len(ids) and ids[j] == entry_id
 
-    def add(self, bucket_id: int, start: int, positions: Mapping[int, Any]) -> bool:
+    def positions(self, bucket_id: int) -> dict[int, np.ndarray | BitMap]:
+        """Every spilled position of a bucket, ``ledger -> entry ids`` (a uint64 column, or a
+        32-bit roaring bitmap for a ledger kept as one), read with one ``pread``."""
+        rec = self._by_bucket[bucket_id]
+        raw = os.pread(self._file.fileno(), rec.size, rec.base) if rec.size else b""
+        if len(raw) != rec.size:
+            raise OSError(f"spill file {self._file.name!r}: short read at {rec.base}")
+        dtype = {"H": "<u2", "I": "<u4", "Q": "<u8"}[rec.code]
+        out: dict[int, np.ndarray | BitMap] = {}
+        offsets, roaring = rec.offsets, rec.roaring or {}
+        for i, key in enumerate(rec.ledgers):
+            lo, hi = offsets[i], offsets[i + 1]
+            if i in roaring:
+                held = roaring[i]
+                out[rec.start + key] = held.copy() if held is not None else BitMap.deserialize(raw[lo:hi])
+            else:
+                out[rec.start + key] = np.frombuffer(raw, dtype=dtype, count=(hi - lo) // np.dtype(dtype).itemsize,
+                                                     offset=lo).astype(np.uint64)
+        return out
+
+    def add(self, bucket_id: int, start: int, positions: Mapping[int, Any], pinned: bool = False) -> bool:
         """Spill a bucket's live positions (``ledger -> bitmap of entry ids``). False when it is
         not spilled and the caller should open the bucket instead: every ledger is a few runs
-        (a dense bucket, as small in the index), or the spill file could not be written (logged)."""
+        (a dense bucket, as small in the index), or the spill file could not be written (logged).
+
+        ``pinned``: the spill is the only copy (a bucket paged out of the index): its directory
+        is kept whatever the budget, until :meth:`forget`."""
         self.forget(bucket_id)
         ledgers = sorted(positions)
         bitmaps = [positions[ledger] for ledger in ledgers]
@@ -169,8 +196,9 @@ class SpilledMembership:
                         held[i], roaring[i] = None, packed
         if ledgers and len(held) == len(ledgers) and all(bm is not None for bm in held.values()):
             # Every ledger a few runs (a dense bucket): the index would hold it in as few bytes
-            # and answer faster; the caller opens it.
-            self.dense += 1
+            # and answer faster; the caller opens it (or keeps it resident).
+            if not pinned:
+                self.dense += 1
             return False
         column = ids.astype(dtype)
         if roaring:
@@ -192,14 +220,21 @@ class SpilledMembership:
         keys = [ledger - start for ledger in ledgers]
         rec = _Spilled(start, array("I" if not keys or keys[-1] < _U32 else "Q", keys),
                        array("I" if len(blob) < _U32 else "Q", offsets.tolist()), code, base, len(blob),
-                       held or None)
+                       held or None, pinned)
         self._by_bucket[bucket_id] = rec
         self._resident += rec.nbytes
         self._live += len(blob)
+        if pinned:
+            self._pinned += rec.nbytes
+            return True
         self.spills += 1
-        while self._resident > self.budget and len(self._by_bucket) > 1:
-            self._drop(next(iter(self._by_bucket)))
-            self.evictions += 1
+        if self._resident - self._pinned > self.budget:
+            # The least recently asked unpinned directories go first; the one just made stays.
+            for victim in [b for b, r in self._by_bucket.items() if not r.pinned and b != bucket_id]:
+                if self._resident - self._pinned <= self.budget:
+                    break
+                self._drop(victim)
+                self.evictions += 1
         return True
 
     def forget(self, bucket_id: int) -> None:
@@ -210,6 +245,8 @@ class SpilledMembership:
     def _drop(self, bucket_id: int) -> None:
         rec = self._by_bucket.pop(bucket_id)
         self._resident -= rec.nbytes
+        if rec.pinned:
+            self._pinned -= rec.nbytes
         self._live -= rec.size
         if not self._by_bucket:
             self._end = self._live = 0  # the next spill starts the file afresh
@@ -267,7 +304,7 @@ class SpilledMembership:
 
     def close(self) -> None:
         self._by_bucket.clear()
-        self._resident = self._end = self._live = 0
+        self._resident = self._pinned = self._end = self._live = 0
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from ..memory.horizon import DeliveryHorizon
 from .adding import Adding
 from .delivery import Delivery
 from .handoff import DeliveryHandoff
+from .index_pager import IndexPager
 from .index_set import DelayedIndexSet
 from .job_runner import JobRunning
 from .journal import Journal, journal_directory
@@ -96,14 +98,18 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         self._read_ahead = ReadAhead(store.segment_reader)
         self._queue = SharedQueue(self._bucket_exhausted, load=self._load_segment, on_low=self._read_ahead.low,
                                   low_fraction=LOW_FRACTION, on_opening=self._open_ahead_of)
-        #: Sealed buckets known from their catalog summary only (entry 0 unread), and the
-        #: indexes they hold: counted, not yet in the index (see _open_bucket).
+        #: Sealed buckets known from their catalog summary only (entry 0 unread), or paged out
+        #: of the index (see index_pager), and the indexes they hold: counted, not in the index
+        #: (see _open_bucket).
         self._unopened = 0
         self._unopened_rows = 0
         #: The journal's durable frontier at recovery: what opening a bucket later applies.
         self._recovered_frontier: tuple[int, int, int] | None = None
         #: What contains_message knows of unopened buckets without opening them.
         self._membership = SpilledMembership(None if self._read_only else store.ledgers_dir)
+        #: Pages idle sealed buckets' bitmaps out of the index to that spill (they count as
+        #: unopened meanwhile: the paths that open a bucket page it back in).
+        self._pager = IndexPager()
         # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
         # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
         # 2**bits - 1 ms early (late instead, never early, when deliver_at_time_strict).
@@ -356,10 +362,14 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         in_memory: set[tuple[int, int]] | None = None
         untracked = []
         for ledger, ghosts in self._index._ghosts.items():
-            if self._covering(ledger) is None:
+            bucket = self._covering(ledger)
+            if bucket is None:
                 continue
+            # A paged-out bucket's positions are in the spill, not the index.
+            tracked = self._index.contains if bucket.paged is None else \
+                partial(self._membership.contains, bucket.ledger_id)
             for entry in ghosts:
-                if not self._index.contains(ledger, entry):
+                if not tracked(ledger, entry):
                     untracked.append((ledger, entry))
                     continue
                 if in_memory is None:
@@ -479,7 +489,7 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
                 "tracker": self.name,
                 "immutable_buckets": len(self._buckets),
                 "number_of_delayed_messages": self._count(),
-                "unopened_buckets": self._unopened,
+                "unopened_buckets": self._unopened - sum(b.paged is not None for b in self._buckets.values()),
                 "loaded_indexes": loaded,
                 "snapshot_size_bytes": sum(b.size for b in self._buckets.values()),
                 "memory_bytes": ((loaded + ahead) * 24 + self._mutable.memory_bytes() + self._index.memory_bytes()
@@ -506,7 +516,9 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             m = self._membership
             stats["membership"] = {"spilled_buckets": len(m), "resident_bytes": m.resident_bytes(),
                                    "spill_bytes": m.spill_bytes(), "spills": m.spills, "questions": m.questions,
-                                   "evictions": m.evictions, "failures": m.failures, "opened_dense": m.dense}
+                                   "evictions": m.evictions, "failures": m.failures, "opened_dense": m.dense,
+                                   "paged_buckets": sum(b.paged is not None for b in self._buckets.values()),
+                                   **self._pager.as_dict()}
             return stats
 
     def operation_metrics(self) -> dict[str, Any]:
@@ -523,12 +535,13 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             return self._buckets.values()
 
     def _check(self) -> None:
-        """Assert internal invariants (tests call this after every step), holding the lock: a
-        background install may be changing them meanwhile (the index's settle is not reentrant)."""
+        """Assert internal invariants (tests call this after every step). Under the lock: a
+        background install changes what is checked, and the index's settle, which the check
+        runs, must not run on two threads at once (both would apply the same removals)."""
         with self._lock:
-            self._check_unlocked()
+            self._check_invariants()
 
-    def _check_unlocked(self) -> None:
+    def _check_invariants(self) -> None:
         self._index._check()
         prev_end = -1
         for b in self._buckets.values():
@@ -539,4 +552,6 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         assert self._buckets.newest_end == prev_end, "newest bucket end is stale"
         unopened = [b for b in self._buckets.values() if not b.opened]
         assert self._unopened == len(unopened), (self._unopened, len(unopened))
-        assert self._unopened_rows == sum(b.pending_indexes for b in unopened), "unopened count is stale"
+        assert self._unopened_rows == sum(b.pending_indexes if b.paged is None else b.paged
+                                          for b in unopened), "unopened count is stale"
+        self._pager.check(self)

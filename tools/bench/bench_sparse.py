@@ -22,6 +22,15 @@ delayed, fixed delay) is measured the same way for comparison.
 positions (random ledgers, so every bucket) and the first batch due a minute after the
 first index, then notes the RSS again. ``--baseline`` opens each store with another
 checkout's bucketstore too, alternating, for ratios measured under the same load.
+
+``--live`` builds the store the way a long-running broker does instead: one fresh process
+adds the same indexes through ``add_messages`` (a ledger at a time, in publish order), so
+every bucket is sealed and installed by that process, then uses it as ``--use`` says
+(N defaults to 20,000 there). It notes the RSS after the build and after the use (freed heap
+returned first with ``malloc_trim``), its anonymous part (RSS also counts library pages first
+touched by the build) and the tracker's own ``stats()['memory_bytes']``; each run
+is made twice back to back, with the index pager on and off (``engine/index_pager.py``), so
+the two are compared within one run.
 """
 
 from __future__ import annotations
@@ -86,6 +95,97 @@ print(json.dumps(out))
 """
 
 
+_LIVE_CHILD = r"""
+import ctypes, json, os, sys, time
+import numpy as np
+import bucketstore
+from bucketstore import TrackerConfig
+path, shape, n, bucket, uses, page, epoch, ledger_entries = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
+try:
+    from bucketstore.engine import index_pager
+    if not page:
+        index_pager.RESIDENT_LEDGERS = 1 << 62  # never sweeps: every installed bucket stays in the index
+except ImportError:
+    index_pager = None  # a checkout without the pager
+libc = ctypes.CDLL("libc.so.6")
+def rss():
+    libc.malloc_trim(0)  # freed heap (the build's transient columns) back to the system first
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def anon():
+    # Anonymous memory only: RSS also counts the library pages the build first touched.
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Anonymous:"))
+now = [epoch]
+store = bucketstore.open(path, durability="sealed")
+t = store.tracker("t", TrackerConfig(), lambda: now[0])
+before = rss()
+before_anon = anon()
+rng = np.random.default_rng(0)
+done, next_entry, last_ledger, started = 0, 0, 0, time.perf_counter()
+while done < n:  # the same indexes as generate(), added in publish order
+    k = min(bucket, n - done)
+    if shape == "dense":
+        chosen = np.arange(next_entry, next_entry + k, dtype=np.uint64)
+        delay = np.full(k, 60_000, np.uint64)
+    else:
+        span = int(k / (int(shape) / 100) * 1.2) + ledger_entries
+        chosen = (next_entry + np.flatnonzero(rng.random(span) < int(shape) / 100)[:k]).astype(np.uint64)
+        delay = rng.integers(0, 600_000, len(chosen)).astype(np.uint64)
+    ledgers = np.uint64(1) + chosen // np.uint64(ledger_entries)
+    t.add_messages((ledgers, chosen % np.uint64(ledger_entries), np.uint64(epoch + 1_000) + chosen + delay))
+    done += len(chosen)
+    last_ledger = int(ledgers.max())
+    next_entry = last_ledger * ledger_entries
+t.flush()
+del chosen, delay, ledgers  # the last publish batch's columns (~1 B/index at 10 M): a broker lets them go
+out = {"build_seconds": time.perf_counter() - started, "held": t.number_of_delayed_messages,
+       "buckets": t.stats()["immutable_buckets"], "built_rss": rss() - before, "built_anon": anon() - before_anon,
+       "built_memory_bytes": t.stats()["memory_bytes"]}
+import random
+from array import array
+r = random.Random(1)
+asked_l = array("Q", (r.randrange(1, last_ledger + 1) for _ in range(uses)))
+asked_e = array("Q", (r.randrange(ledger_entries) for _ in range(uses)))
+started = time.perf_counter()
+out["hits"] = sum(t.contains_message(l, e) for l, e in zip(asked_l, asked_e))
+out["contains_seconds"] = time.perf_counter() - started
+now[0] = t.next_delivery_time() + 60_000
+started = time.perf_counter()
+out["batch"] = len(t.get_scheduled_messages(10_000))
+out["batch_seconds"] = time.perf_counter() - started
+out["used_rss"] = rss() - before
+out["used_anon"] = anon() - before_anon
+stats = t.stats()
+out["used_memory_bytes"] = stats["memory_bytes"]
+out["paged_buckets"] = stats["membership"].get("paged_buckets", 0)
+print(json.dumps(out))
+"""
+
+
+def live(tmp: str, shape: str, n: int, bucket: int, uses: int, page: bool, tree: str = "") -> dict:
+    """Build and use a store in one fresh process (see ``--live``); with the index pager or not."""
+    path = tempfile.mkdtemp(dir=tmp)
+    tree = tree or HERE
+    out = subprocess.run([sys.executable, "-c", _LIVE_CHILD, path, shape, str(n), str(bucket), str(uses),
+                          str(int(page)), str(EPOCH), str(LEDGER_ENTRIES)], capture_output=True, text=True,
+                         cwd=tree, env={**os.environ, "PYTHONPATH": tree})
+    if out.returncode:
+        raise SystemExit(f"live build failed:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def _print_live(label: str, runs: list[dict]) -> None:
+    held = runs[0]["held"]
+    med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
+    print(f"  {label}: built {held:,} in {runs[0]['buckets']} sealed buckets in {med('build_seconds'):.0f} s; "
+          f"resident after build {med('built_rss') / held:.2f} B/index (anonymous {med('built_anon') / held:.2f}, "
+          f"stats {med('built_memory_bytes') / held:.2f}), after {runs[0]['hits']} of the questions tracked + "
+          f"first batch {med('used_rss') / held:.2f} B/index (anonymous {med('used_anon') / held:.2f}, "
+          f"stats {med('used_memory_bytes') / held:.2f}); questions {med('contains_seconds'):.2f} s, "
+          f"batch {med('batch_seconds'):.3f} s; paged-out buckets {runs[0]['paged_buckets']}")
+
+
 def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> tuple[int, int]:
     """Write the store; return its ledger files' total size and its last ledger id."""
     rng = np.random.default_rng(seed)
@@ -148,12 +248,31 @@ def main() -> int:
     p.add_argument("--baseline", metavar="TREE",
                    help="also open each store with the bucketstore of this checkout (e.g. /work/main), "
                         "alternating with this one, and print its figures and the ratios")
+    p.add_argument("--live", action="store_true",
+                   help="build the store in the measuring process through add_messages (seals installed "
+                        "live), use it, and compare the index pager on and off")
     args = p.parse_args()
     print(f"$ PYTHONPATH=. python tools/bench/bench_sparse.py --indexes {args.indexes} --bucket {args.bucket} "
           f"--shapes {args.shapes} --repeat {args.repeat}" + (f" --use {args.use}" if args.use else "")
-          + (f" --baseline {args.baseline}" if args.baseline else ""))
+          + (f" --baseline {args.baseline}" if args.baseline else "") + (" --live" if args.live else ""))
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu(s)")
     n = args.indexes
+    if args.live:
+        for shape in args.shapes.split(","):
+            on, off = [], []
+            with tempfile.TemporaryDirectory(dir=os.environ.get("BUCKETSTORE_BENCH_DIR")) as tmp:
+                for _ in range(args.repeat):  # back to back: a shared machine's load hits both alike
+                    on.append(live(tmp, shape, n, args.bucket, args.use or 20_000, True))
+                    off.append(live(tmp, shape, n, args.bucket, args.use or 20_000, False))
+            print("dense (every entry, fixed delay):" if shape == "dense" else f"{shape} % of entries delayed:")
+            _print_live("pager on ", on)
+            _print_live("pager off", off)
+            spent = lambda r: r["contains_seconds"] + r["batch_seconds"]  # noqa: E731
+            print("  used RSS on/off, run by run: "
+                  + ", ".join(f"{a['used_rss'] / b['used_rss']:.2f}" for a, b in zip(on, off))
+                  + "; questions + batch time on/off: "
+                  + ", ".join(f"{spent(a) / spent(b):.2f}" for a, b in zip(on, off)))
+        return 0
     recovery_target = TARGETS["recovery_s"].get(n)
     for shape in args.shapes.split(","):
         with tempfile.TemporaryDirectory(dir=os.environ.get("BUCKETSTORE_BENCH_DIR")) as tmp:
