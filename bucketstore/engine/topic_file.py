@@ -178,24 +178,27 @@ class TopicFile:
             env = self._live()
             return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
 
+    def _release(self) -> lmdb.Environment | None:
+        """Stop being this process's writer of the file; the environment, now ours alone to
+        close (call holding :attr:`lock`), or None if it was released already."""
+        with _WRITERS_LOCK:
+            if _WRITERS.get(os.path.realpath(self.path)) is self:
+                del _WRITERS[os.path.realpath(self.path)]
+        env, self._env = getattr(self, "_env", None), None
+        return env
+
     def abandon(self) -> None:
         """Release the environment as a killed process does: no sync, nothing more written
         (:func:`bucketstore.testing.faults.abandon_store`). Its topics' handles are left
         unusable: any call raises :class:`~bucketstore.CatalogError`."""
-        with _WRITERS_LOCK:
-            if _WRITERS.get(os.path.realpath(self.path)) is self:
-                del _WRITERS[os.path.realpath(self.path)]
         with self.lock:
-            env, self._env = getattr(self, "_env", None), None
+            env = self._release()
             if env is not None:
                 env.close()
 
     def close(self) -> None:
-        with _WRITERS_LOCK:
-            if _WRITERS.get(os.path.realpath(self.path)) is self:
-                del _WRITERS[os.path.realpath(self.path)]
         with self.lock:
-            env, self._env = getattr(self, "_env", None), None
+            env = self._release()
             if env is not None:
                 try:
                     env.sync(True)

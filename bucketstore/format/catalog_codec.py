@@ -19,7 +19,7 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["CATALOG_FORMAT", "READABLE_FORMATS", "MAX_NAME_BYTES", "FORMAT_KEY", "NEXT_LEDGER_ID_KEY",
+__all__ = ["validate_name", "CATALOG_FORMAT", "READABLE_FORMATS", "MAX_NAME_BYTES", "FORMAT_KEY", "NEXT_LEDGER_ID_KEY",
            "STORE_ID_KEY", "CatalogRecordError", "validate_tracker_name", "tracker_prefix", "bucket_record_key",
            "split_record_key", "encode_ledger_id", "decode_ledger_id", "encode_state", "decode_state",
            "encode_u64", "decode_u64", "is_store_id", "decode_store_id"]
@@ -47,11 +47,17 @@ def validate_tracker_name(name: object) -> bytes:
 
     :raises TypeError: not a str. :raises ValueError: empty, too long, or holding a NUL.
     """
+    return validate_name(name, "tracker")
+
+
+def validate_name(name: object, what: str) -> bytes:
+    """The UTF-8 bytes of a valid ``what`` name (tracker, topic, subscription): 1..200 bytes, no
+    NUL, so that it can end a key prefix with a NUL. :raises TypeError, ValueError: as above."""
     if not isinstance(name, str):
-        raise TypeError(f"tracker name must be a str, not {type(name).__name__}")
+        raise TypeError(f"{what} name must be a str, not {type(name).__name__}")
     raw = name.encode("utf-8")
     if not raw or b"\x00" in raw or len(raw) > MAX_NAME_BYTES:
-        raise ValueError(f"tracker name must be 1..{MAX_NAME_BYTES} UTF-8 bytes without NUL: {name!r}")
+        raise ValueError(f"{what} name must be 1..{MAX_NAME_BYTES} UTF-8 bytes without NUL: {name!r}")
     return raw
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import msgpack
 
+from .catalog_codec import validate_name  # topic and subscription names follow the tracker names' rule
+
 __all__ = ["TOPICS_FORMAT", "TopicRecordError", "ROW_KEY", "ROW_DUP", "POS_KEY", "POS_DUP", "MULTI", "TOPIC_ID",
            "U64", "row_parts", "row_from", "position_parts", "split_position", "multi_key", "sub_key", "split_sub_key",
            "encode_topic", "decode_topic", "encode_subscription", "decode_subscription", "validate_name",
@@ -44,21 +46,10 @@ U64 = struct.Struct(">Q")
 _MAX = (1 << 64) - 1
 #: A row key greater than every row of its topic (as a tuple: deliver_at, ledger, entry, seq).
 MAX_KEY = (_MAX, _MAX, _MAX, _MAX)
-_MAX_NAME = 200
 
 
 class TopicRecordError(ValueError):
     """A topic record whose bytes do not decode as its format says."""
-
-
-def validate_name(name: object, what: str) -> bytes:
-    """The UTF-8 bytes of a topic or subscription name (1..200 bytes, no NUL)."""
-    if not isinstance(name, str):
-        raise TypeError(f"{what} name must be a str, not {type(name).__name__}")
-    raw = name.encode("utf-8")
-    if not raw or b"\x00" in raw or len(raw) > _MAX_NAME:
-        raise ValueError(f"{what} name must be 1..{_MAX_NAME} UTF-8 bytes without NUL: {name!r}")
-    return raw
 
 
 def topic_prefix(topic_id: int) -> bytes:
