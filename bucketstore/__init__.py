@@ -19,6 +19,8 @@ from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
 from .engine.read_only import ReadOnlyStore, ReadOnlyTracker
 from .engine.store import Store, open_store
+from .engine.subscription import Subscription
+from .engine.topic import Topic
 from .memory.timebucket import TimeBucketIndex
 from .memory.timebucket_tracker import TimeBucketTracker
 from .engine.tracker import BucketTracker
@@ -37,6 +39,8 @@ __all__ = [
     "Store",
     "ReadOnlyStore",
     "ReadOnlyTracker",
+    "Topic",
+    "Subscription",
     "TrackerConfig",
     "BucketTracker",
     "InMemoryTracker",

@@ -28,7 +28,8 @@ from .engine.journal import journal_directory
 from .engine.op_stats import LATENCY_BUCKETS
 from .engine.read_only import ReadOnlyStore
 from .engine.store import Store
-from .errors import StaleSnapshotError, StoreClosedError
+from .engine.topic_reader import describe_topics
+from .errors import CatalogError, StaleSnapshotError, StoreClosedError
 
 __all__ = ["METRICS", "MetricInfo", "collect", "from_description", "render", "prometheus_text"]
 
@@ -63,6 +64,11 @@ METRICS: tuple[MetricInfo, ...] = (
                "open (a bounded pool shared by its trackers).", "store.journal_open_files", source="live"),
     MetricInfo("bucketstore_store_journal_open_files_limit", "gauge", (), "The bound of that pool.",
                "store.journal_open_files_limit", source="live"),
+    MetricInfo("bucketstore_store_topic_file_bytes", "gauge", (), "Bytes of the topic index file (topics/), pages "
+               "freed by deletes included: LMDB keeps them for reuse (absent while the store has no topic).",
+               "store.topic_file_bytes"),
+    MetricInfo("bucketstore_store_topic_live_bytes", "gauge", (), "Bytes of the topic index's pages in use; the "
+               "rest of the file is free pages awaiting reuse.", "store.topic_live_bytes"),
     MetricInfo("bucketstore_tracker_delayed_indexes", "gauge", _T, "Positions tracked and not yet delivered.",
                "tracker.delayed_indexes", source="live"),
     MetricInfo("bucketstore_tracker_sealed_indexes", "gauge", _T, "Indexes recorded in the tracker's sealed "
@@ -121,7 +127,8 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
     """The figures of ``store`` and of the trackers open on it, as a dict::
 
         {"store": {"trackers": 2, "ledger_bytes": ..., ...},
-         "trackers": {"sub-1": {"delayed_indexes": ..., "operations": {"add": {...}, ...}, ...}}}
+         "trackers": {"sub-1": {"delayed_indexes": ..., "operations": {"add": {...}, ...}, ...}},
+         "topics": {"orders": {"rows": ..., "subscriptions": {"sub-1": {"held_rows": ..., ...}}}}}
 
     The keys are the ``key`` fields of :data:`METRICS`; ``operations`` maps each op label to
     ``ok``, ``failed``, ``buckets`` (per :data:`~bucketstore.engine.op_stats.LATENCY_BUCKETS`,
@@ -130,6 +137,10 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
     their snapshot's figures, and the journal descriptor pool (it has none) is left out; a
     tracker whose snapshot the writer has outdated (it raises ``StaleSnapshotError``) is left
     out, as one closed meanwhile is. File figures beside live maintenance: docs/operator.md.
+    ``topics`` holds every topic of the store, open or not, as ``stats`` describes it
+    (:func:`~bucketstore.engine.topic_reader.describe_topics`: the same figures on both paths,
+    "due" by the clock of the topic's open handle; adds waiting for their group commit are not
+    in them yet).
     """
     summary = store.stats()
     trackers: dict[str, dict[str, Any]] = {}
@@ -166,7 +177,22 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
     pool = getattr(store, "journal_fds", None)  # a read-only handle opens no journal for writing
     if pool is not None:
         figures.update(journal_open_files=len(pool), journal_open_files_limit=pool.capacity)
-    return {"store": figures, "trackers": trackers}
+    clocks = getattr(store, "_topic_clocks", dict)()  # a read-only handle opens no topic
+    try:  # through this process's own environment when it has the topics open
+        topics = describe_topics(store.path, clocks=clocks)
+    except CatalogError as exc:
+        topics = {"error": str(exc)}
+    return {"store": figures, "trackers": trackers, "topics": _topics(figures, topics)}
+
+
+def _topics(figures: dict[str, Any], topics: dict[str, Any]) -> dict[str, Any]:
+    """``describe_topics``' document as the metrics carry it, the shared file's sizes added to
+    the store's ``figures``. A topic index that cannot be read exports no topic figure (``stats``
+    and ``verify`` report why), rather than failing the whole scrape."""
+    topics = {k: v for k, v in topics.items() if k != "error"}
+    for doc in topics.values():
+        figures.update(topic_file_bytes=doc["file_bytes"], topic_live_bytes=doc["live_bytes"])
+    return topics
 
 
 def from_description(doc: dict[str, Any]) -> dict[str, Any]:
@@ -177,9 +203,9 @@ def from_description(doc: dict[str, Any]) -> dict[str, Any]:
                        "journal_bytes": _dir_bytes(journal_directory(path, name))}
                 for name, t in doc["trackers"].items()}
     journal_bytes = tree_usage(os.path.join(path, "journal")).bytes
-    return {"store": {"trackers": len(trackers), "ledger_files": doc["ledger_files"], "ledger_bytes": doc["bytes"],
-                      "journal_bytes": journal_bytes},
-            "trackers": trackers, "topics": {k: v for k, v in (doc.get("topics") or {}).items() if k != "error"}}
+    figures = {"trackers": len(trackers), "ledger_files": doc["ledger_files"], "ledger_bytes": doc["bytes"],
+               "journal_bytes": journal_bytes}
+    return {"store": figures, "trackers": trackers, "topics": _topics(figures, doc.get("topics") or {})}
 
 
 # -- the text exposition format ------------------------------------------------------------------
@@ -242,6 +268,8 @@ TOPIC_METRICS = (
      "behind.", "held_rows"),
     ("bucketstore_subscription_due_undelivered", "Due indexes the subscription has not delivered.", "due_undelivered"),
     ("bucketstore_subscription_frontier_ms", "The deliver_at of the subscription's delivery frontier.", "frontier"),
+    ("bucketstore_subscription_oldest_due_age_seconds", "How long the oldest due index the subscription has not "
+     "delivered has waited past its time (absent when none is due).", "oldest_due_age_ms"),
 )
 
 
@@ -258,6 +286,10 @@ def topic_lines(topics: dict[str, Any]) -> list[str]:
                 value = figures[key]
                 if key == "frontier":
                     value = value[0] if value else 0
+                elif key == "oldest_due_age_ms":
+                    if value is None:  # nothing due: no sample (a 0 would read as "due just now")
+                        continue
+                    value = value / 1000
                 lines.append(f"{metric}{_labels([('topic', name), ('subscription', sub)])} {_number(value)}")
         if lines:
             out += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge", *lines]

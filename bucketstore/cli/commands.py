@@ -115,7 +115,8 @@ def _topic_lines(topics: dict) -> list[str]:
     lines = []
     for name, topic in topics.items():
         lines += ["", f"topic {name!r}: {topic['rows']} row(s), {len(topic['subscriptions'])} subscription(s), "
-                      f"{topic['file_bytes']} bytes (topic index file), cutoff {topic['cutoff']}"]
+                      f"topic index file {topic['file_bytes']} bytes ({topic['live_bytes']} in use), "
+                      f"cutoff {topic['cutoff']}"]
         for sub, s in topic["subscriptions"].items():
             f = s["frontier"]
             # A frontier at the end of a millisecond (how a subscription starts) shows as its time.

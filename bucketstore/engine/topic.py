@@ -57,6 +57,7 @@ class Topic:
         self._cond = threading.Condition(self._lock)
         self._due = DueWaiter(self._cond, clock)
         self._cutoff = Cutoff(config, clock)
+        self.clock = clock  #: None: the system clock (the metrics judge "due" by it, as the topic does)
         self._closed = False
         self._last_sync = time.monotonic()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).

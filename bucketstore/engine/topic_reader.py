@@ -11,13 +11,13 @@ does not decode or does not agree with the others.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import lmdb
 
-from ..cutoff import system_clock
+from ..cutoff import Clock, system_clock
 from ..errors import CatalogError, ReadOnlyError
 from ..format.topic_codec import (MULTI, TopicRecordError, decode_topic, row_from, row_parts, split_position,
                                   split_sub_key, topic_prefix)
@@ -53,7 +53,7 @@ def _open(store_path: str) -> lmdb.Environment | None:
         raise CatalogError(f"{path}: cannot open the topic index: {exc}", path=path) from None
 
 
-_NAMES = ("topics", "subs", "rows", "positions", "multi")
+_NAMES = ("topics", "subs", "rows", "positions", "multi", "meta")
 _DUPS = ("rows", "positions")
 
 
@@ -89,11 +89,14 @@ def _each(txn: lmdb.Transaction, db: Any, prefix: bytes = b""):
                 yield key, value
 
 
-def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = None) -> dict[str, Any]:
+def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = None,
+                    clocks: Mapping[str, Clock | None] | None = None) -> dict[str, Any]:
     """Every topic of the store with its subscriptions' figures ({} when it has none).
 
     :param now_ms: the clock for "due" (default: the system clock); the cutoff is the later
         of ``now + tick`` and the topic's recorded cutoff.
+    :param clocks: per topic name, the clock its open handle runs on (None: the system's),
+        in place of ``now_ms``: the writer's own metrics judge "due" as its topics do.
     :raises CatalogError: the topic index cannot be opened or a record does not decode.
     """
     path = os.fspath(store_path)
@@ -107,21 +110,36 @@ def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = Non
             for raw_name, value in _each(txn, dbs["topics"]):
                 name = raw_name.decode("utf-8", "replace")
                 try:
-                    out[name] = _describe(txn, dbs, decode_topic(value), now_ms)
+                    clock = (clocks or {}).get(name)
+                    now = int(clock()) if clock is not None else now_ms
+                    out[name] = _describe(txn, dbs, decode_topic(value), now)
                 except TopicRecordError as exc:
                     raise CatalogError(f"{where}: topic {name!r}: {exc}", path=where) from None
-            size = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-            for doc in out.values():
-                doc["file_bytes"] = size  # the environment is shared by the store's topics
+            file_bytes, live_bytes = _sizes(env, txn, dbs)
+            for doc in out.values():  # the environment is shared by the store's topics
+                doc["file_bytes"], doc["live_bytes"] = file_bytes, live_bytes
             return out
     except lmdb.Error as exc:
         raise CatalogError(f"{where}: cannot read the topic index: {exc}", path=where) from None
 
 
+def _sizes(env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict[str, Any]) -> tuple[int, int]:
+    """The bytes of the environment's pages, and of those in use: LMDB never gives pages back to
+    the file system, so after a bulk delete the file stays at its high-water mark while the
+    pages freed wait for reuse; the difference is what a compacting copy would save."""
+    psize = env.stat()["psize"]
+    used = 2  # the two meta pages
+    for db in (None, *dbs.values()):  # None: the main table, which names the others
+        st = env.stat() if db is None else txn.stat(db)
+        used += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+    return (env.info()["last_pgno"] + 1) * psize, used * psize
+
+
 def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
     prefix = topic_prefix(record["id"])
     tick = 0 if record["config"].get("deliver_at_time_strict") else int(record["config"].get("tick_time_ms", 0))
-    cutoff = max(record["cutoff"], (system_clock() if now_ms is None else now_ms) + tick)
+    now = system_clock() if now_ms is None else now_ms
+    cutoff = max(record["cutoff"], now + tick)
     rows = [row_from(k, v) for k, v in _each(txn, dbs["rows"], prefix)]
     versions: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for key, value in _each(txn, dbs["positions"], prefix):
@@ -138,6 +156,7 @@ def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any]
         others = [s.frontier for s in subs.values() if s is not state and s.frontier is not None]
         upper = min(others) if others else None
         held = due = 0
+        oldest = min((row[0] for row in state.redeliver), default=None)
         for row in rows:
             if state.frontier is not None and row <= state.frontier:
                 continue
@@ -147,12 +166,15 @@ def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any]
                     (row[1], row[2]) not in multi
                     or state.tracked_row(row[1], row[2], versions.get((row[1], row[2]), [])) == row):
                 due += 1
+                oldest = row[0] if oldest is None else min(oldest, row[0])
         doc_subs[sub_name] = {
             "number_of_delayed_messages": state.count(record["inserted"]),
             "frontier": list(state.frontier) if state.frontier else None,
             "mark_delete": list(state.mark_delete) if state.mark_delete else None,
             "held_rows": held, "due_undelivered": due + len(state.redeliver), "exceptions": len(state.lost),
-            "unconfirmed": len(state.redeliver)}
+            "unconfirmed": len(state.redeliver),
+            # How long the oldest of those has waited past its time (None: nothing is due).
+            "oldest_due_age_ms": None if oldest is None else max(0, now - oldest)}
     return {"id": record["id"], "rows": len(rows), "multi_positions": len(multi), "cutoff": cutoff,
             "subscriptions": dict(sorted(doc_subs.items()))}
 

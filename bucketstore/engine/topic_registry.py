@@ -70,6 +70,11 @@ class TopicRegistry:
             if handles.get(topic.name) is topic:
                 del handles[topic.name]
 
+    def _topic_clocks(self) -> dict[str, Clock | None]:
+        """The clock of each topic open here (None: the system clock)."""
+        with self._lock:
+            return {name: topic.clock for name, topic in self._open_topics().items()}
+
     def topics(self) -> list[str]:
         """Names of every topic in the store (open or not), sorted."""
         with self._lock:

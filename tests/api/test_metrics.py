@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -49,6 +50,8 @@ def busy(tmp_path):
     clock.now = 1_050
     delivered = tracker.get_scheduled_messages(1_000)
     tracker.flush()
+    topic = store.topic("orders", clock=clock)  # a topic too: the store's topic-file gauges
+    topic.subscription("s").add_message(1, 0, 60_000)
     yield store, tracker, adds, len(delivered)
     store.close()
 
@@ -178,6 +181,53 @@ def test_cli_stats_prometheus_usage_error(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "bucketstore", "stats", str(tmp_path / "nope"), "--prometheus"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_the_live_export_has_the_topic_series_the_disk_export_has(tmp_path) -> None:
+    """``prometheus_text`` on the writer's own handle exports, per subscription, the figures
+    ``stats --prometheus`` reads from disk, and the topic file's size in use and on disk."""
+    clock = FakeClock(1_000)
+    store = bucketstore.open(tmp_path / "s")
+    try:
+        topic = store.topic("orders", config=bucketstore.TrackerConfig(tick_time_ms=0), clock=clock)
+        stalled, fast = topic.subscription("stalled"), topic.subscription("fast")
+        topic.add_messages([(1, e, 1_100 + e) for e in range(2_000)])
+        clock.advance(1_099)  # 1,000 rows due
+        assert len(fast.get_scheduled_messages(10_000)) == 1_000
+        fast.confirm_delivered()
+        fast.mark_delete(1, 999)
+        stalled.mark_delete(1, 499)  # the first quarter goes: its pages are freed, the file stays
+        topic.flush()
+        live = parse(metrics.prometheus_text(store))
+        done = subprocess.run([sys.executable, "-m", "bucketstore", "stats", store.path, "--prometheus"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        disk = parse(done.stdout)
+    finally:
+        store.close()
+    names = [m[0] for m in metrics.TOPIC_METRICS] + ["bucketstore_store_topic_file_bytes",
+                                                     "bucketstore_store_topic_live_bytes"]
+    def series(families, name):
+        return sorted((x.name, sorted(x.labels.items()), x.value) for x in families[name].samples)
+
+    for name in names:
+        if name in ("bucketstore_subscription_due_undelivered", "bucketstore_subscription_oldest_due_age_seconds"):
+            continue  # "due" by another clock: the command line's is the system's, every row due by it
+        assert series(live, name) == series(disk, name), name
+    s, f = {"topic": "orders", "subscription": "stalled"}, {"topic": "orders", "subscription": "fast"}
+    assert sample(live, "bucketstore_topic_rows", topic="orders") == 1_500
+    assert sample(live, "bucketstore_subscription_held_rows", **s) == 500
+    assert sample(live, "bucketstore_subscription_delayed_messages", **s) == 1_500
+    assert sample(live, "bucketstore_subscription_frontier_ms", **f) == 2_099
+    # "Due" by the topic's clock (2,099 ms): 'fast' has delivered all of it, 'stalled' nothing
+    # past what it acknowledged, the oldest (1,600 ms) 499 ms late.
+    assert sample(live, "bucketstore_subscription_due_undelivered", **f) == 0
+    assert sample(live, "bucketstore_subscription_due_undelivered", **s) == 500
+    assert sample(live, "bucketstore_subscription_oldest_due_age_seconds", **s) == 0.499
+    assert f not in [x.labels for x in live["bucketstore_subscription_oldest_due_age_seconds"].samples]
+    file_bytes = sample(live, "bucketstore_store_topic_file_bytes")
+    assert 0 < sample(live, "bucketstore_store_topic_live_bytes") < file_bytes
+    assert file_bytes == os.path.getsize(tmp_path / "s" / "topics" / "data.mdb")
 
 
 def test_the_api_guide_documents_every_metric() -> None:

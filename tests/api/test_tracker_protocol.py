@@ -14,7 +14,9 @@ import pytest
 import bucketstore
 from bucketstore import DelayedDeliveryTracker, TrackerView
 
-FULL = [bucketstore.BucketTracker, bucketstore.InMemoryTracker, bucketstore.TimeBucketTracker]
+# A topic's Subscription is a tracker too: a broker swaps one in for a BucketTracker.
+FULL = [bucketstore.BucketTracker, bucketstore.InMemoryTracker, bucketstore.TimeBucketTracker,
+        bucketstore.Subscription]
 READERS = FULL + [bucketstore.ReadOnlyTracker]
 
 
@@ -92,7 +94,16 @@ def test_instances_pass_isinstance(tmp_path) -> None:
     with bucketstore.open(str(tmp_path / "s"), read_only=True) as view:
         reader = view.tracker("t")
         assert isinstance(reader, TrackerView) and reader.last_delivery_time() == 2**41
+    with bucketstore.open(str(tmp_path / "s")) as store:
+        subscription = store.topic("orders").subscription("s")
+        assert isinstance(subscription, DelayedDeliveryTracker) and isinstance(subscription, TrackerView)
     assert not isinstance(object(), TrackerView)
+
+
+def test_the_topic_types_are_public() -> None:
+    """``Topic`` and ``Subscription`` are reachable from the package, as its other public types."""
+    assert {"Topic", "Subscription"} <= set(bucketstore.__all__)
+    assert bucketstore.Topic.subscription.__annotations__["return"] in ("Subscription", bucketstore.Subscription)
 
 
 def test_a_drifting_signature_is_caught() -> None:

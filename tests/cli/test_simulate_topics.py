@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from bucketstore.cli import commands as cli
 from bucketstore.cli.simulate_topics import TopicSimulation, run_topic_simulation
+from bucketstore.engine.topic_reader import describe_topics
 
 
 def test_simulate_with_subscriptions_agrees_with_the_oracles(tmp_path, capsys) -> None:
@@ -13,6 +16,10 @@ def test_simulate_with_subscriptions_agrees_with_the_oracles(tmp_path, capsys) -
     assert "3 subscription(s), 1 restart(s)" in out
     assert "delivered: sub-0 3,000, sub-1 3,000, sub-2 3,000" in out
     assert "every batch and count agreed" in out
+    assert re.search(r"topic index file [\d,]+ bytes \([\d,]+ in use", out)
+    # The consumers confirmed their last batches: a restarted broker gets nothing back.
+    for sub in describe_topics(tmp_path / "s")["simulate-topic"]["subscriptions"].values():
+        assert sub["number_of_delayed_messages"] == 0 and sub["due_undelivered"] == 0, sub
     # A second run starts the topic afresh.
     assert cli.main(["simulate", str(tmp_path / "s"), "--subscriptions", "2", "--messages", "500",
                      "--durability", "journal", "--no-progress"]) == 0

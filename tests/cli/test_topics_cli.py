@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import lmdb
 
@@ -49,8 +51,12 @@ def test_stats_catalog_and_prometheus_show_each_subscription(tmp_path, capsys) -
         # The command line's clock is the system's: every row is due by now.
         assert "subscription 'stalled': 40 tracked, 20 held alone, 40 due and undelivered, frontier 1000" in out
         assert "subscription 'fast': 20 tracked, 0 held alone, 20 due and undelivered, frontier (1119, 1:19)" in out
+        # The file keeps the pages deletes freed: what is in use is told apart from its size.
+        sizes = re.search(r"topic index file (\d+) bytes \((\d+) in use\)", out)
+        assert sizes and 0 < int(sizes[2]) <= int(sizes[1]) == os.path.getsize(tmp_path / "topics" / "data.mdb")
     code, out, _ = run(capsys, "stats", "--json", str(tmp_path))
     assert code == 0 and json.loads(out)["topics"]["orders"]["subscriptions"]["stalled"]["held_rows"] == 20
+    assert json.loads(out)["topics"]["orders"]["live_bytes"] == int(sizes[2])
     code, out, _ = run(capsys, "stats", "--prometheus", str(tmp_path))
     assert code == 0
     assert 'bucketstore_topic_rows{topic="orders"} 40' in out
