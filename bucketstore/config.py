@@ -23,11 +23,18 @@ class TrackerConfig:
     ``max_indexes_per_segment``               5000      delayedDeliveryMaxIndexesPerBucketSnapshotSegment (-1 = no cap)
     ``max_num_buckets``                       -1        delayedDeliveryMaxNumBuckets (-1 = no merging)
     ``precision_bits``                        0         (TimeBucket: timestamps trimmed by this many bits)
+    ``max_resident_ledgers``                  8192      (memory: ledgers the index holds before idle sealed
+                                                        buckets are paged out to the membership spill)
     ========================================  ========  =====================================================
 
     The cutoff is ``now + tick_time_ms``, or ``now`` when ``deliver_at_time_strict``:
     indexes at or before it are due, so a non-strict tracker may deliver up to one
     tick early.
+
+    ``max_resident_ledgers`` bounds memory, not behaviour: once the tracker's index holds
+    more ledgers than this (and twice what the last sweep left), the bitmaps of sealed
+    buckets delivery does not need now are paged out of memory; answers stay the same.
+    With 0 only the doubling counts; a value above the backlog's ledger count never pages.
 
     :raises ValueError: a field out of range, naming the field.
     :raises TypeError: a field of the wrong type, naming the field.
@@ -40,6 +47,7 @@ class TrackerConfig:
     max_indexes_per_segment: int = 5000
     max_num_buckets: int = -1
     precision_bits: int = 0
+    max_resident_ledgers: int = 8192
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -61,6 +69,7 @@ class TrackerConfig:
         _require(self.max_num_buckets == -1 or self.max_num_buckets >= 1,
                  "max_num_buckets", "must be -1 (no merging) or >= 1")
         _require(0 <= self.precision_bits <= 32, "precision_bits", "must be in 0..32")
+        _require(self.max_resident_ledgers >= 0, "max_resident_ledgers", "must be >= 0")
 
 
 def _require(ok: bool, name: str, what: str) -> None:

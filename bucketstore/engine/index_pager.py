@@ -32,9 +32,10 @@ disk, to be read again when due) and no run outside a bucket (direct adds to
 covered ledgers, buffered or queued; rows due at a seal) holds rows of its ledgers.
 
 A sweep walks the index's ledgers once, so it runs only when the index holds
-more than :data:`RESIDENT_LEDGERS` ledgers and twice as many as the last sweep
-left (what is being delivered cannot go): its cost is shared by the ledgers it
-found. It runs after a seal's or merge's install and after a delivery call.
+more than the tracker's budget (``TrackerConfig.max_resident_ledgers``) and
+:data:`GROWTH` times as many ledgers as the last sweep left (what is being
+delivered cannot go): its cost is shared by the ledgers it found. It runs
+after a seal's or merge's install and after a delivery call.
 """
 
 from __future__ import annotations
@@ -49,12 +50,10 @@ from .index_set import bitmap_of
 from .sealed_bucket import SealedBucket
 from .shared_queue import Run, Slot
 
-__all__ = ["IndexPager", "RESIDENT_LEDGERS"]
+__all__ = ["IndexPager"]
 
-#: A sweep is considered once the index holds more ledgers than this (about 4 MB of sparse
-#: ledgers' bitmaps). Read at each check, so tests may lower it.
-RESIDENT_LEDGERS = 8192
-#: ... and more than this many times what the last sweep left (0 in tests: sweep at every chance).
+#: A sweep also needs more than this many times the ledgers the last sweep left. Read at each
+#: check, so tests may set 0 (with a budget of 0: sweep at every chance).
 GROWTH = 2
 
 
@@ -64,9 +63,11 @@ class IndexPager:
     Not thread-safe by itself: called under the owning tracker's lock.
     """
 
-    __slots__ = ("floor", "sweeps", "paged_out", "paged_in", "_refused")
+    __slots__ = ("budget", "floor", "sweeps", "paged_out", "paged_in", "_refused")
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int) -> None:
+        #: Ledgers the index may hold before a sweep (``TrackerConfig.max_resident_ledgers``).
+        self.budget = budget
         #: Ledgers left in the index by the last sweep (what it could not page out).
         self.floor = 0
         self.sweeps = self.paged_out = self.paged_in = 0
@@ -77,10 +78,10 @@ class IndexPager:
         return {"sweeps": self.sweeps, "paged_out": self.paged_out, "paged_in": self.paged_in}
 
     def maybe_sweep(self, tracker: Any) -> None:
-        """Sweep if the index has grown past :data:`RESIDENT_LEDGERS` and twice the last floor."""
+        """Sweep if the index has grown past the budget and :data:`GROWTH` times the last floor."""
         if tracker._read_only or tracker._replaying or tracker._closed:
             return
-        if tracker._index.ledger_count() > max(RESIDENT_LEDGERS, GROWTH * self.floor):
+        if tracker._index.ledger_count() > max(self.budget, GROWTH * self.floor):
             self.sweep(tracker)
 
     def sweep(self, tracker: Any) -> int:

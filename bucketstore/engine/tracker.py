@@ -109,7 +109,7 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         self._membership = SpilledMembership(None if self._read_only else store.ledgers_dir)
         #: Pages idle sealed buckets' bitmaps out of the index to that spill (they count as
         #: unopened meanwhile: the paths that open a bucket page it back in).
-        self._pager = IndexPager()
+        self._pager = IndexPager(config.max_resident_ledgers)
         # precision_bits > 0: timestamps are trimmed to multiples of 2**bits ms and the
         # mutable bucket is a TimeBucket index (seed 000); deliveries may then come up to
         # 2**bits - 1 ms early (late instead, never early, when deliver_at_time_strict).

@@ -9,6 +9,7 @@ the exact step by a hook, while the first thread asks.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from bucketstore import TrackerConfig
@@ -90,11 +91,10 @@ def test_the_count_is_exact_while_an_install_pages_a_bucket_out(tmp_path, monkey
     """A background install that pages a bucket out moves its positions from the index to the
     spill: the count read meanwhile must still hold them (it read the index's part after the
     bitmaps left and the spill's before they arrived)."""
-    monkeypatch.setattr(index_pager, "RESIDENT_LEDGERS", -1)
-    monkeypatch.setattr(index_pager, "GROWTH", 0)
+    monkeypatch.setattr(index_pager, "GROWTH", 0)  # with a budget of 0: sweep at every install
     worker = SteppedWorker()
     with Store(tmp_path / "s", "sealed", background=True, maintenance=worker) as store:
-        t = store.tracker("t", CONFIG_WIDE, FakeClock(0))
+        t = store.tracker("t", dataclasses.replace(CONFIG_WIDE, max_resident_ledgers=0), FakeClock(0))
         for ledger in (1, 2):
             for entry in range(6):
                 assert t.add_message(ledger, entry, 5_000 + entry)

@@ -9,6 +9,7 @@ checkpoints; the tests below aim at each entry point and at a journal reopen.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import random
@@ -43,7 +44,10 @@ def _crash_module(name: str):
 def _paging():
     """Sweep at every install and delivery call, and at every step the differential checks."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(index_pager, "RESIDENT_LEDGERS", -1)
+        # Every tracker's budget (TrackerConfig.max_resident_ledgers) 0, whatever config the
+        # workload chose, and no growth rule.
+        init = index_pager.IndexPager.__init__
+        mp.setattr(index_pager.IndexPager, "__init__", lambda self, budget: init(self, 0))
         mp.setattr(index_pager, "GROWTH", 0)
         check = BucketTracker._check
 
@@ -95,6 +99,35 @@ def _fill(tracker, model, rng, clock, ledgers, start=0):
             at = clock.now + rng.randint(1_000, 50_000)
             if tracker.add_message(ledger, entry, at):
                 model[(ledger, entry)] = at
+
+
+@pytest.mark.parametrize("budget, paged", [(8, True), (TrackerConfig().max_resident_ledgers, False)])
+def test_max_resident_ledgers_decides_when_buckets_leave_the_index(tmp_path, budget, paged):
+    """The option alone, with the pager's own growth rule: 40 ledgers sealed into buckets of
+    about two go past a budget of 8 (sweeps leave the index near the budget, and answers stay
+    exact) but not past the default."""
+    rng = random.Random(3)
+    clock = FakeClock(1_000)
+    model: dict[tuple[int, int], int] = {}
+    with bucketstore.open(tmp_path, durability="sealed", background=False) as store:
+        t = store.tracker("sub", dataclasses.replace(CONFIG, max_resident_ledgers=budget), clock)
+        _fill(t, model, rng, clock, 40)
+        t.flush()
+        t._check()
+        stats = t.stats()["membership"]
+        assert (stats["paged_buckets"] > 0) == paged and (stats["sweeps"] > 0) == paged, stats
+        if paged:
+            assert t._index.ledger_count() <= 2 * budget + 4  # the growth rule's slack, a bucket's span
+        assert t.number_of_delayed_messages == len(model)
+        for ledger, entry in list(model)[::5]:
+            assert t.contains_message(ledger, entry)
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1 << 63, ValueError), (True, TypeError),
+                                        (8.0, TypeError), ("8192", TypeError)])
+def test_max_resident_ledgers_rejects_bad_values(bad, error):
+    with pytest.raises(error, match="TrackerConfig.max_resident_ledgers"):
+        TrackerConfig(max_resident_ledgers=bad)
 
 
 @pytest.mark.parametrize("durability", ["journal", "sealed"])
