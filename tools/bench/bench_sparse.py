@@ -29,8 +29,9 @@ every bucket is sealed and installed by that process, then uses it as ``--use`` 
 (N defaults to 20,000 there). It notes the RSS after the build and after the use (freed heap
 returned first with ``malloc_trim``), its anonymous part (RSS also counts library pages first
 touched by the build) and the tracker's own ``stats()['memory_bytes']``; each run
-is made twice back to back, with the index pager on and off (``engine/index_pager.py``), so
-the two are compared within one run.
+is made back to back with the index pager on and off (``engine/index_pager.py``), so the two
+are compared within one run; ``--budgets 8192,2048`` runs the pager at each of these budgets
+(``TrackerConfig.max_resident_ledgers``) too, ratios to the first.
 """
 
 from __future__ import annotations
@@ -100,13 +101,9 @@ import ctypes, json, os, sys, time
 import numpy as np
 import bucketstore
 from bucketstore import TrackerConfig
-path, shape, n, bucket, uses, page, epoch, ledger_entries = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
-try:
-    from bucketstore.engine import index_pager
-    if not page:
-        index_pager.RESIDENT_LEDGERS = 1 << 62  # never sweeps: every installed bucket stays in the index
-except ImportError:
-    index_pager = None  # a checkout without the pager
+path, shape, n, bucket, uses, budget, epoch, ledger_entries = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
+# budget -1: the pager off (it never sweeps: every installed bucket stays in the index).
+config = TrackerConfig(max_resident_ledgers=(1 << 62) if budget < 0 else budget)
 libc = ctypes.CDLL("libc.so.6")
 def rss():
     libc.malloc_trim(0)  # freed heap (the build's transient columns) back to the system first
@@ -118,7 +115,7 @@ def anon():
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Anonymous:"))
 now = [epoch]
 store = bucketstore.open(path, durability="sealed")
-t = store.tracker("t", TrackerConfig(), lambda: now[0])
+t = store.tracker("t", config, lambda: now[0])
 before = rss()
 before_anon = anon()
 rng = np.random.default_rng(0)
@@ -163,12 +160,13 @@ print(json.dumps(out))
 """
 
 
-def live(tmp: str, shape: str, n: int, bucket: int, uses: int, page: bool, tree: str = "") -> dict:
-    """Build and use a store in one fresh process (see ``--live``); with the index pager or not."""
+def live(tmp: str, shape: str, n: int, bucket: int, uses: int, budget: int, tree: str = "") -> dict:
+    """Build and use a store in one fresh process (see ``--live``) with this pager budget
+    (``max_resident_ledgers``; -1: the pager off)."""
     path = tempfile.mkdtemp(dir=tmp)
     tree = tree or HERE
     out = subprocess.run([sys.executable, "-c", _LIVE_CHILD, path, shape, str(n), str(bucket), str(uses),
-                          str(int(page)), str(EPOCH), str(LEDGER_ENTRIES)], capture_output=True, text=True,
+                          str(budget), str(EPOCH), str(LEDGER_ENTRIES)], capture_output=True, text=True,
                          cwd=tree, env={**os.environ, "PYTHONPATH": tree})
     if out.returncode:
         raise SystemExit(f"live build failed:\n{out.stderr}")
@@ -251,27 +249,39 @@ def main() -> int:
     p.add_argument("--live", action="store_true",
                    help="build the store in the measuring process through add_messages (seals installed "
                         "live), use it, and compare the index pager on and off")
+    p.add_argument("--budgets", default=str(TrackerConfig().max_resident_ledgers), metavar="N[,N...]",
+                   help="--live: the pager budgets (TrackerConfig.max_resident_ledgers) to run, each "
+                        "back to back with the others and with the pager off; ratios are to the first")
     args = p.parse_args()
+    budgets = [int(b) for b in args.budgets.split(",")]
+    if any(b < 0 for b in budgets):
+        p.error("--budgets: each must be >= 0")
     print(f"$ PYTHONPATH=. python tools/bench/bench_sparse.py --indexes {args.indexes} --bucket {args.bucket} "
           f"--shapes {args.shapes} --repeat {args.repeat}" + (f" --use {args.use}" if args.use else "")
-          + (f" --baseline {args.baseline}" if args.baseline else "") + (" --live" if args.live else ""))
+          + (f" --baseline {args.baseline}" if args.baseline else "") + (" --live" if args.live else "")
+          + (f" --budgets {args.budgets}" if args.live and args.budgets != p.get_default("budgets") else ""))
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu(s)")
     n = args.indexes
     if args.live:
         for shape in args.shapes.split(","):
-            on, off = [], []
+            runs: dict[int, list[dict]] = {b: [] for b in budgets + [-1]}
             with tempfile.TemporaryDirectory(dir=os.environ.get("BUCKETSTORE_BENCH_DIR")) as tmp:
-                for _ in range(args.repeat):  # back to back: a shared machine's load hits both alike
-                    on.append(live(tmp, shape, n, args.bucket, args.use or 20_000, True))
-                    off.append(live(tmp, shape, n, args.bucket, args.use or 20_000, False))
+                for _ in range(args.repeat):  # back to back: a shared machine's load hits all alike
+                    for budget in runs:
+                        runs[budget].append(live(tmp, shape, n, args.bucket, args.use or 20_000, budget))
             print("dense (every entry, fixed delay):" if shape == "dense" else f"{shape} % of entries delayed:")
-            _print_live("pager on ", on)
-            _print_live("pager off", off)
+            for budget, rs in runs.items():
+                _print_live("pager off" if budget < 0 else f"pager at {budget:,} ledgers", rs)
             spent = lambda r: r["contains_seconds"] + r["batch_seconds"]  # noqa: E731
-            print("  used RSS on/off, run by run: "
-                  + ", ".join(f"{a['used_rss'] / b['used_rss']:.2f}" for a, b in zip(on, off))
-                  + "; questions + batch time on/off: "
-                  + ", ".join(f"{spent(a) / spent(b):.2f}" for a, b in zip(on, off)))
+            first = runs[budgets[0]]
+            for budget, rs in runs.items():
+                if rs is first:
+                    continue
+                label = "off" if budget < 0 else f"{budget:,}"
+                print(f"  {budgets[0]:,} / {label}, run by run: used RSS "
+                      + ", ".join(f"{a['used_rss'] / b['used_rss']:.2f}" for a, b in zip(first, rs))
+                      + "; questions + batch time "
+                      + ", ".join(f"{spent(a) / spent(b):.2f}" for a, b in zip(first, rs)))
         return 0
     recovery_target = TARGETS["recovery_s"].get(n)
     for shape in args.shapes.split(","):
