@@ -517,15 +517,7 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             return self._buckets.values()
 
     def _check(self) -> None:
-        """Assert internal invariants (tests and the testing kit call this after every step).
-
-        Under the lock: checking settles the index's pending removals, and so does a seal's
-        install on the maintenance thread; two settles at once applied the same removals
-        twice (a ``KeyError`` in ``settle``, seen as a flaky differential test under load)."""
-        with self._lock:
-            self._check_invariants()
-
-    def _check_invariants(self) -> None:
+        """Assert internal invariants (tests call this after every step)."""
         self._index._check()
         prev_end = -1
         for b in self._buckets.values():

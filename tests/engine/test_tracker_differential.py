@@ -298,19 +298,3 @@ def test_an_acknowledged_add_reads_the_clock_too(tmp_path, kind):
         clock.now = 150  # the clock steps back; the cutoff stays at 200
         assert tracker.add_message(0, 1, 180) is False  # due: at or before the cutoff
         assert tracker.number_of_delayed_messages == 0
-
-
-def test_the_invariant_check_holds_the_tracker_lock(tmp_path, monkeypatch):
-    """``_check()`` (the property tests and the testing kit call it after every step) settles the
-    index, as a seal's install does on the maintenance thread: without the tracker's lock the two
-    settles applied the same pending removals twice (``KeyError`` in ``settle``), which made
-    test_merging_workload_matches_model fail under load, on main at about 1 run in 1,500."""
-    from bucketstore.engine.index_set import DelayedIndexSet
-
-    with bucketstore.open(tmp_path / "s") as store:
-        tracker = store.tracker("sub", CONFIG, FakeClock(1_000))
-        tracker.add_message(1, 1, 5_000)
-        held: list[bool] = []
-        monkeypatch.setattr(DelayedIndexSet, "_check", lambda index: held.append(tracker._lock._is_owned()))
-        tracker._check()
-        assert held == [True]
