@@ -217,7 +217,9 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
 
         A bucket's file is the only durable copy of its rows. Rows of it that were
         delivered in a batch not durably confirmed are journaled first (and made
-        durable before the catalog commit), so a crash brings them back.
+        durable before the catalog commit), so a crash brings them back. At-most-once
+        journals none: its pending frontier is made durable first instead, so a failed
+        write raises with the file still there for the rows the call puts back.
         """
         buckets = [b for b in self._exhausted if not b.dead]
         self._exhausted = []
@@ -228,11 +230,12 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         if not buckets:
             return
         journal = self._journal
-        if journal is not None and self._handoff.holding:
-            for b in buckets:
-                ledgers, entries, ts = self._handoff.carry_rows(b.start_ledger, b.end_ledger, confirmed_too=True)
-                if len(ledgers):
-                    journal.add_rows(ledgers, entries, ts)
+        if journal is not None:
+            if self._handoff.holding:
+                for b in buckets:
+                    ledgers, entries, ts = self._handoff.carry_rows(b.start_ledger, b.end_ledger, confirmed_too=True)
+                    if len(ledgers):
+                        journal.add_rows(ledgers, entries, ts)
             self._commit()
         self._delete_buckets(buckets)
 

@@ -377,3 +377,26 @@ def test_a_reader_thread_that_cannot_start_costs_only_the_read_ahead(tmp_path, m
         assert any(t.name == reader for t in threading.enumerate()), "the reader never started once it could"
     finally:
         poll.close()
+
+
+def test_at_most_once_a_torn_frontier_write_deletes_no_bucket(tmp_path):
+    """At-most-once: a call that read a bucket to its end deleted the bucket (key and file) before
+    its journal commit, which holds the batch's frontier. When that write failed (a short write:
+    the torn group is cut at the restart, so nothing of it counts) the call raised and put the rows
+    back in memory, but their only file was gone, and the restart lost them although they were
+    never returned. Each journal write of the drain fails in turn; the restart loses nothing. (A
+    failed fsync may leave the whole group readable: that batch may count as delivered, as
+    docs/durability.md says, so only writes are swept.)"""
+    work = Workload(tmp_path, "journal", 2, 5, batch=5, step_ms=7, delivery="at-most-once")
+    _, first, calls = _counted(work, read_ahead=False)
+    writes = [k for k, (op, target) in enumerate(calls) if op == "write" and ".journal" in target]
+    assert len(writes) >= 3, calls
+    for k in writes:
+        poll = Poll(work, work.copy(), read_ahead=False)
+        try:
+            rule = poll.fs.fail(errno.EIO, first_call=first + k)
+            poll.drain()
+            assert rule.fired and poll.last_failed  # the journal is poisoned: the embedder reopens
+            poll.restart_delivers_the_rest()
+        finally:
+            poll.close()
