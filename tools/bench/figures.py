@@ -77,7 +77,7 @@ SIZES: dict[str, dict[str, object]] = {
               "sparse_runs": [(10_000_000, 50_000, "1,10,dense", 1)], "sparse_use": 20_000,
               "readahead_messages": 1_000_000, "readahead_repeat": 1,
               "spark_rows": 2_000_000, "spark_repeat": 1, "timebucket_messages": 10_000_000,
-              "nack_messages": 500_000},
+              "nack_messages": 500_000, "topics_indexes": 100_000, "topics_subscriptions": 100},
     "full": {"codec_indexes": 50_000, "codec_repeat": 5, "seal_indexes": 1_000_000, "seal_repeat": 5,
              "tracker_messages": 1_000_000, "restart_sizes": [1_000_000, 10_000_000, 100_000_000],
              "restart_repeats": 5, "drain_sizes": [1_000_000, 10_000_000], "drain_repeat": 3,
@@ -88,7 +88,8 @@ SIZES: dict[str, dict[str, object]] = {
              "sparse_runs": [(10_000_000, 50_000, "1,10,dense", 5), (100_000_000, 500_000, "1,dense", 2)],
              "readahead_messages": 1_000_000, "readahead_repeat": 3,
              "sparse_use": 20_000, "spark_rows": 10_000_000, "spark_repeat": 3,
-             "timebucket_messages": 10_000_000, "nack_messages": 1_000_000},
+             "timebucket_messages": 10_000_000, "nack_messages": 1_000_000,
+             "topics_indexes": 1_000_000, "topics_subscriptions": 100},
 }
 
 
@@ -625,6 +626,22 @@ def spark(run: Run) -> None:
     run.sections["spark"] = "## Spark: bulk build and read\n\n" + text
 
 
+def topics(run: Run) -> None:
+    n, subs = int(run.params["topics_indexes"]), int(run.params["topics_subscriptions"])
+    args = ["--size", str(n), "--subscriptions", str(subs)]
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, os.path.join(HERE, "bench_topics.py"), *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=7200)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise RuntimeError(f"bench_topics.py exited {out.returncode}:\n{out.stdout}\n{out.stderr[-3000:]}")
+    text = (f"A topic of {n:,} indexes read by {subs} subscriptions, against the same topic with one "
+            "subscription and a lone tracker holding the same indexes (journal mode, `sync_interval_ms=50`; "
+            "see docs/topics.md for what each line measures):\n\n"
+            + console(f"python tools/bench/bench_topics.py {' '.join(args)}", out.stdout))
+    run.regions["topics-bench"] = text
+    run.sections["topics"] = "## Topics: one index for every subscription\n\n" + text
+
+
 #: Below this RSS growth a row is within the allocator's noise: no ratio is drawn from it.
 NOISE_BYTES = 2**20
 
@@ -707,7 +724,7 @@ def compact(run: Run) -> None:
 SECTIONS: dict[str, Callable[[Run], None]] = {
     "simulate": simulate, "codec": codec, "seal": seal, "tracker": tracker, "restart": restart, "drain": drain,
     "handoff": handoff, "peers": peers, "maintenance": maintenance, "merge": merge, "sparse": sparse,
-    "readahead": readahead, "spark": spark, "compact": compact,
+    "readahead": readahead, "spark": spark, "compact": compact, "topics": topics,
 }
 
 
