@@ -237,9 +237,15 @@ class Recovery:
         """Re-apply journaled adds and untracks, in order, without the expiry check (a due
         index must now be delivered, not refused) and without journaling them again."""
         replaying, self._replaying = self._replaying, True
+        # Consecutive add records are applied as one batch, cut where the ledger changes: a
+        # journal of single adds holds one record per add, and applying each on its own cost
+        # ~20 us (1 s per 50,000). The same outcome: within a ledger's run the first row of a
+        # position wins, as the first record did, and a new ledger starts a new run, in order.
+        adds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         try:
             for rec in records:
                 if rec[0] == "x":
+                    self._replay_adds(adds)
                     if self._unopened and rec[1] <= self._buckets.newest_end:
                         self._open_covering(rec[1])
                     if self._index.expire(rec[1], rec[2]):
@@ -251,14 +257,25 @@ class Recovery:
                 if frontier is not None:
                     keep = after_key(ts, ledgers, entries, frontier)
                     ledgers, entries, ts = ledgers[keep], entries[keep], ts[keep]
-                if not len(ledgers):
-                    continue
-                cuts = np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1
-                for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(ledgers)])).tolist()):
-                    self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], ts[lo:hi], self._cutoff.value,
-                                         journal=False, expire=False, trim=False)
+                if len(ledgers):
+                    adds.append((ledgers, entries, ts))
+            self._replay_adds(adds)
         finally:
             self._replaying = replaying
+
+    def _replay_adds(self, adds: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Apply (and empty) the add records gathered since the last untrack, in order."""
+        if not adds:
+            return
+        if len(adds) == 1:
+            ledgers, entries, ts = adds[0]
+        else:
+            ledgers, entries, ts = (np.concatenate(cols) for cols in zip(*adds))
+        adds.clear()
+        cuts = np.flatnonzero(ledgers[1:] != ledgers[:-1]) + 1
+        for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(ledgers)])).tolist()):
+            self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], ts[lo:hi], self._cutoff.value,
+                                 journal=False, expire=False, trim=False)
 
 
 def _fate_at_open(skip: int, segments: int, end: int, first_live: int, *, sealed: bool) -> str | None:
