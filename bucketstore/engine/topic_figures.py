@@ -6,10 +6,15 @@ Prometheus scrape show, computed by one code path.
   subscription strictly furthest behind holds any, the rows between its frontier and the next
   frontier; they are counted once, by windows (:meth:`RowTables.count_between`).
 * ``due_undelivered`` and the oldest due row: the rows after the subscription's frontier up to
-  the cutoff, in delivery order, are exactly its due rows not yet passed; only those are read.
+  the cutoff, in delivery order, are exactly its due rows not yet passed. Where the subscription
+  sees all of them but its exceptions and the positions with several rows (no start or clear
+  sequence, a mark-delete before every row), they count by windows as well, those positions'
+  rows judged one by one; otherwise they are read and judged one by one.
 
-So a scrape costs O(subscriptions x log rows + due rows + windows held), where a pass per
-subscription cost O(rows x subscriptions) under the topic's lock.
+So a scrape costs O(subscriptions x (log rows + windows due + positions with several rows)),
+plus, for a subscription with a start or clear sequence or acknowledgements ahead of its
+frontier, its due rows; a pass per subscription cost O(rows x subscriptions) under the topic's
+lock.
 ``bucketstore.testing.topic_oracle`` keeps that pass, as the reference these must equal.
 """
 
@@ -19,6 +24,7 @@ from collections.abc import Collection, Mapping
 
 import lmdb
 
+from ..format.topic_codec import MAX_KEY
 from .subscription_state import RowKey, SubscriptionState
 from .topic_rows import RowTables
 
@@ -65,6 +71,8 @@ def due_rows(txn: lmdb.Transaction, tables: RowTables, tid: int, state: Subscrip
              multi: Collection[tuple[int, int]], cutoff: int) -> tuple[int, int | None]:
     """The rows due by ``cutoff`` the subscription tracks and has not delivered (its rows to
     redeliver aside): how many, and the earliest deliver_at among them (None: none)."""
+    if state.start_seq == 0 and state.clear_seq == -1 and not _acknowledges_a_row(txn, tables, tid, state):
+        return _due_by_windows(txn, tables, tid, state, multi, cutoff)
     n, first = 0, None
     for row in tables.rows_after(txn, tid, state.frontier):
         if row[0] > cutoff:
@@ -73,4 +81,36 @@ def due_rows(txn: lmdb.Transaction, tables: RowTables, tid: int, state: Subscrip
             n += 1
             if first is None:  # delivery order: the first is the earliest
                 first = row[0]
+    return n, first
+
+
+def _acknowledges_a_row(txn: lmdb.Transaction, tables: RowTables, tid: int, state: SubscriptionState) -> bool:
+    if state.mark_delete is None:
+        return False
+    least = tables.first_position(txn, tid)
+    return least is not None and least <= state.mark_delete
+
+
+def _due_by_windows(txn: lmdb.Transaction, tables: RowTables, tid: int, state: SubscriptionState,
+                    multi: Collection[tuple[int, int]], cutoff: int) -> tuple[int, int | None]:
+    """:func:`due_rows` for a subscription that sees every row after its frontier but those of
+    its exceptions and of positions with several rows: a subscription of ``start="earliest"``,
+    never cleared, whose mark-delete is before every row (the common case, a stalled one too).
+    The rows of the range count by windows; those few positions' rows are then judged one by one."""
+    front = state.frontier
+    n = tables.count_between(txn, tid, front, (cutoff, *MAX_KEY[1:]))
+    if not n:
+        return 0, None
+    for ledger, entry in set(multi) | set(state.lost):
+        for seq, ts in tables.versions(txn, tid, ledger, entry):
+            row = (ts, ledger, entry, seq)
+            if ts <= cutoff and (front is None or row > front) and not visible(txn, tables, tid, state, multi, row):
+                n -= 1
+    first = None
+    for row in tables.rows_after(txn, tid, front):  # invisible rows before the first: those few only
+        if row[0] > cutoff:
+            break
+        if visible(txn, tables, tid, state, multi, row):
+            first = row[0]
+            break
     return n, first

@@ -154,6 +154,13 @@ class RowTables:
         found = self._last(txn, self.rows, tid)
         return None if found is None else row_from(*found)
 
+    def first_position(self, txn: lmdb.Transaction, tid: int) -> tuple[int, int] | None:
+        """The least position with a row, or None."""
+        with txn.cursor(db=self.positions) as cur:
+            if not cur.set_range(topic_prefix(tid)) or cur.key()[:4] != topic_prefix(tid):
+                return None
+            return POS_KEY.unpack(cur.key())[1], POS_DUP.unpack(cur.value())[0]
+
     def last_position(self, txn: lmdb.Transaction, tid: int) -> tuple[int, int] | None:
         """The greatest position with a row, or None."""
         found = self._last(txn, self.positions, tid)
