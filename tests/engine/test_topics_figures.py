@@ -75,7 +75,8 @@ def test_range_scan_figures_equal_a_full_scan(tmp_path_factory, first, ops, subs
         for action in ops:
             kind = action[0]
             names = sorted(handles)
-            name = names[action[1] % len(names)] if names and kind in ("deliver", "mark", "clear", "delete", "readd") else None
+            chosen = names and kind in ("deliver", "mark", "clear", "delete", "readd")
+            name = names[action[1] % len(names)] if chosen else None
             if kind == "add":
                 (ledger, entry), dt = action[1], action[2]
                 topic.add_message(ledger, entry, clock() + dt)
