@@ -30,6 +30,7 @@ from ..format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic
 from ..waiting import DueWaiter
 from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
+from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
 
 __all__ = ["Topic", "START_MODES"]
@@ -368,12 +369,7 @@ class Topic:
 
     def _visible(self, txn: lmdb.Transaction, state: SubscriptionState, row: RowKey) -> bool:
         """Whether the row (after the subscription's frontier) is one it tracks."""
-        if not state.may_see(row):
-            return False
-        ts, ledger, entry, seq = row
-        if (ledger, entry) not in self._multi:
-            return True
-        return state.tracked_row(ledger, entry, self._versions(txn, ledger, entry)) == row
+        return visible(txn, self._file.tables, self._id, state, self._multi, row)
 
     def _first_visible(self, state: SubscriptionState) -> RowKey | None:
         with self._file.read() as txn:
@@ -539,37 +535,34 @@ class Topic:
     def held_rows(self, state: SubscriptionState) -> int:
         """Rows the topic keeps only because of this subscription: those after its frontier
         and at or before every other subscription's (it is the furthest behind)."""
-        others = [s.frontier for s in self._subs.values() if s is not state and s.frontier is not None]
-        upper = min(others) if others else None
-        held = 0
+        return self._held()[state.name]
+
+    def _held(self) -> dict[str, int]:
         with self._file.read() as txn:
-            for row in self._rows_after(txn, state.frontier, None):
-                if upper is not None and row > upper:
-                    break
-                held += 1
-        return held
+            return held_rows(txn, self._file.tables, self._id, {n: s.frontier for n, s in self._subs.items()})
 
     def due_undelivered(self, state: SubscriptionState) -> int:
         """Rows due now that the subscription tracks and has not delivered."""
-        n = len(state.redeliver)
         with self._file.read() as txn:
-            for row in self._rows_after(txn, state.frontier, self._cutoff.value):
-                n += self._visible(txn, state, row)
-        return n
+            due = due_rows(txn, self._file.tables, self._id, state, self._multi, self._cutoff.value)[0]
+        return due + len(state.redeliver)
 
     def stats(self) -> dict[str, Any]:
         """The topic's rows and, per subscription, its frontier, count and what it holds."""
         with self._lock:
             self._check_alive()
             self._apply()
+            held = self._held()  # one count for all of them, not one per subscription
             return {"topic": self.name, "rows": self._rows, "multi_positions": len(self._multi),
                     "cutoff": self._cutoff.value, "next_seq": self._next_seq,
-                    "subscriptions": {name: self._sub_stats(state) for name, state in sorted(self._subs.items())}}
+                    "subscriptions": {name: self._sub_stats(state, held[name])
+                                      for name, state in sorted(self._subs.items())}}
 
-    def _sub_stats(self, state: SubscriptionState) -> dict[str, Any]:
+    def _sub_stats(self, state: SubscriptionState, held: int | None = None) -> dict[str, Any]:
         return {"number_of_delayed_messages": state.count(self._inserted),
                 "frontier": list(state.frontier) if state.frontier else None,
                 "mark_delete": list(state.mark_delete) if state.mark_delete else None,
-                "held_rows": self.held_rows(state), "due_undelivered": self.due_undelivered(state),
+                "held_rows": self.held_rows(state) if held is None else held,
+                "due_undelivered": self.due_undelivered(state),
                 "exceptions": len(state.lost), "unconfirmed": len(state.unconfirmed),
                 "redeliver": len(state.redeliver)}

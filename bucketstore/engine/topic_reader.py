@@ -25,7 +25,9 @@ from .catalog import _is_permission_error
 from .lmdb_file import check_data_file
 from .store_lock import writer_pid
 from .subscription_state import SubscriptionState
+from .topic_figures import due_rows, held_rows
 from .topic_file import live_topic_file, topics_directory
+from .topic_rows import RowTables
 
 __all__ = ["describe_topics", "verify_topics", "ReadOnlyTopics"]
 
@@ -136,46 +138,33 @@ def _sizes(env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict[str, Any]) ->
 
 
 def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
-    prefix = topic_prefix(record["id"])
+    tid = record["id"]
+    prefix = topic_prefix(tid)
     tick = 0 if record["config"].get("deliver_at_time_strict") else int(record["config"].get("tick_time_ms", 0))
     now = system_clock() if now_ms is None else now_ms
     cutoff = max(record["cutoff"], now + tick)
-    rows = [row_from(k, v) for k, v in _each(txn, dbs["rows"], prefix)]
-    versions: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for key, value in _each(txn, dbs["positions"], prefix):
-        _, ledger, entry, seq, ts = split_position(key, value)
-        versions.setdefault((ledger, entry), []).append((seq, ts))
+    tables = RowTables(dbs["rows"], dbs["positions"])
     multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)}
     subs = {}
     for key, value in _each(txn, dbs["subs"], prefix):
         _, sub_name = split_sub_key(key)
-        state = SubscriptionState.decode(sub_name, value)
-        subs[sub_name] = state
+        subs[sub_name] = SubscriptionState.decode(sub_name, value)
+    # Range scans only (engine/topic_figures.py): the topic's lock is held while they run.
+    held = held_rows(txn, tables, tid, {name: state.frontier for name, state in subs.items()})
     doc_subs = {}
     for sub_name, state in subs.items():
-        others = [s.frontier for s in subs.values() if s is not state and s.frontier is not None]
-        upper = min(others) if others else None
-        held = due = 0
-        oldest = min((row[0] for row in state.redeliver), default=None)
-        for row in rows:
-            if state.frontier is not None and row <= state.frontier:
-                continue
-            if upper is None or row <= upper:
-                held += 1
-            if row[0] <= cutoff and state.may_see(row) and (
-                    (row[1], row[2]) not in multi
-                    or state.tracked_row(row[1], row[2], versions.get((row[1], row[2]), [])) == row):
-                due += 1
-                oldest = row[0] if oldest is None else min(oldest, row[0])
+        due, first = due_rows(txn, tables, tid, state, multi, cutoff)
+        oldest = min((t for t in (first, *(row[0] for row in state.redeliver)) if t is not None), default=None)
         doc_subs[sub_name] = {
             "number_of_delayed_messages": state.count(record["inserted"]),
             "frontier": list(state.frontier) if state.frontier else None,
             "mark_delete": list(state.mark_delete) if state.mark_delete else None,
-            "held_rows": held, "due_undelivered": due + len(state.redeliver), "exceptions": len(state.lost),
-            "unconfirmed": len(state.redeliver),
+            "held_rows": held[sub_name], "due_undelivered": due + len(state.redeliver),
+            "exceptions": len(state.lost), "unconfirmed": len(state.redeliver),
             # How long the oldest of those has waited past its time (None: nothing is due).
             "oldest_due_age_ms": None if oldest is None else max(0, now - oldest)}
-    return {"id": record["id"], "rows": len(rows), "multi_positions": len(multi), "cutoff": cutoff,
+    # The topic record's count, kept with every change (verify checks it against the rows).
+    return {"id": tid, "rows": record["rows"], "multi_positions": len(multi), "cutoff": cutoff,
             "subscriptions": dict(sorted(doc_subs.items()))}
 
 

@@ -22,6 +22,17 @@ Row = tuple[int, int, int, int]  # deliver_at, ledger, entry, seq
 _MAX = (1 << 64) - 1
 
 
+def _seek_after(cur: lmdb.Cursor, tid: int, after: Row | None) -> bool:
+    """Put ``cur`` (on ``rows``) on the first row after ``after`` (the topic's first when None),
+    or on the next topic's first record; False when the table ends before."""
+    if after is None:
+        return cur.set_range(topic_prefix(tid))
+    key, dup = row_parts(tid, *after)
+    if cur.set_range_dup(key, dup):
+        return cur.next() if cur.value() == dup else True
+    return cur.set_range(key + b"\x00")
+
+
 class RowTables:
     """The ``rows`` and ``positions`` tables of one environment (handles opened by ``TopicFile``)."""
 
@@ -68,20 +79,42 @@ class RowTables:
         """The topic's rows after ``after`` (from its first when None), in delivery order."""
         prefix = topic_prefix(tid)
         with txn.cursor(db=self.rows) as cur:
-            if after is None:
-                found = cur.set_range(prefix)
-            else:
-                key, dup = row_parts(tid, *after)
-                if cur.set_range_dup(key, dup):
-                    found = cur.next() if cur.value() == dup else True
-                else:
-                    found = cur.set_range(key + b"\x00")
-            if not found:
+            if not _seek_after(cur, tid, after):
                 return
             for key, value in cur.iternext():
                 if key[:4] != prefix:
                     return
                 yield row_from(key, value)
+
+    def count_between(self, txn: lmdb.Transaction, tid: int, after: Row | None, upto: Row | None) -> int:
+        """How many of the topic's rows lie after ``after`` and at or before ``upto`` (None: no
+        bound), in delivery order.
+
+        A window (one ``rows`` key) wholly inside the range counts by its number of values,
+        which LMDB keeps with the key; only the windows holding a bound are read row by row.
+        So the cost grows with the windows of the range, not with its rows.
+        """
+        if after is not None and upto is not None and upto <= after:
+            return 0
+        prefix = topic_prefix(tid)
+        low = None if after is None else row_parts(tid, *after)[0]
+        high, high_dup = (None, None) if upto is None else row_parts(tid, *upto)
+        n = 0
+        with txn.cursor(db=self.rows) as cur:
+            found = _seek_after(cur, tid, after)
+            while found:
+                key = cur.key()
+                if key[:4] != prefix or (high is not None and key > high):
+                    break
+                if key != low and key != high:  # at its first value: the whole window is inside
+                    n += cur.count()
+                    found = cur.next_nodup()
+                    continue
+                if key == high and cur.value() > high_dup:  # type: ignore[operator]
+                    break
+                n += 1
+                found = cur.next()
+        return n
 
     def positions_from(self, txn: lmdb.Transaction, tid: int, ledger: int, entry: int) -> Iterator[Row]:
         """The topic's rows at or after position (ledger, entry), in acknowledgement order."""
@@ -120,6 +153,13 @@ class RowTables:
         """The topic's last row in delivery order (the latest deliver_at), or None."""
         found = self._last(txn, self.rows, tid)
         return None if found is None else row_from(*found)
+
+    def first_position(self, txn: lmdb.Transaction, tid: int) -> tuple[int, int] | None:
+        """The least position with a row, or None."""
+        with txn.cursor(db=self.positions) as cur:
+            if not cur.set_range(topic_prefix(tid)) or cur.key()[:4] != topic_prefix(tid):
+                return None
+            return POS_KEY.unpack(cur.key())[1], POS_DUP.unpack(cur.value())[0]
 
     def last_position(self, txn: lmdb.Transaction, tid: int) -> tuple[int, int] | None:
         """The greatest position with a row, or None."""

@@ -11,7 +11,11 @@ are ratios on the same machine at the same moment:
   (each takes its batch in turn), against a topic with one subscription and a lone tracker
   (target >= 0.9x, as a rate);
 * add: seconds per ``add_message`` into a topic with S subscriptions, against one and against a
-  lone tracker (target <= 1.1x).
+  lone tracker (target <= 1.1x);
+* stats: the per-subscription figures of a topic of N rows, a tenth of them due, S - 1
+  subscriptions caught up and one stalled (it holds them): ``describe_topics`` (what ``stats``
+  and a Prometheus scrape read), ``topic.stats()`` and ``metrics.prometheus_text`` against the
+  pass over every row per subscription they replaced (``bucketstore.testing.topic_oracle``).
 
 Journal mode with ``sync_interval_ms=50`` everywhere: group commit, so the figures are the
 engines' work rather than fsyncs.
@@ -33,6 +37,9 @@ import tracemalloc
 import bucketstore
 from bucketstore import TrackerConfig
 from bucketstore.engine.topic_file import topics_directory
+from bucketstore.engine.topic_reader import describe_topics
+from bucketstore.metrics import prometheus_text
+from bucketstore.testing.topic_oracle import scan_figures
 
 CFG = TrackerConfig(tick_time_ms=0)
 START = 1_000_000
@@ -141,6 +148,36 @@ def drain_tracker(path: str, n: int) -> float:
     return took / n
 
 
+def best_of(fn, runs: int = 3) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def stats_costs(path: str, n: int, subs: int) -> tuple[float, float, float, float]:
+    """Seconds for the figures of a topic with one stalled subscription: (full pass per
+    subscription, describe_topics, topic.stats(), prometheus_text), each the best of 3."""
+    clock = Clock()
+    with _open(path) as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        handles = [topic.subscription(f"s{i}") for i in range(subs)]
+        topic.add_messages(rows(n))
+        clock.now = START + n // 10
+        for h in handles[1:]:  # caught up; s0 stalls
+            while h.get_scheduled_messages(10_000):
+                pass
+            h.confirm_delivered()
+        now = clock.now
+        fast, slow = describe_topics(path, now_ms=now)["t"], scan_figures(path, now_ms=now)["t"]
+        assert {k: {f: v[f] for f in ("held_rows", "due_undelivered", "oldest_due_age_ms")}
+                for k, v in fast["subscriptions"].items()} == slow["subscriptions"]
+        return (best_of(lambda: scan_figures(path, now_ms=now)), best_of(lambda: describe_topics(path, now_ms=now)),
+                best_of(topic.stats), best_of(lambda: prometheus_text(store)))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=20_000, help="indexes added (the issue's target: 10,000,000)")
@@ -157,6 +194,7 @@ def main() -> None:
         disk_lone = dir_bytes(lone)
         mem_one, mem_many, mem_lone = open_memory(one, 1), open_memory(many, s), open_memory(lone, None)
         drain_one, drain_many, drain_lone = drain_topic(one, n, 1), drain_topic(many, n, s), drain_tracker(lone, n)
+        scan, described, topic_stats, scrape = stats_costs(os.path.join(tmp, "stats"), n, s)
     print(f"{n:,} indexes, {s} subscriptions")
     print(f"disk        topic/{s}: {disk_many:>12,} B   topic/1: {disk_one:>12,} B   ratio {disk_many / disk_one:5.2f}"
           f"   (lone tracker: {disk_lone:,} B)")
@@ -167,6 +205,9 @@ def main() -> None:
           f"{drain_lone / drain_many:5.2f})")
     print(f"add         topic/{s}: {add_many * 1e6:8.2f} us/add     topic/1: {add_one * 1e6:8.2f}   ratio "
           f"{add_many / add_one:5.2f}   (lone tracker: {add_lone * 1e6:.2f} us, ratio {add_many / add_lone:5.2f})")
+    print(f"stats       {s} subscriptions, {n // 10:,} due, 1 stalled: full pass per subscription "
+          f"{scan * 1e3:9.2f} ms   describe_topics {described * 1e3:8.2f} ms   ratio {scan / described:7.1f}   "
+          f"(topic.stats() {topic_stats * 1e3:.2f} ms, prometheus_text {scrape * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":
