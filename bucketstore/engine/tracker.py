@@ -434,8 +434,9 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             takes). If it runs out, the work still pending is abandoned, which is
             exactly a crash at this point: nothing acknowledged is lost (``journal``
             mode keeps the rows in the journal until a seal's install; ``sealed``
-            mode never promised unsealed indexes), and files written but not
-            installed are orphans, removed on the next open.
+            mode never promised unsealed indexes), and files written but not in
+            the catalog yet are orphans, removed on the next open (a seal whose
+            catalog commit is done keeps its file: the next open installs it).
 
         Closing does not confirm deliveries (a ``finally: close()`` also runs when the
         last batch failed): in journal mode with ``delivery="at-least-once"`` a batch
