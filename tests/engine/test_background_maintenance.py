@@ -429,9 +429,10 @@ def test_two_seals_work_side_by_side_and_install_in_order(tmp_path):
 class SealCommitHook:
     """Wraps a store's catalog commit: a seal's commit (one that puts a key, on a maintenance
     thread) records whether another thread could take the tracker's lock while it ran. With
-    ``hold`` it then waits until the test opens ``gate``: ``"in_commit"`` inside the commit
-    (its commit lock held), ``"after_commit"`` once the commit lock is let go, before the
-    install takes the tracker's lock (``monkeypatch`` needed)."""
+    ``hold`` it waits until the test opens ``gate``: ``"before_commit"`` when the seal, holding
+    its commit lock, found itself not cancelled; ``"in_commit"`` once committed, the commit lock
+    still held; ``"after_commit"`` once the commit lock is let go, before the install takes the
+    tracker's lock (``monkeypatch`` needed)."""
 
     def __init__(self, store, tracker, hold: str | None = None, monkeypatch=None) -> None:
         self.tracker, self.hold = tracker, hold
@@ -442,8 +443,11 @@ class SealCommitHook:
         real = catalog.commit
 
         def commit(name, **kw):
+            seals = bool(kw.get("put")) and threading.current_thread() is not threading.main_thread()
+            if seals and self.hold == "before_commit":
+                self._wait()
             real(name, **kw)
-            if not kw.get("put") or threading.current_thread() is threading.main_thread():
+            if not seals:
                 return
             got: list[bool] = []
 
@@ -554,3 +558,59 @@ def test_close_giving_up_after_a_seals_commit_keeps_its_file(tmp_path, monkeypat
         t = store.tracker("t", cfg, FakeClock(0))
         assert t.number_of_delayed_messages == 40  # ledger 1's, sealed (ledger 2's was in memory)
         t._check()
+
+
+def test_delete_tracker_after_a_seals_commit_leaves_nothing(tmp_path, monkeypatch):
+    """delete_tracker() while a seal has committed its key but not installed it: the job ends
+    keeping its file, which delete_tracker then removes with the tracker's other keys."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
+    path = tmp_path / "s"
+    with _open(path, FileSystem()) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        hook = SealCommitHook(store, t, "after_commit", monkeypatch)
+        _fill(t, 1, 40, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1: held after its commit
+        assert hook.committed.wait(60)
+        deleting = threading.Thread(target=store.delete_tracker, args=("t",))
+        deleting.start()
+        time.sleep(0.05)  # (delete_tracker cancels the job, then waits for it to end)
+        hook.gate.set()
+        deleting.join(60)
+        assert not deleting.is_alive()
+        assert store.catalog.buckets("t") == {} and _ledger_files(path) == []
+        assert store.tracker("t", cfg, FakeClock(0)).number_of_delayed_messages == 0
+
+
+def test_close_giving_up_waits_for_a_seals_commit_in_progress(tmp_path, monkeypatch):
+    """close(timeout) giving up while a seal commits its key waits for that commit (they are
+    ordered by the commit lock): a commit landing after close returned could bring back indexes
+    a tracker reopened meanwhile has cleared."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
+    path = tmp_path / "s"
+    with _open(path, FileSystem()) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        hook = SealCommitHook(store, t, "before_commit", monkeypatch)
+        _fill(t, 1, 40, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1: held just before its commit
+        assert hook.committed.wait(60)
+        closing = threading.Thread(target=t.close, kwargs={"timeout": 0.05})
+        closing.start()
+        closing.join(0.5)
+
+        def reopen_and_clear() -> None:
+            again = store.tracker("t", cfg, FakeClock(0))
+            again.clear()
+            again.close()
+
+        early = not closing.is_alive()
+        if early:  # wrong: the commit is still to come
+            reopen_and_clear()
+        hook.gate.set()
+        closing.join(60)
+        assert not closing.is_alive()
+        store.maintenance.stop()
+        if not early:
+            reopen_and_clear()
+    with _open(path, FileSystem()) as store:
+        assert store.tracker("t", cfg, FakeClock(0)).number_of_delayed_messages == 0
+        assert store.catalog.buckets("t") == {}
