@@ -20,7 +20,7 @@ removes the file and leaves the frozen runs in the queue: the indexes stay in
 memory (Pulsar's downgrade).
 
 The commit is off the tracker's lock because it is an LMDB transaction with an
-fsync (2.5 to 9 ms measured on a loaded machine), the longest wait a single add
+fsync (0.5 to 16 ms measured on a loaded machine), the longest wait a single add
 could meet. Between it and the install the key is durable while the bucket is
 not in memory yet; the frozen runs still hold its rows, so nothing is missing.
 What could go wrong there is a job cancelled meanwhile, and ``commit_lock`` orders
