@@ -41,7 +41,8 @@ class JobHost(Protocol):
 
     Every member is used under :attr:`job_lock` but ``store_services``, ``config``,
     ``file_identity`` and ``job_started``, which :meth:`BucketJob.work` uses off the lock,
-    and ``delete_source_files``, which :meth:`BucketJob.install` calls once it let the lock go.
+    ``commit_lock`` and ``closed``, which a seal's install reads before taking the lock, and
+    ``delete_source_files``, which :meth:`BucketJob.install` calls once it let the lock go.
     """
 
     name: str
@@ -51,6 +52,12 @@ class JobHost(Protocol):
     @property
     def job_lock(self) -> AbstractContextManager[Any]:
         """The tracker's lock: a job plans and installs holding it."""
+
+    @property
+    def commit_lock(self) -> AbstractContextManager[Any]:
+        """Orders a seal's catalog commit, made without :attr:`job_lock`, against cancelling
+        jobs (``clear``, ``close``, ``delete_tracker``): taken after ``job_lock`` when both
+        are held, never by adds."""
 
     @property
     def store_services(self) -> StoreServices:
@@ -176,9 +183,15 @@ class BucketJob:
         self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
                                  tracker.file_identity, fs=store.fs)
 
-    # -- under the lock -------------------------------------------------------------------------
+    # -- installing: a part before the lock, then the lock -------------------------------------
     def install(self) -> None:
         tracker = self.tracker
+        started = time.perf_counter()
+        try:
+            self._before_lock()
+        except Exception as exc:  # a bug: reported by the install under the lock, which abandons the job
+            self.error = exc
+        self.seconds += time.perf_counter() - started
         with tracker.job_lock:
             started = time.perf_counter()
             try:
@@ -217,6 +230,9 @@ class BucketJob:
             tracker.finish_job(self, "done")
             tracker.merge_while_too_many()
             tracker.page_out_idle()
+
+    def _before_lock(self) -> None:
+        """The install's step that needs no tracker lock (a seal's catalog commit); none by default."""
 
     def _install(self, tracker: JobHost) -> None:
         raise NotImplementedError

@@ -7,8 +7,10 @@
                       mutable bucket takes new ledgers
     work (no lock)    sort, drop dead rows, encode, write + fsync + rename +
                       fsync(dir) the ledger file
-    install (lock)    one catalog commit adds the key; the sealed bucket replaces
-                      the frozen runs in the queue; journal mode checkpoints
+    commit (no lock)  one catalog commit adds the key, under the tracker's commit
+                      lock only (adds never take it)
+    install (lock)    the sealed bucket replaces the frozen runs in the queue;
+                      journal mode checkpoints
 
 Durability order: the file is durable before the catalog names it (a crash
 between leaves an orphan file, removed on open), and in journal mode the
@@ -16,6 +18,21 @@ journal keeps the frozen rows until the checkpoint that follows the commit
 (a crash before it replays them: nothing is lost). A failure in either step
 removes the file and leaves the frozen runs in the queue: the indexes stay in
 memory (Pulsar's downgrade).
+
+The commit is off the tracker's lock because it is an LMDB transaction with an
+fsync (0.5 to 16 ms measured on a loaded machine), the longest wait a single add
+could meet. Between it and the install the key is durable while the bucket is
+not in memory yet; the frozen runs still hold its rows, so nothing is missing.
+What could go wrong there is a job cancelled meanwhile, and ``commit_lock`` orders
+the two: a cancel (``clear``, ``close`` giving up, ``delete_tracker``) takes it, so
+either the seal sees the cancel and commits nothing, or it committed first and
+``clear`` removes the key in its own transaction (``committed_key``), while
+``close`` and ``delete_tracker`` leave it as a crash just after the commit would
+(the next open installs it; ``delete_tracker`` drops it with the tracker's keys).
+Installs still run one at a time in submission order (the commit is inside the
+install's turn), so catalog commits of jobs keep that order. Deletions and
+mark-delete trims are unaffected: they only touch installed buckets, and the
+install deletes a bucket acknowledged or consumed meanwhile, as before.
 """
 
 from __future__ import annotations
@@ -50,6 +67,9 @@ class SealJob(BucketJob):
         self._liveness = FrozenMutableLiveness(tracker.live_index, start, end, tracker.mark_delete_position)
         self._sealed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._due: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: The key this seal committed before taking the lock, while it is durable and not
+        #: installed yet (``clear`` removes it and resets this; see the module docstring).
+        self.committed_key: str | None = None
 
     def __repr__(self) -> str:
         return f"SealJob({self.tracker.name!r}, [{self.start}, {self.end}])"
@@ -78,14 +98,28 @@ class SealJob(BucketJob):
             return  # cancelled meanwhile
         self._sealed = (ts, ledgers, entries)
 
-    # -- under the lock -------------------------------------------------------------------------
+    # -- the install: its commit before the lock, the rest under it -----------------------------
+    def _before_lock(self) -> None:
+        if self.error is not None or self.meta is None or self._sealed is None or self.path is None:
+            return
+        tracker = self.tracker
+        with tracker.commit_lock:  # a cancel comes wholly before this or wholly after
+            if self.cancelled or tracker.closed:
+                return  # the install abandons the file
+            self._commit({self.meta.key: self.ledger_id})  # makes the bucket part of the tracker
+            if self.error is None:
+                self.committed_key = self.meta.key
+
     def _install(self, tracker: JobHost) -> None:
         tracker.withdraw_job(self)
         if self.cancelled or tracker.closed:  # clear(), close() or delete_tracker() meanwhile
-            self._abandon("cancelled")
+            if self.committed_key is not None:
+                # close() gave up on it, or delete_tracker(), after its commit: the key names the
+                # file durably, which stays as after a crash there (see the module docstring).
+                tracker.finish_job(self, "cancelled")
+            else:
+                self._abandon("cancelled")
             return
-        if self.error is None and self.meta is not None:
-            self._commit({self.meta.key: self.ledger_id})  # makes the bucket part of the tracker
         if self.error is not None:
             self._abandon("failed")  # the frozen runs stay in the queue: the indexes are kept in memory
             return
@@ -106,6 +140,7 @@ class SealJob(BucketJob):
             bucket.current = 1
             tracker.enqueue(Run(ts[:n1].copy(), ledgers[:n1].copy(), entries[:n1].copy(), owner=bucket))
         self._sealed = self._due = None
+        self.committed_key = None  # installed
         tracker.drop_dead_runs()  # the frozen runs
         if bucket is not None and consumed:
             # Delete it now, as the delivery that emptied it would have deleted it had it been

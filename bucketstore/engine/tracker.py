@@ -78,6 +78,8 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         self._lock = threading.RLock()
         # Waits for background work (flush, close, a full backlog) release the lock.
         self._cond = threading.Condition(self._lock)
+        #: Orders a seal's catalog commit (made without _lock) against cancelling jobs.
+        self._job_commits = threading.RLock()
         self._sealing: list[SealJob] = []   # frozen mutable buckets being written, oldest first
         self._merging: list[MergeJob] = []
         self._sealing_end = -1              # the newest frozen range's end, -1 when none
@@ -390,12 +392,15 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         with self._lock:
             self._check_open()
             buckets = self._buckets.values()
-            if buckets:
-                # The keys go first, and a failed commit raises before anything changed: a
-                # clear that dropped only its memory would see its buckets come back at the
-                # next open (a retry clears them). _delete_buckets then finds them gone.
-                self._store.catalog.commit(self.name, remove=[b.key for b in buckets])
-            self._cancel_jobs()
+            with self._job_commits:  # a seal committing its key off the lock: before this, or cancelled
+                # Seals whose keys are committed but not installed yet go too.
+                keys = [b.key for b in buckets] + self._committed_seal_keys()
+                if keys:
+                    # The keys go first, and a failed commit raises before anything changed: a
+                    # clear that dropped only its memory would see its buckets come back at the
+                    # next open (a retry clears them). _delete_buckets then finds them gone.
+                    self._store.catalog.commit(self.name, remove=keys)
+                self._cancel_jobs(keys_removed=True)
             self._delete_buckets(buckets)
             self._buckets.clear()
             self._queue.clear()
@@ -411,11 +416,16 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
                 self._checkpoint()
             self._due.wake_all()
 
-    def _cancel_jobs(self) -> None:
+    def _cancel_jobs(self, keys_removed: bool = False) -> None:
         """Background work in flight is abandoned: each job, when the worker reaches its
-        install, removes its file and changes nothing (the catch is under the lock)."""
-        for job in (*self._sealing, *self._merging):
-            job.cancelled = True
+        install, removes its file and changes nothing (the catch is under the lock). A seal
+        that committed its key already keeps its file, unless ``keys_removed`` (``clear``)."""
+        with self._job_commits:
+            for job in (*self._sealing, *self._merging):
+                job.cancelled = True
+            if keys_removed:
+                for job in self._sealing:
+                    job.committed_key = None
         self._sealing_end = -1
 
     def close(self, timeout: float | None = None) -> bool:
@@ -427,8 +437,9 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             takes). If it runs out, the work still pending is abandoned, which is
             exactly a crash at this point: nothing acknowledged is lost (``journal``
             mode keeps the rows in the journal until a seal's install; ``sealed``
-            mode never promised unsealed indexes), and files written but not
-            installed are orphans, removed on the next open.
+            mode never promised unsealed indexes), and files written but not in
+            the catalog yet are orphans, removed on the next open (a seal whose
+            catalog commit is done keeps its file: the next open installs it).
 
         Closing does not confirm deliveries (a ``finally: close()`` also runs when the
         last batch failed): in journal mode with ``delivery="at-least-once"`` a batch

@@ -17,6 +17,7 @@ import pytest
 
 import bucketstore
 from bucketstore import TrackerConfig
+from bucketstore.engine.seal_pipeline import SealJob
 from bucketstore.engine.store import Store
 from bucketstore.errors import MaintenanceError
 from bucketstore.format.fs import FileSystem
@@ -423,3 +424,193 @@ def test_two_seals_work_side_by_side_and_install_in_order(tmp_path):
         m = t.stats()["maintenance"]
         assert (m["done"], m["running"], m["queued"], m["failed"]) == (2, 0, 0, 0)
         t._check()
+
+
+class SealCommitHook:
+    """Wraps a store's catalog commit: a seal's commit (one that puts a key, on a maintenance
+    thread) records whether another thread could take the tracker's lock while it ran. With
+    ``hold`` it waits until the test opens ``gate``: ``"before_commit"`` when the seal, holding
+    its commit lock, found itself not cancelled; ``"in_commit"`` once committed, the commit lock
+    still held; ``"after_commit"`` once the commit lock is let go, before the install takes the
+    tracker's lock (``monkeypatch`` needed)."""
+
+    def __init__(self, store, tracker, hold: str | None = None, monkeypatch=None) -> None:
+        self.tracker, self.hold = tracker, hold
+        self.lock_free: list[bool] = []
+        self.committed = threading.Event()
+        self.gate = threading.Event()
+        catalog = store.catalog
+        real = catalog.commit
+
+        def commit(name, **kw):
+            seals = bool(kw.get("put")) and threading.current_thread() is not threading.main_thread()
+            if seals and self.hold == "before_commit":
+                self._wait()
+            real(name, **kw)
+            if not seals:
+                return
+            got: list[bool] = []
+
+            def probe() -> None:
+                lock = self.tracker.job_lock
+                got.append(lock.acquire(timeout=2))
+                if got[-1]:
+                    lock.release()
+
+            prober = threading.Thread(target=probe)
+            prober.start()
+            prober.join()
+            self.lock_free.append(got[0])
+            if self.hold == "in_commit":
+                self._wait()
+
+        catalog.commit = commit
+        if hold == "after_commit":
+            before_lock = SealJob._before_lock
+
+            def held(job) -> None:
+                before_lock(job)
+                assert job.committed_key is not None
+                self._wait()
+
+            monkeypatch.setattr(SealJob, "_before_lock", held)
+
+    def _wait(self) -> None:
+        self.committed.set()
+        assert self.gate.wait(60), "test never opened the gate"
+
+
+def _ledger_files(path) -> list[str]:
+    return sorted(f for f in os.listdir(path / "ledgers") if f.endswith(".ledger"))
+
+
+def test_a_seal_commits_its_key_without_the_lock(tmp_path):
+    """A seal's catalog commit (an LMDB transaction with an fsync) runs with the tracker's lock
+    free: another thread's add does not wait for it. The bucket is installed after it."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
+    with _open(tmp_path / "s", FileSystem()) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        hook = SealCommitHook(store, t)
+        _fill(t, 1, 40, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1
+        _fill(t, 2, 40, 2000)
+        assert t.add_message(3, 0, 6000)  # seals ledger 2
+        t.flush()
+        assert hook.lock_free == [True, True]
+        assert [(b.start_ledger, b.end_ledger) for b in t.buckets()] == [(1, 1), (2, 2)]
+        assert sorted(store.catalog.buckets("t")) == sorted(b.key for b in t.buckets())
+        t._check()
+
+
+@pytest.mark.parametrize("hold", ["in_commit", "after_commit"])
+def test_clear_during_a_seals_commit_removes_its_key(tmp_path, monkeypatch, hold):
+    """clear() while a seal commits its key, or has committed it but not installed it: the key
+    goes in clear's transaction, the file after; nothing comes back at the next open."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
+    path = tmp_path / "s"
+    with _open(path, FileSystem()) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        hook = SealCommitHook(store, t, hold, monkeypatch)
+        _fill(t, 1, 40, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1: held just after its commit
+        assert hook.committed.wait(60)
+        assert len(store.catalog.buckets("t")) == 1 and t.buckets() == []
+        errors: list[BaseException] = []
+
+        def clear() -> None:
+            try:
+                t.clear()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        clearing = threading.Thread(target=clear)
+        clearing.start()
+        time.sleep(0.05)  # (room for clear to get ahead of the seal's commit lock wrongly)
+        hook.gate.set()
+        clearing.join(60)
+        assert not clearing.is_alive() and errors == []
+        assert t.wait_for_maintenance(60)
+        assert store.catalog.buckets("t") == {}
+        assert t.buckets() == [] and t.number_of_delayed_messages == 0
+        assert _ledger_files(path) == []
+        assert t.stats()["maintenance"]["cancelled"] == 1
+        t._check()
+    with _open(path, FileSystem()) as store:
+        assert store.tracker("t", cfg, FakeClock(0)).number_of_delayed_messages == 0
+
+
+def test_close_giving_up_after_a_seals_commit_keeps_its_file(tmp_path, monkeypatch):
+    """close() gives up on a seal that has committed its key: the file the key names stays
+    (as after a crash there), and the next open has every index back."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
+    path = tmp_path / "s"
+    with _open(path, FileSystem()) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        hook = SealCommitHook(store, t, "after_commit", monkeypatch)
+        _fill(t, 1, 40, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1: held just after its commit
+        assert hook.committed.wait(60)
+        assert t.close(timeout=0.05) is False
+        hook.gate.set()
+        store.maintenance.stop()
+        assert len(store.catalog.buckets("t")) == 1 and len(_ledger_files(path)) == 1
+    with _open(path, FileSystem()) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        assert t.number_of_delayed_messages == 40  # ledger 1's, sealed (ledger 2's was in memory)
+        t._check()
+
+
+def test_delete_tracker_after_a_seals_commit_leaves_nothing(tmp_path, monkeypatch):
+    """delete_tracker() while a seal has committed its key but not installed it: the job ends
+    keeping its file, which delete_tracker then removes with the tracker's other keys."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
+    path = tmp_path / "s"
+    with _open(path, FileSystem()) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        hook = SealCommitHook(store, t, "after_commit", monkeypatch)
+        _fill(t, 1, 40, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1: held after its commit
+        assert hook.committed.wait(60)
+        deleting = threading.Thread(target=store.delete_tracker, args=("t",))
+        deleting.start()
+        time.sleep(0.05)  # (delete_tracker cancels the job, then waits for it to end)
+        hook.gate.set()
+        deleting.join(60)
+        assert not deleting.is_alive()
+        assert store.catalog.buckets("t") == {} and _ledger_files(path) == []
+        assert store.tracker("t", cfg, FakeClock(0)).number_of_delayed_messages == 0
+
+
+def test_close_giving_up_waits_for_a_seals_commit_in_progress(tmp_path, monkeypatch):
+    """close(timeout) giving up while a seal commits its key waits for that commit (they are
+    ordered by the commit lock): a commit landing after close returned could bring back indexes
+    a tracker reopened meanwhile has cleared."""
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
+    path = tmp_path / "s"
+    with _open(path, FileSystem()) as store:
+        t = store.tracker("t", cfg, FakeClock(0))
+        hook = SealCommitHook(store, t, "before_commit", monkeypatch)
+        _fill(t, 1, 40, 1000)
+        assert t.add_message(2, 0, 5000)  # seals ledger 1: held just before its commit
+        assert hook.committed.wait(60)
+        closing = threading.Thread(target=t.close, kwargs={"timeout": 0.05})
+        closing.start()
+        closing.join(0.5)
+
+        def reopen_and_clear() -> None:
+            again = store.tracker("t", cfg, FakeClock(0))
+            again.clear()
+            again.close()
+
+        early = not closing.is_alive()
+        if early:  # wrong: the commit is still to come
+            reopen_and_clear()
+        hook.gate.set()
+        closing.join(60)
+        assert not closing.is_alive()
+        store.maintenance.stop()
+        if not early:
+            reopen_and_clear()
+    with _open(path, FileSystem()) as store:
+        assert store.tracker("t", cfg, FakeClock(0)).number_of_delayed_messages == 0
+        assert store.catalog.buckets("t") == {}

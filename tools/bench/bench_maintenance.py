@@ -114,6 +114,7 @@ def trace_holds() -> None:
 
     wrap(tracker_module.BucketTracker, "_start_seal", "roll: freeze + seal plan")
     wrap(seal_pipeline.SealJob, "_install", "seal install")  # (the part under the lock)
+    wrap(seal_pipeline.SealJob, "_before_lock", "seal commit (no tracker lock)")
     wrap(merge_pipeline.MergeJob, "__init__", "merge plan")
     wrap(merge_pipeline.MergeJob, "_install", "merge install")  # (its unlinks come after the lock)
 
