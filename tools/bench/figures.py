@@ -637,7 +637,10 @@ def topics(run: Run) -> None:
     text = (f"A topic of {n:,} indexes read by {subs} subscriptions, against the same topic with one "
             "subscription and a lone tracker holding the same indexes (journal mode, `sync_interval_ms=50`; "
             "see docs/topics.md for what each line measures):\n\n"
-            + console(f"python tools/bench/bench_topics.py {' '.join(args)}", out.stdout))
+            # (a text block: console blocks are bucketstore commands the docs tests run; its own
+            # first line, the command, names this machine's path)
+            + f"```text\n$ python tools/bench/bench_topics.py {' '.join(args)}\n"
+            + re.sub(r"^\$ .*\n", "", out.stdout).rstrip() + "\n```\n")
     run.regions["topics-bench"] = text
     run.sections["topics"] = "## Topics: one index for every subscription\n\n" + text
 
