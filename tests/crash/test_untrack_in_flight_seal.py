@@ -14,6 +14,7 @@ import pytest
 
 import bucketstore
 from bucketstore import TrackerConfig
+from bucketstore.engine.seal_pipeline import SealJob
 from bucketstore.engine.store import Store
 from bucketstore.testing import SteppedWorker, abandon_store
 from bucketstore.testing.faults import SimulatedCrash
@@ -41,10 +42,14 @@ class SideBySideWorker(SteppedWorker):
         return super().work()
 
 
+@pytest.mark.parametrize("committed", [True, False])
 @pytest.mark.parametrize("again_at", [None, 8_000])
-def test_an_untrack_in_a_ledger_being_sealed_survives_another_seals_checkpoint(tmp_path, monkeypatch, again_at):
+def test_an_untrack_in_a_ledger_being_sealed_survives_another_seals_checkpoint(tmp_path, monkeypatch, again_at,
+                                                                              committed):
     """``again_at``: the position is then added again at that time (a later one than its old
-    row's): after the crash it is due then, not at its old time."""
+    row's): after the crash it is due then, not at its old time. ``committed``: the crash
+    comes after the second seal's catalog commit (else before it: its file is an orphan, and
+    the carried untrack finds nothing to cancel)."""
     worker = SideBySideWorker()
     clock = FakeClock(1_000)
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=3)
@@ -71,13 +76,17 @@ def test_an_untrack_in_a_ledger_being_sealed_survives_another_seals_checkpoint(t
     assert worker.install()  # [1, 1] installs and checkpoints the journal
     assert [(b.start_ledger, b.end_ledger) for b in t.buckets()] == [(1, 1)]
 
-    def crash() -> None:
-        raise SimulatedCrash("after [2, 2]'s commit, before its checkpoint")
+    def crash(*_: object) -> None:
+        raise SimulatedCrash("[2, 2]'s install")
 
-    monkeypatch.setattr(t, "checkpoint_after_seal", crash)
+    if committed:
+        monkeypatch.setattr(t, "checkpoint_after_seal", crash)
+    else:
+        monkeypatch.setattr(SealJob, "_before_lock", crash)
     with pytest.raises(SimulatedCrash):
-        worker.install()  # [2, 2] commits its key, then the process dies
-    assert len(store.catalog.buckets("sub")) == 2
+        worker.install()  # [2, 2] commits its key (or not), then the process dies
+    assert len(store.catalog.buckets("sub")) == (2 if committed else 1)
+    monkeypatch.undo()  # the next process runs unpatched code
     abandon_store(store)
 
     with bucketstore.open(tmp_path, "journal") as again:
