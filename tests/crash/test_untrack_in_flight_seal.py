@@ -37,6 +37,7 @@ class SideBySideWorker(SteppedWorker):
 
     def work(self) -> bool:
         if self._queue and not self._worked and id(self._queue[0]) in self.worked_ahead:
+            self.worked_ahead.discard(id(self._queue[0]))  # (an id may be reused by a later job)
             self._worked = True
             return True
         return super().work()
