@@ -368,10 +368,12 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         untracked = []
         for ledger, ghosts in self._index._ghosts.items():
             bucket = self._covering(ledger)
-            if bucket is None:
+            # A seal in flight may have written the position's old row to its file already, and
+            # commit it after this checkpoint: its ledger's untracks are carried on as well.
+            if bucket is None and not self._file_holds(ledger):
                 continue
             # A paged-out bucket's positions are in the spill, not the index.
-            tracked = self._index.contains if bucket.paged is None else \
+            tracked = self._index.contains if bucket is None or bucket.paged is None else \
                 partial(self._membership.contains, bucket.ledger_id)
             for entry in ghosts:
                 if not tracked(ledger, entry):
