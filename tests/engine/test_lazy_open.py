@@ -24,7 +24,7 @@ from bucketstore.engine.catalog import Catalog
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key
 
-from helpers import FakeClock, as_format1_catalog, example_count
+from helpers import FakeClock, as_format1_catalog, example_count, prefix_positions
 
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=20, max_indexes_per_segment=7, max_num_buckets=4)
 LEDGERS = 8
@@ -71,12 +71,6 @@ def _first_has_prefix(t) -> bool:
     the shipped 32, but under BUCKETSTORE_TEST_PREFIX_ROWS=1): then the calls that need only its
     first rows answer from the catalog, opening no file. Ask before any bucket is opened."""
     return min(t.buckets(), key=lambda b: b.summary.first_min).head is not None
-
-
-def _prefix_positions(t) -> set[tuple[int, int]]:
-    """The positions every unopened bucket's summary prefix holds (none at the shipped prefix size)."""
-    return {(int(ledger), int(entry)) for b in t.buckets() if b.head is not None
-            for ledger, entry in zip(*b.head.prefix()[1:])}
 
 
 def _step(rng: random.Random, t, clock: FakeClock, universe: list[tuple[int, int]]):
@@ -328,7 +322,7 @@ def test_damage_found_late_is_the_error_found_at_open(tmp_path, how, trigger):
         clock = FakeClock(1_000)
         t = store.tracker("t", CFG, clock)
         count = t.number_of_delayed_messages
-        prefixes = _prefix_positions(t)
+        prefixes = prefix_positions(t)
         served: list[tuple[int, int]] = []
 
         def fire() -> None:
