@@ -233,7 +233,8 @@ def test_a_wrong_prefix_delivered_and_confirmed_is_damage_at_the_reopen(template
         batch = t.get_scheduled_messages(10 + k)  # ledger 0's bucket, then the victim's prefix only
         assert len(batch) == 10 + k
         if name == "summary_prefix_entry":
-            assert (1, 1_000_031) in batch and (1, 31) not in batch
+            # the corpus forges the prefix's last row: entry k - 1 (31 at the shipped 32 rows)
+            assert (1, 1_000_000 + k - 1) in batch and (1, k - 1) not in batch
         t.confirm_delivered()
         t.flush()
         with pytest.raises(CorruptLedgerError, match="prefix") as live:  # the batch reaching segment 1
