@@ -314,3 +314,13 @@ def test_a_prefix_naming_a_ledger_outside_its_bucket_is_catalog_damage_at_the_op
     with bucketstore.open(tmp_path / "s", background=False) as store:
         with pytest.raises(CatalogError, match="outside ledgers"):
             store.tracker("t", CFG, FakeClock(1_000))
+
+
+def test_a_prefix_longer_than_the_shipped_one_is_kept_whole(tmp_path, monkeypatch):
+    """The seal reads the prefix size when it runs, as the summary's encoder does (a copy taken
+    at import kept 33 rows, and every seal failed once the size was raised past 32)."""
+    monkeypatch.setattr(bucket_summary, "PREFIX_ROWS", 100)  # segments of 120 rows
+    _build(tmp_path / "s")
+    with bucketstore.open(tmp_path / "s", background=False) as store:
+        t = store.tracker("t", CFG, FakeClock(1_000))
+        assert {b.head.prefix_rows for b in t.buckets()} == {100}
