@@ -23,7 +23,8 @@ import numpy as np
 from ..config import TrackerConfig
 from ..errors import BucketStoreError
 from ..format.snapshot import BucketMetadata, build_bucket, write_bucket
-from ..format.bucket_summary import PREFIX_ROWS, encode_summary
+from ..format import bucket_summary
+from ..format.bucket_summary import encode_summary
 from .handoff import HeldRows
 from .index_set import DelayedIndexSet
 from .sealed_bucket import SealedBucket
@@ -178,7 +179,10 @@ class BucketJob:
                                            run_beside=run_beside)
         if self.cancelled:
             return
-        self.head = tuple(np.array(c[:PREFIX_ROWS + 1], dtype=np.uint64) for c in (ts, ledgers, entries))
+        # The prefix size is read here, as encode_summary reads it: a copy taken at import would
+        # keep too few rows once the size is raised (the test knob), and every seal would fail.
+        k = bucket_summary.PREFIX_ROWS
+        self.head = tuple(np.array(c[:k + 1], dtype=np.uint64) for c in (ts, ledgers, entries))
         # write_bucket: temp file, fsync, rename, fsync(dir). Durable before the catalog names it.
         self.path = write_bucket(store.ledgers_dir, self.ledger_id, self.meta, payloads,
                                  tracker.file_identity, fs=store.fs)

@@ -21,7 +21,7 @@ from bucketstore import CatalogError, CorruptLedgerError, TrackerConfig
 from bucketstore.cli.commands import main
 from bucketstore.engine import shared_queue
 from bucketstore.format import bucket_summary
-from bucketstore.format.bucket_summary import PREFIX_ROWS, decode_summary, encode_summary
+from bucketstore.format.bucket_summary import decode_summary, encode_summary
 from bucketstore.format.snapshot import build_bucket
 
 from helpers import FakeClock, as_format1_catalog, example_count
@@ -33,6 +33,15 @@ PER_LEDGER = 300
 #: Segments longer than the prefix (the default config's are 5,000 rows).
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=PER_LEDGER, max_indexes_per_segment=120)
 WINDOW = (2_000, 12_000)
+#: The prefix this module's figures are written for (the shipped PREFIX_ROWS): 50 rows of 24
+#: buckets come from the prefixes alone, 120-row segments are longer than it. Pinned, so that
+#: BUCKETSTORE_TEST_PREFIX_ROWS (which other modules run under) does not change what these test.
+PREFIX_ROWS = 32
+
+
+@pytest.fixture(autouse=True)
+def _shipped_prefix(monkeypatch):
+    monkeypatch.setattr(bucket_summary, "PREFIX_ROWS", PREFIX_ROWS)
 
 
 def _build(path, durability: str = "sealed", seed: int = 1) -> dict[tuple[int, int], int]:
@@ -269,13 +278,15 @@ GOLDEN = str(repo_paths.GOLDEN)
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_golden_summaries_read_back_and_today_writes_the_same_bytes(version):
+def test_golden_summaries_read_back_and_today_writes_the_same_bytes(version, monkeypatch):
     """``formats/golden/summary_v*.bin``: the committed bytes are the format (catalog.md)."""
     with open(os.path.join(GOLDEN, f"summary_v{version}.bin"), "rb") as f:
         raw = f.read()
     with open(os.path.join(GOLDEN, "summary.json"), encoding="utf-8") as f:
         doc = json.load(f)
     s = decode_summary(raw, path="golden", key="k")
+    if version == 2:  # the prefix the golden bytes were written with (encode_summary re-encodes them)
+        monkeypatch.setattr(bucket_summary, "PREFIX_ROWS", doc["prefix_rows"])
     assert (s.ledger_id, s.size, s.count) == (doc["ledger_id"], doc["size"], doc["count"])
     assert [list(map(int, row)) for row in zip(*s.table())] == doc["segments"]
     if version == 1:
@@ -303,3 +314,13 @@ def test_a_prefix_naming_a_ledger_outside_its_bucket_is_catalog_damage_at_the_op
     with bucketstore.open(tmp_path / "s", background=False) as store:
         with pytest.raises(CatalogError, match="outside ledgers"):
             store.tracker("t", CFG, FakeClock(1_000))
+
+
+def test_a_prefix_longer_than_the_shipped_one_is_kept_whole(tmp_path, monkeypatch):
+    """The seal reads the prefix size when it runs, as the summary's encoder does (a copy taken
+    at import kept 33 rows, and every seal failed once the size was raised past 32)."""
+    monkeypatch.setattr(bucket_summary, "PREFIX_ROWS", 100)  # segments of 120 rows
+    _build(tmp_path / "s")
+    with bucketstore.open(tmp_path / "s", background=False) as store:
+        t = store.tracker("t", CFG, FakeClock(1_000))
+        assert {b.head.prefix_rows for b in t.buckets()} == {100}

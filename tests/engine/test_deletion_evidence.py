@@ -33,9 +33,11 @@ from bucketstore.format.snapshot import BucketFile, bucket_key
 from corpus.summary_damage import CAUGHT_AT, SUMMARY_CASES
 from helpers import FakeClock
 
-# The damaged-summary corpus edits a prefix of at least two rows (and the victim's segment 1 is
-# longer than the default 32-row prefix); BUCKETSTORE_TEST_PREFIX_ROWS=1 leaves nothing to edit.
-pytestmark = pytest.mark.skipif(bucket_summary.PREFIX_ROWS < 2, reason="the corpus needs a prefix of 2+ rows")
+# The damaged-summary corpus edits a prefix of at least two rows, with room after it in the
+# victim's 40-row segment 1 (checked from 2 to the shipped 32): BUCKETSTORE_TEST_PREFIX_ROWS=1
+# leaves nothing to edit, 40 or more no prefix at all.
+pytestmark = pytest.mark.skipif(not 2 <= bucket_summary.PREFIX_ROWS <= 32,
+                                reason="the corpus needs a prefix of 2 to 32 rows")
 
 #: Segments of 40 rows (segment 1 longer than the summary's 32-row prefix); no merging.
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=40, max_num_buckets=-1)
@@ -233,7 +235,8 @@ def test_a_wrong_prefix_delivered_and_confirmed_is_damage_at_the_reopen(template
         batch = t.get_scheduled_messages(10 + k)  # ledger 0's bucket, then the victim's prefix only
         assert len(batch) == 10 + k
         if name == "summary_prefix_entry":
-            assert (1, 1_000_031) in batch and (1, 31) not in batch
+            # the corpus forges the prefix's last row: entry k - 1 (31 at the shipped 32 rows)
+            assert (1, 1_000_000 + k - 1) in batch and (1, k - 1) not in batch
         t.confirm_delivered()
         t.flush()
         with pytest.raises(CorruptLedgerError, match="prefix") as live:  # the batch reaching segment 1

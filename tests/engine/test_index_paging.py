@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine import bucket_job, index_pager
+from bucketstore.engine import index_pager
 from bucketstore.engine.tracker import BucketTracker
 from bucketstore.format import bucket_summary
 
@@ -325,7 +325,6 @@ def test_buckets_with_queued_prefixes_stay_exact_under_paging(tmp_path, monkeypa
     once its segments load it may go out and come back. Deliveries, counts and membership
     (delivered and held prefix rows too) must equal the model's at every step."""
     monkeypatch.setattr(bucket_summary, "PREFIX_ROWS", _PREFIX)
-    monkeypatch.setattr(bucket_job, "PREFIX_ROWS", _PREFIX)
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=_PER_LEDGER, max_indexes_per_segment=_SEG)
     rng = random.Random(11)
     rows: dict[tuple[int, int], int] = {}

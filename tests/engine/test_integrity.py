@@ -20,7 +20,7 @@ from helpers import FakeClock
 import bucketstore
 from bucketstore import CatalogError, CorruptLedgerError, JournalError, LedgerIdentityError
 from bucketstore.cli.commands import main
-from helpers import SMALL, fill_and_seal
+from helpers import SMALL, fill_and_seal, prefix_positions
 
 def _files(path):
     """Every file under the store except the catalog and the lock, with its bytes."""
@@ -216,8 +216,10 @@ def test_swapped_ledger_files_are_refused_naming_both(tmp_path, repair):
     before = _files(path)
     with bucketstore.open(path, "sealed", repair=repair) as store:  # sealed: no journal file is written either
         with pytest.raises(LedgerIdentityError) as info:
-            # repair opens every bucket at once; otherwise the first that needs it finds it
-            store.tracker("a", SMALL, FakeClock(0)).contains_message(0, 0)
+            # repair opens every bucket at once; otherwise the first that needs it finds it (a
+            # position a summary's prefix holds is the index's to answer: one past it)
+            t = store.tracker("a", SMALL, FakeClock(0))
+            t.contains_message(*next(p for p in ((0, e) for e in range(12)) if p not in prefix_positions(t)))
         msg = str(info.value)
         assert "tracker 'a'" in msg and "header says tracker 'b'" in msg and "header says ledger" in msg
     with bucketstore.open(path) as store:  # repair dropped nothing: the keys and files stay
@@ -239,9 +241,11 @@ def test_a_file_swapped_after_open_is_refused_at_segment_load(tmp_path):
         # Entry 0 is read (and its header checked) when the bucket opens: before the swap when the
         # open-ahead thread got to it first, then the segment read finds another ledger; after it,
         # then the header disagrees with the catalog. Either way a typed refusal naming the file.
+        # (Batches of rows the summaries' prefixes hold, if any, come first: no file is read for them.)
         with pytest.raises((CorruptLedgerError, LedgerIdentityError),
                            match="catalog entry is ledger|disagrees with the file") as info:
-            a.get_scheduled_messages(1000)
+            for _ in range(1 + len(prefix_positions(a))):
+                a.get_scheduled_messages(1000)
         assert info.value.path == a_file
 
 

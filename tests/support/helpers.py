@@ -9,10 +9,19 @@ import lmdb
 from bucketstore import TrackerConfig
 from bucketstore.testing.clock import FakeClock
 
-__all__ = ["SMALL", "FakeClock", "example_count", "fill_and_seal", "as_format1_catalog"]
+__all__ = ["SMALL", "FakeClock", "example_count", "fill_and_seal", "as_format1_catalog", "prefix_positions"]
 
 #: Small buckets and segments: a few adds seal a bucket of several segments.
 SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=4)
+
+
+def prefix_positions(tracker) -> set[tuple[int, int]]:
+    """The positions the catalog summaries' prefixes of the tracker's unopened buckets hold. None
+    with the shipped 32-row prefix and these tests' short segments; under
+    BUCKETSTORE_TEST_PREFIX_ROWS=1 every bucket's first row: a batch, or a membership test, that
+    needs only those is answered from the catalog, so damage in the file shows only after them."""
+    return {(int(ledger), int(entry)) for b in tracker.buckets() if b.head is not None
+            for ledger, entry in zip(*b.head.prefix()[1:])}
 
 
 def example_count(default: int) -> int:
