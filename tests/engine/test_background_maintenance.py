@@ -337,6 +337,21 @@ def test_a_seal_whose_rows_were_all_delivered_meanwhile_leaves_no_bucket(tmp_pat
         assert os.listdir(tmp_path / "ledgers") == []
 
 
+def lock_is_free(tracker) -> bool:
+    """Whether another thread can take the tracker's lock now (within 2 s)."""
+    got: list[bool] = []
+
+    def probe() -> None:
+        got.append(tracker.job_lock.acquire(timeout=2))
+        if got[-1]:
+            tracker.job_lock.release()
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    prober.join()
+    return got[0]
+
+
 class UnlinkWatchFS(FileSystem):
     """Real files; each unlink of a ledger file records whether another thread could take the
     tracker's lock at that moment (``watch``: the tracker)."""
@@ -347,18 +362,7 @@ class UnlinkWatchFS(FileSystem):
 
     def unlink(self, path: str) -> None:
         if self.watch is not None and str(path).endswith(".ledger"):
-            got: list[bool] = []
-
-            def probe() -> None:
-                lock = self.watch.job_lock
-                got.append(lock.acquire(timeout=2))
-                if got[-1]:
-                    lock.release()
-
-            prober = threading.Thread(target=probe)
-            prober.start()
-            prober.join()
-            self.lock_free.append(got[0])
+            self.lock_free.append(lock_is_free(self.watch))
         super().unlink(path)
 
 
@@ -449,18 +453,7 @@ class SealCommitHook:
             real(name, **kw)
             if not seals:
                 return
-            got: list[bool] = []
-
-            def probe() -> None:
-                lock = self.tracker.job_lock
-                got.append(lock.acquire(timeout=2))
-                if got[-1]:
-                    lock.release()
-
-            prober = threading.Thread(target=probe)
-            prober.start()
-            prober.join()
-            self.lock_free.append(got[0])
+            self.lock_free.append(lock_is_free(self.tracker))
             if self.hold == "in_commit":
                 self._wait()
 
