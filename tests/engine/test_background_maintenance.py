@@ -495,6 +495,17 @@ def test_a_seal_commits_its_key_without_the_lock(tmp_path):
         t._check()
 
 
+def _seal_held(store, cfg: TrackerConfig, hold: str, monkeypatch) -> tuple:
+    """A tracker whose seal of ledger 1 (40 indexes) is held by a :class:`SealCommitHook` at
+    ``hold``; ledger 2's first index, in memory, started it. Returns (tracker, hook)."""
+    t = store.tracker("t", cfg, FakeClock(0))
+    hook = SealCommitHook(store, t, hold, monkeypatch)
+    _fill(t, 1, 40, 1000)
+    assert t.add_message(2, 0, 5000)
+    assert hook.committed.wait(60)
+    return t, hook
+
+
 @pytest.mark.parametrize("hold", ["in_commit", "after_commit"])
 def test_clear_during_a_seals_commit_removes_its_key(tmp_path, monkeypatch, hold):
     """clear() while a seal commits its key, or has committed it but not installed it: the key
@@ -502,11 +513,7 @@ def test_clear_during_a_seals_commit_removes_its_key(tmp_path, monkeypatch, hold
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
     path = tmp_path / "s"
     with _open(path, FileSystem()) as store:
-        t = store.tracker("t", cfg, FakeClock(0))
-        hook = SealCommitHook(store, t, hold, monkeypatch)
-        _fill(t, 1, 40, 1000)
-        assert t.add_message(2, 0, 5000)  # seals ledger 1: held just after its commit
-        assert hook.committed.wait(60)
+        t, hook = _seal_held(store, cfg, hold, monkeypatch)
         assert len(store.catalog.buckets("t")) == 1 and t.buckets() == []
         errors: list[BaseException] = []
 
@@ -538,11 +545,7 @@ def test_close_giving_up_after_a_seals_commit_keeps_its_file(tmp_path, monkeypat
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
     path = tmp_path / "s"
     with _open(path, FileSystem()) as store:
-        t = store.tracker("t", cfg, FakeClock(0))
-        hook = SealCommitHook(store, t, "after_commit", monkeypatch)
-        _fill(t, 1, 40, 1000)
-        assert t.add_message(2, 0, 5000)  # seals ledger 1: held just after its commit
-        assert hook.committed.wait(60)
+        t, hook = _seal_held(store, cfg, "after_commit", monkeypatch)  # held just after its commit
         assert t.close(timeout=0.05) is False
         hook.gate.set()
         store.maintenance.stop()
@@ -559,11 +562,7 @@ def test_delete_tracker_after_a_seals_commit_leaves_nothing(tmp_path, monkeypatc
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
     path = tmp_path / "s"
     with _open(path, FileSystem()) as store:
-        t = store.tracker("t", cfg, FakeClock(0))
-        hook = SealCommitHook(store, t, "after_commit", monkeypatch)
-        _fill(t, 1, 40, 1000)
-        assert t.add_message(2, 0, 5000)  # seals ledger 1: held after its commit
-        assert hook.committed.wait(60)
+        t, hook = _seal_held(store, cfg, "after_commit", monkeypatch)  # held after its commit
         deleting = threading.Thread(target=store.delete_tracker, args=("t",))
         deleting.start()
         time.sleep(0.05)  # (delete_tracker cancels the job, then waits for it to end)
@@ -581,11 +580,7 @@ def test_close_giving_up_waits_for_a_seals_commit_in_progress(tmp_path, monkeypa
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=30, max_indexes_per_segment=10)
     path = tmp_path / "s"
     with _open(path, FileSystem()) as store:
-        t = store.tracker("t", cfg, FakeClock(0))
-        hook = SealCommitHook(store, t, "before_commit", monkeypatch)
-        _fill(t, 1, 40, 1000)
-        assert t.add_message(2, 0, 5000)  # seals ledger 1: held just before its commit
-        assert hook.committed.wait(60)
+        t, hook = _seal_held(store, cfg, "before_commit", monkeypatch)  # held just before its commit
         closing = threading.Thread(target=t.close, kwargs={"timeout": 0.05})
         closing.start()
         closing.join(0.5)
