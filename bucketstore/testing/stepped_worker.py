@@ -10,10 +10,20 @@ the same on every run: crash points inside background steps can be enumerated, a
 :class:`~bucketstore.testing.faults.SimulatedCrash` raised inside a job propagates to the
 caller like the death of the process.
 
-Jobs run in the order the real worker runs them: the oldest job's work, then its install,
-then the next job's. A tracker that must wait for its jobs (backpressure on a full
-backlog, ``flush``, ``close``, ``wait_for_maintenance``) asks the worker to help
-(:meth:`run_while_waiting`), which runs the next half-step on the waiting thread.
+By default jobs run one after the other: the oldest job's work, then its install, then
+the next job's. The real worker has two threads (``MAINTENANCE_THREADS``): while the oldest
+job has not installed, the job behind it is in the other thread's hands, and its work may
+run before, beside or after the oldest one's. ``work(1)`` runs that second job's work at
+the point the test chooses, so a test holds two jobs in flight (two seals, a seal beside a
+merge, a merge beside a seal) and interleaves tracker calls between their steps. Installs
+stay in submission order, as the real worker keeps them: :meth:`install` always finishes
+the oldest job, and a job whose work already ran ahead does not work again. What this
+cannot produce is one job's durable calls interleaved *inside* another's half-step: each
+half-step runs whole, and the two jobs' files are distinct.
+
+A tracker that must wait for its jobs (backpressure on a full backlog, ``flush``,
+``close``, ``wait_for_maintenance``) asks the worker to help (:meth:`run_while_waiting`),
+which runs the next half-step of the oldest job on the waiting thread.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from bucketstore.engine.maintenance import Job, MaintenanceWorker
+from bucketstore.engine.maintenance import MAINTENANCE_THREADS, Job, MaintenanceWorker
 
 __all__ = ["SteppedWorker"]
 
@@ -35,17 +45,30 @@ class SteppedWorker(MaintenanceWorker):
         tests to check that a workload reaches the steps it claims to.
     :ivar spans: with ``calls`` given, ``(kind, phase, first, end)`` per half-step: it
         made the numbered calls ``first <= k < end`` (``end`` is None if it never returned).
+    :ivar side_by_side: ``(kind, oldest_kind)`` each time :meth:`work` ran the work of a job
+        behind the oldest pending one (of kind ``oldest_kind``), which had not installed:
+        the pairs of jobs a test held in flight together.
     :param calls: a counter of durable calls, e.g. ``lambda: fs.calls`` of a
         :class:`~bucketstore.testing.faults.FaultyFileSystem`.
+    :param threads: how many of the oldest pending jobs may do their work before the
+        oldest installs (``work(position)`` with ``position < threads``); the real
+        worker's thread count by default. 1 keeps jobs strictly one after the other.
     """
 
-    def __init__(self, name: str = "stepped", *, calls: Callable[[], int] | None = None) -> None:
-        super().__init__(name)
+    def __init__(self, name: str = "stepped", *, calls: Callable[[], int] | None = None,
+                 threads: int = MAINTENANCE_THREADS) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, not {threads}")
+        super().__init__(name, threads)
         self._queue: collections.deque[Job] = collections.deque()
-        self._worked = False  # the head job's work has run, its install has not
+        # Pending jobs whose work has run (by id: a job leaves this set when it installs,
+        # before its id could be reused).
+        self._worked: set[int] = set()
+        self._threads_stepped = threads
         self._calls = calls
         self.history: list[tuple[str, str]] = []
         self.spans: list[tuple[str, str, int, int | None]] = []
+        self.side_by_side: list[tuple[str, str]] = []
 
     def submit(self, job: Job) -> None:
         if self._stopping:
@@ -60,18 +83,35 @@ class SteppedWorker(MaintenanceWorker):
     @property
     def head_worked(self) -> bool:
         """Whether the oldest pending job has done its work and waits for its install."""
-        return bool(self._queue) and self._worked
+        return self.worked(0)
+
+    def worked(self, position: int = 0) -> bool:
+        """Whether the pending job at ``position`` (0: the oldest) has done its work."""
+        return position < len(self._queue) and id(self._queue[position]) in self._worked
 
     def pending_kinds(self) -> list[str]:
         """The kinds of the pending jobs, oldest first."""
         return [getattr(job, "kind", "?") for job in self._queue]
 
-    def work(self) -> bool:
-        """Run the oldest pending job's off-lock part, unless it already ran; False if none."""
-        if not self._queue or self._worked:
+    def work(self, position: int = 0) -> bool:
+        """Run the off-lock part of the pending job at ``position``, unless it already ran;
+        False if there is no such job.
+
+        ``position=0`` (the default) is the oldest pending job; ``1`` the job behind it,
+        which the real worker's second thread works on while the oldest has not installed
+        (it installs later all the same: installs keep submission order).
+
+        :raises ValueError: ``position`` is not below the worker's ``threads``.
+        """
+        if not 0 <= position < self._threads_stepped:
+            raise ValueError(f"only the {self._threads_stepped} oldest pending jobs can work before the "
+                             f"oldest installs (position {position})")
+        if position >= len(self._queue) or id(self._queue[position]) in self._worked:
             return False
-        job = self._queue[0]
-        self._worked = True
+        job = self._queue[position]
+        self._worked.add(id(job))
+        if position:
+            self.side_by_side.append((_kind(job), _kind(self._queue[0])))
         self._run(job, "work", job.work)
         return True
 
@@ -79,10 +119,9 @@ class SteppedWorker(MaintenanceWorker):
         """Finish the oldest pending job: its work if not done yet, then its install; False if none."""
         if not self._queue:
             return False
-        if not self._worked:
-            self.work()
+        self.work()
         job = self._queue.popleft()
-        self._worked = False
+        self._worked.discard(id(job))
         self._run(job, "install", job.install)
         return True
 

@@ -22,27 +22,6 @@ from bucketstore.testing.faults import SimulatedCrash
 from helpers import FakeClock
 
 
-class SideBySideWorker(SteppedWorker):
-    """A stepped worker that can also run the work of the job behind the oldest one, as the
-    real worker's second thread does; that job's install then does not work again."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.worked_ahead: set[int] = set()
-
-    def work_second(self) -> None:
-        job = self._queue[1]
-        self._run(job, "work", job.work)
-        self.worked_ahead.add(id(job))
-
-    def work(self) -> bool:
-        if self._queue and not self._worked and id(self._queue[0]) in self.worked_ahead:
-            self.worked_ahead.discard(id(self._queue[0]))  # (an id may be reused by a later job)
-            self._worked = True
-            return True
-        return super().work()
-
-
 @pytest.mark.parametrize("committed", [True, False])
 @pytest.mark.parametrize("again_at", [None, 8_000])
 def test_an_untrack_in_a_ledger_being_sealed_survives_another_seals_checkpoint(tmp_path, monkeypatch, again_at,
@@ -51,7 +30,7 @@ def test_an_untrack_in_a_ledger_being_sealed_survives_another_seals_checkpoint(t
     row's): after the crash it is due then, not at its old time. ``committed``: the crash
     comes after the second seal's catalog commit (else before it: its file is an orphan, and
     the carried untrack finds nothing to cancel)."""
-    worker = SideBySideWorker()
+    worker = SteppedWorker()  # two jobs' works may run before the first installs
     clock = FakeClock(1_000)
     cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=3)
     store = Store(tmp_path, "journal", background=True, maintenance=worker)
@@ -66,7 +45,7 @@ def test_an_untrack_in_a_ledger_being_sealed_survives_another_seals_checkpoint(t
     assert t.add_message(3, 0, 9_000)
     assert worker.pending_kinds() == ["create", "create"]
     worker.work()           # [1, 1]'s file
-    worker.work_second()    # [2, 2]'s file, holding (2, 3)
+    worker.work(1)          # [2, 2]'s file, holding (2, 3)
     # An expired re-add: the embedder dispatches (2, 3) itself now.
     assert t.add_message(2, 3, 900) is False
     del added[(2, 3)]

@@ -118,6 +118,36 @@ def test_crash_each_point_steps_background_jobs_deterministically(tmp_path: Path
     assert "catalog_commit" in kinds and "rename" in kinds, kinds  # the seals ran, and were crashed
 
 
+def test_the_stepped_worker_holds_two_jobs_in_flight_and_installs_in_submission_order(tmp_path: Path) -> None:
+    """``work(1)`` runs the second pending job's work first, as the real worker's second thread
+    may; installs keep submission order, and a job that worked ahead does not work again."""
+    worker = bucketstore.testing.SteppedWorker()
+    with Store(tmp_path, "sealed", background=True, maintenance=worker, max_pending_maintenance=4) as store:
+        tracker = store.tracker("orders", CONFIG, FakeClock(1_000))
+        for ledger in (1, 2, 3):  # ledgers 2 and 3 each freeze the one before: two seals pending
+            tracker.add_messages([(ledger, e, 5_000 + e) for e in range(5)])
+        assert worker.pending_kinds() == ["create", "create"]
+        with pytest.raises(ValueError):
+            worker.work(2)  # only two threads: the third job waits for a thread
+        assert worker.work(1) and not worker.work(1)  # [2, 2] writes; not twice
+        assert worker.worked(1) and not worker.head_worked
+        assert worker.side_by_side == [("create", "create")]
+        assert worker.install()  # [1, 1]: its work, then its install
+        assert [(b.start_ledger, b.end_ledger) for b in tracker.buckets()] == [(1, 1)]
+        assert worker.head_worked  # [2, 2] worked ahead
+        assert worker.install()
+        assert worker.history == [("create", "work"), ("create", "work"), ("create", "install"),
+                                  ("create", "install")]
+        assert [(b.start_ledger, b.end_ledger) for b in tracker.buckets()] == [(1, 1), (2, 2)]
+    one = bucketstore.testing.SteppedWorker(threads=1)
+    with Store(tmp_path / "one", "sealed", background=True, maintenance=one) as store:
+        tracker = store.tracker("orders", CONFIG, FakeClock(1_000))
+        for ledger in (1, 2, 3):
+            tracker.add_messages([(ledger, e, 5_000 + e) for e in range(5)])
+        with pytest.raises(ValueError):
+            one.work(1)
+
+
 def _overpromising_workload(store: bucketstore.Store, acknowledged: list) -> None:
     """Sealed mode makes an index durable when its bucket seals; this workload acknowledges
     every add at once, so a crash before the next seal must show up as a loss."""
