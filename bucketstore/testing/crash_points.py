@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ from bucketstore.testing.oracle import CatalogState
 from bucketstore.testing.stepped_worker import SteppedWorker
 
 __all__ = ["CrashState", "crash_each_point", "Workload", "Run", "Reference", "reference", "DamagedImage",
-           "damaged_images", "crashed_recoveries", "shape", "REOPEN", "BG_WORK", "BG_INSTALL", "BG_ALL"]
+           "damaged_images", "crashed_recoveries", "shape", "REOPEN", "BG_WORK", "BG_WORK_SECOND", "BG_INSTALL",
+           "BG_ALL"]
 
 TRACKER = "sub"
 
@@ -53,6 +54,8 @@ class Workload:
     ``background``: seals and merges run as background jobs on a
     :class:`~bucketstore.testing.stepped_worker.SteppedWorker`, driven by the ``BG_*``
     marker steps (and by the tracker's own waits), with ``max_pending_maintenance``.
+    ``side_by_side``: the pairs ``(kind, oldest_kind)`` of jobs the workload holds in
+    flight together (``BG_WORK_SECOND``), which an enumeration checks the run reached.
     """
 
     name: str
@@ -60,6 +63,7 @@ class Workload:
     steps: tuple[tuple[str, Callable[..., object]], ...]
     background: bool = False
     max_pending_maintenance: int = 2
+    side_by_side: frozenset[tuple[str, str]] = frozenset()
 
     def universe(self) -> set[tuple[int, int]]:
         """Every position the workload adds (found by running it on an in-memory tracker)."""
@@ -136,6 +140,13 @@ def BG_WORK(tracker, clock) -> None:  # noqa: N802 - a marker, run by Run itself
     raise AssertionError("BG_WORK is handled by the runner")
 
 
+def BG_WORK_SECOND(tracker, clock) -> None:  # noqa: N802
+    """Marker step (background runs): the job behind the oldest pending one does its off-lock
+    part while the oldest has not installed (the real worker's second thread); it installs
+    after the oldest, at a later ``BG_INSTALL``."""
+    raise AssertionError("BG_WORK_SECOND is handled by the runner")
+
+
 def BG_INSTALL(tracker, clock) -> None:  # noqa: N802
     """Marker step (background runs): the oldest pending job finishes (its work if not yet
     done, then its install: catalog commit, queue swap, checkpoint, source deletion)."""
@@ -147,7 +158,7 @@ def BG_ALL(tracker, clock) -> None:  # noqa: N802
     raise AssertionError("BG_ALL is handled by the runner")
 
 
-_BACKGROUND_MARKERS = (BG_WORK, BG_INSTALL, BG_ALL)
+_BACKGROUND_MARKERS = (BG_WORK, BG_WORK_SECOND, BG_INSTALL, BG_ALL)
 _MARKERS = (REOPEN, *_BACKGROUND_MARKERS)
 
 
@@ -221,6 +232,60 @@ BACKGROUND_MERGE_STEPS = (
 )
 
 
+def expire(ledger: int, entry: int, again_after: int | None = None) -> Callable[..., object]:
+    """Re-add a tracked position with a time already due: the tracker untracks it (the embedder
+    dispatches it itself); with ``again_after``, it is then tracked anew that much later. Its old
+    row may sit in a file being written, which must neither bring it back nor shadow the new one."""
+    def run(tracker, clock) -> None:
+        tracker.add_message(ledger, entry, clock.now - 1)
+        if again_after is not None:
+            tracker.add_message(ledger, entry, clock.now + again_after)
+    return run
+
+
+#: Two background jobs in flight together (``max_num_buckets=2``), as the store's two
+#: maintenance threads run them: the job behind the oldest writes its file first
+#: (``BG_WORK_SECOND``), tracker calls run between the two jobs' steps, and the installs
+#: keep submission order. Two seals (an untrack in the second one's ledger, then the first
+#: one's install checkpoints the journal), a merge beside a seal whose bucket it does not
+#: include (deliveries from its sources), a seal beside a merge (a mark-delete acknowledges a
+#: merge source), a clear with two written jobs, and the process dies with two in flight.
+SIDE_BY_SIDE_STEPS: tuple[tuple[str, Callable[..., object]], ...] = (
+    ("two seals queued", adds(1, 3, 100)),
+    ("background: the second seal writes first", BG_WORK_SECOND),
+    ("untrack a position of the second seal's ledger", expire(2, 1)),
+    ("untrack another, tracked again later", expire(2, 3, again_after=400)),
+    ("background: the first seal writes", BG_WORK),
+    ("background: the first seal installs (journal: checkpoints)", BG_INSTALL),
+    ("deliver between the two installs", deliver(230, 2)),
+    ("background: the second seal installs", BG_INSTALL),
+    ("two more seals queued", adds(4, 5, 300)),
+    ("background: a seal installs, starting a merge behind the other seal", BG_INSTALL),
+    ("background: the merge writes beside the seal", BG_WORK_SECOND),
+    ("deliver from the merge's sources", deliver(100, 3)),
+    ("untrack a position of the seal's ledger", expire(4, 2)),
+    ("background: the seal writes, then installs", BG_INSTALL),
+    ("background: the merge installs, then deletes its sources", BG_INSTALL),
+    ("a seal queued behind the next merge", adds(6, 6, 300)),
+    ("background: the seal writes beside the merge", BG_WORK_SECOND),
+    ("deliver", deliver(150, 3)),
+    ("untrack a position of the seal's ledger", expire(5, 1)),
+    ("background: the merge writes, installs, deletes its sources", BG_INSTALL),
+    ("background: the seal installs, starting a merge", BG_INSTALL),
+    ("a seal queued behind the merge", adds(7, 7, 300)),
+    ("background: the seal writes beside the merge", BG_WORK_SECOND),
+    ("mark-delete acknowledges a source of the merge", lambda t, c: t.mark_delete(5, 0)),
+    ("background: the merge is cancelled at its install, the seal installs", BG_ALL),
+    ("two seals queued", adds(8, 10, 400)),
+    ("background: the second seal writes first", BG_WORK_SECOND),
+    ("background: the first seal writes", BG_WORK),
+    ("clear, two written jobs not installed", lambda t, c: t.clear()),
+    ("background: the cancelled jobs end", BG_ALL),
+    ("two seals queued, left in flight", adds(11, 13, 1200)),
+    ("background: the second seal writes first", BG_WORK_SECOND),
+)
+
+
 @dataclass
 class Reference:
     """What the uncrashed run did: its calls, and the committed state after each commit."""
@@ -233,6 +298,8 @@ class Reference:
     #: ``(kind, phase, first, end)``: ``kind`` "create" or "merge", ``phase`` "work" or
     #: "install", and the numbered calls ``first <= k < end`` it made.
     background_steps: list[tuple[str, str, int, int | None]]
+    #: Background runs: the stepped worker's ``side_by_side`` (the pairs of jobs held in flight together).
+    side_by_side: list[tuple[str, str]] = field(default_factory=list)
 
     def background_step_at(self, k: int) -> str | None:
         """``"kind-phase"`` of the background half-step that made call ``k``, or None."""
@@ -296,7 +363,8 @@ class Run:
                     tracker = self._open()
                 elif step in _BACKGROUND_MARKERS:
                     assert self.worker is not None, f"step {name!r} needs a background run"
-                    {BG_WORK: self.worker.work, BG_INSTALL: self.worker.install, BG_ALL: self.worker.run_all}[step]()
+                    {BG_WORK: self.worker.work, BG_WORK_SECOND: lambda: self.worker.work(1),
+                     BG_INSTALL: self.worker.install, BG_ALL: self.worker.run_all}[step]()
                 else:
                     step(tracker, self.clock)
             self.crashed_in = "end"
@@ -336,7 +404,9 @@ def reference(workload: Workload, path: Path, *, durability: str = "sealed", syn
     calls = list(fs.log)
     abandon_store(run.store)
     kinds = [after.diff_kind(before) for before, after in zip(states, states[1:])]
-    return Reference(path, calls, states, kinds, list(run.worker.spans) if run.worker is not None else [])
+    worker = run.worker
+    return Reference(path, calls, states, kinds, list(worker.spans) if worker is not None else [],
+                     list(worker.side_by_side) if worker is not None else [])
 
 
 def shape(log: list[tuple[str, str]], root: Path) -> list[tuple[str, str]]:

@@ -39,12 +39,14 @@ import bucketstore
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, abandon_store
 
 from bucketstore.testing.oracle import Expectation, check_files, check_recovered, expect
-from bucketstore.testing.crash_points import (BACKGROUND_MERGE_STEPS, BACKGROUND_STEPS, MERGING, REOPEN, SMALL, STEPS,
-                                              TRACKER, Run, Workload, crashed_recoveries, damaged_images, reference,
-                                              shape)
+from bucketstore.testing.crash_points import (BACKGROUND_MERGE_STEPS, BACKGROUND_STEPS, MERGING, REOPEN,
+                                              SIDE_BY_SIDE_STEPS, SMALL, STEPS, TRACKER, Run, Workload,
+                                              crashed_recoveries, damaged_images, reference, shape)
 from helpers import FakeClock
 
 SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
+#: The pairs (job behind, oldest job) the side-by-side workload holds in flight together.
+SIDE_BY_SIDE = frozenset({("create", "create"), ("merge", "create"), ("create", "merge")})
 
 WORKLOADS = [
     Workload("lifecycle", SMALL, STEPS),
@@ -59,6 +61,10 @@ WORKLOADS = [
     # merge's source deletion), and with tracker calls run between them.
     Workload("background", SMALL, BACKGROUND_STEPS, background=True, max_pending_maintenance=3),
     Workload("background-merging", MERGING, BACKGROUND_MERGE_STEPS, background=True, max_pending_maintenance=4),
+    # Two jobs in flight together, as the two maintenance threads run them: the second one's
+    # write before the first one's (and tracker calls between), installs in submission order.
+    Workload("side-by-side", MERGING, SIDE_BY_SIDE_STEPS, background=True, max_pending_maintenance=4,
+             side_by_side=SIDE_BY_SIDE),
 ]
 
 
@@ -96,6 +102,8 @@ def test_every_crash_point_recovers(workload: Workload, tmp_path: Path) -> None:
         assert phases[("create", "work")] and phases[("create", "install")], f"no background seal ran: {phases}"
         if workload.config is MERGING:
             assert phases[("merge", "install")] >= 2, f"no background merge ran: {phases}"
+        assert workload.side_by_side <= set(ref.side_by_side), \
+            f"jobs never held in flight together: {workload.side_by_side - set(ref.side_by_side)}"
     commits_before = [0]
     for op, _ in ref.calls:
         commits_before.append(commits_before[-1] + (op == "catalog_commit"))

@@ -52,8 +52,8 @@ from bucketstore.engine.store import Store
 from bucketstore.testing.oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)
 from bucketstore.testing.crash_points import (BACKGROUND_MERGE_STEPS, BACKGROUND_STEPS, BG_INSTALL, BG_WORK, MERGING,
-                                              REOPEN, SMALL, STEPS, TRACKER, Run, Workload, crashed_recoveries,
-                                              damaged_images, reference, shape)
+                                              REOPEN, SIDE_BY_SIDE_STEPS, SMALL, STEPS, TRACKER, Run, Workload,
+                                              crashed_recoveries, damaged_images, reference, shape)
 from helpers import FakeClock
 
 SCALE = int(os.environ.get("BUCKETSTORE_CRASH_SCALE", "1"))
@@ -222,6 +222,23 @@ JOURNAL_BACKGROUND_MERGE_STEPS = (
     + BACKGROUND_MERGE_STEPS[15:]
 )
 
+def _re_add_beside_seal(tracker: Any, clock: FakeClock) -> None:
+    """Re-add, with later times, (1, 4), just delivered and not confirmed, and (2, 0), whose old
+    row is in the written file of the seal not installed yet."""
+    tracker.add_message(1, 4, clock.now + 700)
+    tracker.add_message(2, 0, clock.now + 650)
+
+
+#: SIDE_BY_SIDE_STEPS with a batch left unconfirmed across the two seals' installs (the first
+#: one checkpoints the journal holding it) and confirmed while a merge and a seal are in flight.
+JOURNAL_SIDE_BY_SIDE_STEPS = (
+    SIDE_BY_SIDE_STEPS[:7]
+    + (("re-add a delivered position, and one of the seal in flight, later", _re_add_beside_seal),)
+    + SIDE_BY_SIDE_STEPS[7:12]
+    + (_CONFIRM,)
+    + SIDE_BY_SIDE_STEPS[12:]
+)
+
 WORKLOADS = [
     Workload("journal-lifecycle", SMALL, JOURNAL_STEPS),
     Workload("journal-merging", MERGING, JOURNAL_STEPS),
@@ -234,6 +251,11 @@ WORKLOADS = [
     Workload("journal-background", SMALL, JOURNAL_BACKGROUND_STEPS, background=True, max_pending_maintenance=3),
     Workload("journal-background-merging", MERGING, JOURNAL_BACKGROUND_MERGE_STEPS, background=True,
              max_pending_maintenance=4),
+    # Two jobs in flight together (see test_crash_points.py), with the journal's checkpoints: a
+    # seal's install checkpoints while the next seal's file already holds untracked positions.
+    Workload("journal-side-by-side", MERGING, JOURNAL_SIDE_BY_SIDE_STEPS, background=True,
+             max_pending_maintenance=4, side_by_side=frozenset({("create", "create"), ("merge", "create"),
+                                                                ("create", "merge")})),
 ]
 
 
@@ -298,6 +320,8 @@ def test_every_journal_crash_point_recovers(workload: Workload, tmp_path: Path) 
         assert committed_not_checkpointed, "no crash point between a seal's commit and its checkpoint"
         if workload.config is MERGING:
             assert in_background["merge-work"] and in_background["merge-install"], dict(in_background)
+        assert workload.side_by_side <= set(ref.side_by_side), \
+            f"jobs never held in flight together: {workload.side_by_side - set(ref.side_by_side)}"
 
     states = skipped = recovery_states = 0
     in_flight: Counter[str] = Counter()
