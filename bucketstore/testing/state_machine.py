@@ -12,7 +12,11 @@ call (or crash right now) under a random damage mode, and reopen cleanly.
 :class:`BackgroundCrashMachine` and :class:`BackgroundJournalCrashMachine` run seals and
 merges as background jobs on a :class:`~bucketstore.testing.stepped_worker.SteppedWorker`;
 their ``background_work`` rule lets the next job write its file, install, or all pending
-jobs finish, or nothing run, at random points between the other rules and the crashes.
+jobs finish, or nothing run, at random points between the other rules and the crashes, and
+``background_work_second`` has the job behind the oldest write its file first, as the store's
+second maintenance thread may. :class:`BackgroundMergingCrashMachine` and
+:class:`BackgroundMergingJournalCrashMachine` merge too (``max_num_buckets=2``), so a seal and a
+merge are in flight together.
 
 Between restarts the tracker must match the reference
 :class:`~bucketstore.testing.oracle.Model` exactly. At a restart (crash or clean reopen)
@@ -350,6 +354,37 @@ class CrashMachine(RuleBasedStateMachine):
         assert worker is not None
         self._step(lambda: (worker.step(), None)[1], lambda m: None)
 
+    @precondition(lambda self: self.worker is not None and self.worker.pending >= 2 and not self.worker.worked(1))
+    @rule()
+    def background_work_second(self) -> None:
+        """The job behind the oldest pending one writes its file before the oldest installs, as
+        the store's second maintenance thread may (two seals, a seal beside a merge); it
+        installs after the oldest all the same."""
+        worker = self.worker
+        assert worker is not None
+        head, second = worker.pending_kinds()[:2]
+        event(f"background: a {second}'s work beside a {'written' if worker.head_worked else 'queued'} {head}")
+        self._step(lambda: (worker.work(1), None)[1], lambda m: None)
+
+    @precondition(lambda self: self.worker is not None and self.worker.pending)
+    @rule(written=st.booleans(), count=st.integers(4, 10), spread=st.integers(1, 800))
+    def start_second_job(self, written: bool, count: int, spread: int) -> None:
+        """Hold one job and start a second beside it: install the oldest jobs until a merge (with
+        merges on) is one of the two oldest or one job is left, write the oldest's file if
+        ``written``, roll the ledger twice so that a seal queues behind, and write the file of
+        the job behind the oldest first."""
+        worker = self.worker
+        while worker.pending > 1 and "merge" not in worker.pending_kinds()[:2]:
+            ok, _ = self._step(lambda: (worker.install(), None)[1], lambda m: None)
+            if not ok:
+                return  # crashed: the machine restarted
+        if written and not self._step(lambda: (worker.work(), None)[1], lambda m: None)[0]:
+            return
+        self.add_batch_next_ledger(0, count, spread)
+        self.add_batch_next_ledger(0, 1, spread)  # rolls over: the mutable bucket's rows seal
+        if self.worker is worker and worker.pending >= 2 and not worker.worked(1):
+            self.background_work_second()
+
     # -- invariants ----------------------------------------------------------------------------
     @invariant()
     def matches_model(self) -> None:
@@ -408,6 +443,27 @@ class BackgroundJournalCrashMachine(JournalCrashMachine):
     """:class:`JournalCrashMachine` with background seals and merges (see :class:`BackgroundCrashMachine`)."""
 
     BACKGROUND = True
+
+
+#: The machines' configuration with merges (more than two buckets merge).
+MERGING_CONFIG = dataclasses.replace(CONFIG, max_num_buckets=2)
+
+
+class BackgroundMergingCrashMachine(BackgroundCrashMachine):
+    """:class:`BackgroundCrashMachine` with merges (``max_num_buckets=2``): a merge is planned by
+    the install that leaves three buckets, so merges and seals are pending together, and the
+    ``background_work_second`` rule runs a seal's write beside a merge's (either one first)."""
+
+    CONFIG = MERGING_CONFIG
+    #: A batch that finds two jobs pending installs the oldest first: buckets pile up, merges come.
+    MAX_PENDING = 2
+
+
+class BackgroundMergingJournalCrashMachine(BackgroundJournalCrashMachine):
+    """:class:`BackgroundJournalCrashMachine` with merges (see :class:`BackgroundMergingCrashMachine`)."""
+
+    CONFIG = MERGING_CONFIG
+    MAX_PENDING = 2
 
 
 class JournalGroupedConfirmCrashMachine(JournalCrashMachine):

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-from bucketstore.testing.state_machine import (BackgroundCrashMachine, BackgroundJournalCrashMachine, CrashMachine,
-                                               JournalAtMostOnceCrashMachine, JournalCrashMachine,
+from bucketstore.testing.state_machine import (BackgroundCrashMachine, BackgroundJournalCrashMachine,
+                                               BackgroundMergingCrashMachine, BackgroundMergingJournalCrashMachine,
+                                               CrashMachine, JournalAtMostOnceCrashMachine, JournalCrashMachine,
                                                JournalGroupedConfirmCrashMachine, JournalPrecisionCrashMachine)
 from helpers import example_count
 
@@ -49,3 +50,15 @@ BackgroundJournalCrashMachine.TestCase.settings = settings(
     max_examples=example_count(150), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestBackgroundJournalCrashMachine = BackgroundJournalCrashMachine.TestCase
+
+# With merges (max_num_buckets=2): seals and merges pending together, the second one's write
+# run first at random points (background_work_second), between the other rules and crashes.
+BackgroundMergingCrashMachine.TestCase.settings = settings(
+    max_examples=example_count(50), stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestBackgroundMergingCrashMachine = BackgroundMergingCrashMachine.TestCase
+
+BackgroundMergingJournalCrashMachine.TestCase.settings = settings(
+    max_examples=example_count(50), stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestBackgroundMergingJournalCrashMachine = BackgroundMergingJournalCrashMachine.TestCase
