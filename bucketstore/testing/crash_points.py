@@ -248,8 +248,9 @@ def expire(ledger: int, entry: int, again_after: int | None = None) -> Callable[
 #: (``BG_WORK_SECOND``), tracker calls run between the two jobs' steps, and the installs
 #: keep submission order. Two seals (an untrack in the second one's ledger, then the first
 #: one's install checkpoints the journal), a merge beside a seal whose bucket it does not
-#: include (deliveries from its sources), a seal beside a merge (a mark-delete acknowledges a
-#: merge source), a clear with two written jobs, and the process dies with two in flight.
+#: include (deliveries from its sources), a seal written beside a written merge that installs
+#: first, a seal written before a merge that a mark-delete cancels, a clear with two written
+#: jobs, and the process dies with two in flight.
 SIDE_BY_SIDE_STEPS: tuple[tuple[str, Callable[..., object]], ...] = (
     ("two seals queued", adds(1, 3, 100)),
     ("background: the second seal writes first", BG_WORK_SECOND),
@@ -267,10 +268,11 @@ SIDE_BY_SIDE_STEPS: tuple[tuple[str, Callable[..., object]], ...] = (
     ("background: the seal writes, then installs", BG_INSTALL),
     ("background: the merge installs, then deletes its sources", BG_INSTALL),
     ("a seal queued behind the next merge", adds(6, 6, 300)),
-    ("background: the seal writes beside the merge", BG_WORK_SECOND),
+    ("background: the merge writes", BG_WORK),
     ("deliver", deliver(150, 3)),
+    ("background: the seal writes beside the written merge", BG_WORK_SECOND),
     ("untrack a position of the seal's ledger", expire(5, 1)),
-    ("background: the merge writes, installs, deletes its sources", BG_INSTALL),
+    ("background: the merge installs, deletes its sources", BG_INSTALL),
     ("background: the seal installs, starting a merge", BG_INSTALL),
     ("a seal queued behind the merge", adds(7, 7, 300)),
     ("background: the seal writes beside the merge", BG_WORK_SECOND),

@@ -371,8 +371,8 @@ class CrashMachine(RuleBasedStateMachine):
     def start_second_job(self, written: bool, count: int, spread: int) -> None:
         """Hold one job and start a second beside it: install the oldest jobs until a merge (with
         merges on) is one of the two oldest or one job is left, write the oldest's file if
-        ``written``, roll the ledger twice so that a seal queues behind, and write the file of
-        the job behind the oldest first."""
+        ``written``, roll the ledger twice if no job is behind it (a seal queues), and write
+        the file of the job behind the oldest first."""
         worker = self.worker
         while worker.pending > 1 and "merge" not in worker.pending_kinds()[:2]:
             ok, _ = self._step(lambda: (worker.install(), None)[1], lambda m: None)
@@ -380,8 +380,9 @@ class CrashMachine(RuleBasedStateMachine):
                 return  # crashed: the machine restarted
         if written and not self._step(lambda: (worker.work(), None)[1], lambda m: None)[0]:
             return
-        self.add_batch_next_ledger(0, count, spread)
-        self.add_batch_next_ledger(0, 1, spread)  # rolls over: the mutable bucket's rows seal
+        if worker.pending < 2:
+            self.add_batch_next_ledger(0, count, spread)
+            self.add_batch_next_ledger(0, 1, spread)  # rolls over: the mutable bucket's rows seal
         if self.worker is worker and worker.pending >= 2 and not worker.worked(1):
             self.background_work_second()
 
