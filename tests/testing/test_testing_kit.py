@@ -132,10 +132,13 @@ def test_the_stepped_worker_holds_two_jobs_in_flight_and_installs_in_submission_
         assert worker.work(1) and not worker.work(1)  # [2, 2] writes; not twice
         assert worker.worked(1) and not worker.head_worked
         assert worker.side_by_side == [("create", "create")]
+        assert len(list(Path(store.ledgers_dir).glob("*.ledger"))) == 1  # [2, 2]'s file only
         assert worker.install()  # [1, 1]: its work, then its install
         assert [(b.start_ledger, b.end_ledger) for b in tracker.buckets()] == [(1, 1)]
         assert worker.head_worked  # [2, 2] worked ahead
         assert worker.install()
+        first, second = tracker.buckets()
+        assert second.ledger_id < first.ledger_id  # [2, 2] took its ledger id first
         assert worker.history == [("create", "work"), ("create", "work"), ("create", "install"),
                                   ("create", "install")]
         assert [(b.start_ledger, b.end_ledger) for b in tracker.buckets()] == [(1, 1), (2, 2)]
