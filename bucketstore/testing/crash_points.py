@@ -579,8 +579,9 @@ def crash_each_point(workload: Callable[[Store, list[Any]], object], root: str |
     :param seed: seeds the torn-tail cut points.
     :param background: run seals and merges as background jobs on a
         :class:`~bucketstore.testing.stepped_worker.SteppedWorker` (``store.maintenance``):
-        they run when the workload says (``store.maintenance.work()``, ``.install()``,
-        ``.run_all()``) or when a tracker waits for them (a full backlog, ``flush``),
+        they run when the workload says (``store.maintenance.work()``, ``.work(1)`` for the
+        job behind the oldest, ``.install()``, ``.run_all()``) or when a tracker waits for
+        them (a full backlog, ``flush``),
         so the calls stay deterministic. False (the default): the synchronous design.
     :return: an iterator of :class:`CrashState`.
     """
