@@ -54,7 +54,7 @@ TestBackgroundJournalCrashMachine = BackgroundJournalCrashMachine.TestCase
 # With merges (max_num_buckets=2): seals and merges pending together, the second one's write
 # run first at random points (background_work_second), between the other rules and crashes.
 BackgroundMergingCrashMachine.TestCase.settings = settings(
-    max_examples=example_count(50), stateful_step_count=40, deadline=None,
+    max_examples=example_count(100), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestBackgroundMergingCrashMachine = BackgroundMergingCrashMachine.TestCase
 
