@@ -374,6 +374,7 @@ class CrashMachine(RuleBasedStateMachine):
         ``written``, roll the ledger twice if no job is behind it (a seal queues), and write
         the file of the job behind the oldest first."""
         worker = self.worker
+        assert worker is not None
         while worker.pending > 1 and "merge" not in worker.pending_kinds()[:2]:
             ok, _ = self._step(lambda: (worker.install(), None)[1], lambda m: None)
             if not ok:
