@@ -29,6 +29,7 @@ def test_acknowledged_part_of_an_unconfirmed_batch_is_not_delivered_again(tmp_pa
         clock.advance(10)
         assert sub.get_scheduled_messages(10) == [(1, 1), (1, 2), (1, 3)]
         sub.mark_delete(1, 2)  # acknowledges two of the three, none confirmed
+        assert sub.stats()["unconfirmed"] == 1  # the record keeps only what may come back
     with bucketstore.open(tmp_path, durability="journal") as store:
         sub = store.topic("t", config=CONFIG, clock=clock).subscription("a")
         assert sub.number_of_delayed_messages == 1
