@@ -1,0 +1,122 @@
+"""Random topic workloads, SIGKILLed at random durable steps: the enumeration's check on what hypothesis finds.
+
+Each example is a random sequence of the calls of ``tests/crash/test_topic_crash_points.py``
+on a small grid of positions (so re-adds, adds behind a mark-delete and positions with several
+rows are common): three subscriptions from the start, others created (``start="latest"``) and
+deleted as it goes, adds through the topic and through subscriptions, due adds, deliveries at
+different clocks, confirmations, mark-deletes, clears, flushes and clean restarts mid-sequence.
+A forked child runs it once to number its durable steps, then is killed before a few steps
+hypothesis picks; every killed store is held to :class:`~bucketstore.testing.topic_model.TopicModel`
+by :func:`~bucketstore.testing.topic_crash.check_killed_store`, and every call that returned to
+the model's answer.
+
+``BUCKETSTORE_EXAMPLES`` sets the examples per mode (default 8; four kills each: after the last call, anywhere, and after two commits).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from bucketstore import TrackerConfig
+from bucketstore.testing.topic_crash import COMMITS, candidates, check_killed_store, run_ops
+from bucketstore.testing.topic_model import TopicModel
+
+from helpers import example_count
+
+CONFIG = TrackerConfig(tick_time_ms=3, min_index_count_per_bucket=4)
+MODES = {"journal": ("journal", 0), "journal-grouped": ("journal", 10**9), "sealed": ("sealed", 0)}
+LEDGERS, ENTRIES = 4, 4
+UNIVERSE = {(lg, en) for lg in range(LEDGERS) for en in range(ENTRIES)}
+
+ledger, entry, pick = st.integers(0, LEDGERS - 1), st.integers(0, ENTRIES - 1), st.integers(0, 7)
+row = st.tuples(ledger, entry, st.integers(-5, 30))
+add = st.tuples(st.just("add"), st.integers(-1, 7), st.lists(row, min_size=1, max_size=5))
+advance = st.tuples(st.just("advance"), st.integers(5, 40))
+deliver = st.tuples(st.just("deliver"), pick, st.integers(1, 5))
+OTHERS = {
+    "add": add, "advance": advance, "deliver": deliver,
+    "confirm": st.tuples(st.just("confirm"), pick),
+    "mark": st.tuples(st.just("mark"), pick, ledger, entry),
+    "clear": st.tuples(st.just("clear"), pick),
+    "flush": st.tuples(st.just("flush"), st.integers(-1, 7)),
+    "create": st.tuples(st.just("create")),
+    "delete": st.tuples(st.just("delete"), pick),
+    "restart": st.tuples(st.just("restart")),
+}
+# Adds, clock moves and deliveries make most of a run, so that batches are returned, confirmed
+# (or not) and acknowledged before the kills.
+action = st.sampled_from(["add"] * 4 + ["advance"] * 3 + ["deliver"] * 4 + sorted(set(OTHERS) - {"add", "advance", "deliver"})
+                         ).flatmap(OTHERS.__getitem__)
+
+
+def workload(actions: list[tuple]) -> list[tuple]:
+    """The calls of ``actions``, each naming a subscription that exists when it runs."""
+    names, created = ["s0", "s1", "s2"], 3
+    ops: list[tuple] = [("open",)] + [("sub", n, "earliest") for n in names]
+    for a in actions:
+        kind = a[0]
+        if kind == "create":
+            names.append(f"s{created}")
+            created += 1
+            ops.append(("sub", names[-1], "latest"))
+            continue
+        if kind in ("advance", "restart"):
+            ops.append(a)
+            continue
+        who = None if a[1] < 0 or not names else names[a[1] % len(names)]
+        if who is None and kind not in ("add", "flush"):
+            continue
+        if kind == "add":
+            seen: set[tuple[int, int]] = set()
+            rows = [r for r in a[2] if (r[0], r[1]) not in seen and not seen.add((r[0], r[1]))]
+            ops.append(("add", who, rows))
+        elif kind == "delete":
+            names.remove(who)
+            ops.append(("delete", who))
+        else:
+            ops.append((kind, who, *a[2:]))
+    return ops
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+# No shrinking: each step of it forks and kills a writer again, and took ten minutes on a
+# failure; the example and the kill point are printed whole, and the context names the call.
+@settings(max_examples=example_count(8), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(actions=st.lists(action, min_size=10, max_size=50), data=st.data())
+def test_random_topic_workload_survives_kills(mode: str, actions: list[tuple], data: st.DataObject) -> None:
+    durability, interval = MODES[mode]
+    ops = workload(actions)
+    states, answers = TopicModel(CONFIG.tick_time_ms).states(ops)
+    root = Path(tempfile.mkdtemp(prefix="topic-kill-"))
+    try:
+        dry = run_ops(root / "dry", ops, durability=durability, sync_interval_ms=interval, config=CONFIG)
+        assert dry.error is None, dry.error
+        n = len(dry.steps)
+        # The dry run is the point n (it died after its last call); the others die right after a
+        # commit (the states the calls leave) or anywhere.
+        after_commit = [i + 1 for i, (kind, _, _) in enumerate(dry.steps) if kind in COMMITS]
+        kills = {n, data.draw(st.integers(0, n), label="kill anywhere")}
+        kills |= set(data.draw(st.lists(st.sampled_from(after_commit), max_size=2), label="kill after commits"))
+        for k in sorted(kills):
+            where = root / ("dry" if k == n else f"k{k}")
+            run = dry if k == n else run_ops(where, ops, durability=durability, sync_interval_ms=interval,
+                                             config=CONFIG, kill_at=k)
+            assert run.error is None, run.error
+            assert run.signal == signal.SIGKILL and run.steps[:k + 1] == dry.steps[:k + 1]
+            got = [a if not isinstance(a, list) else [tuple(p) for p in a] for a in run.answers]
+            assert got == answers[:len(got)], f"killed before step {k}: a call answered otherwise than the model"
+            flight = ops[run.steps[k][2]] if k < n else ("end",)
+            check_killed_store(where, durability=durability, config=CONFIG, now=states[run.returned].now,
+                               states=candidates(states, dry.steps, k), universe=UNIVERSE,
+                               context=f"{mode}: killed before step {k} of {n}, in {flight}")
+            shutil.rmtree(where)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
