@@ -150,10 +150,10 @@ class _Runner:
     """The child's side: the store, the topic, its subscriptions, and the calls."""
 
     def __init__(self, path: Path, durability: str, sync_interval_ms: int, config: TrackerConfig,
-                 steps: DurableSteps) -> None:
+                 steps: DurableSteps, start_ms: int) -> None:
         self.path, self.durability, self.sync_interval_ms, self.config = path, durability, sync_interval_ms, config
         self.steps = steps
-        self.clock = FakeClock(1_000)
+        self.clock = FakeClock(start_ms)
         self.store: Store | None = None
 
     def open(self) -> None:
@@ -199,7 +199,7 @@ class _Runner:
 
 
 def _child(w: int, path: Path, ops: list[tuple[Any, ...]], durability: str, sync_interval_ms: int,
-           config: TrackerConfig, kill_at: int | None) -> None:
+           config: TrackerConfig, kill_at: int | None, start_ms: int) -> None:
     current = [0]
     root = str(path)
 
@@ -213,7 +213,7 @@ def _child(w: int, path: Path, ops: list[tuple[Any, ...]], durability: str, sync
 
     steps = DurableSteps(kill_at, report)
     steps.install()
-    runner = _Runner(path, durability, sync_interval_ms, config, steps)
+    runner = _Runner(path, durability, sync_interval_ms, config, steps, start_ms)
     try:
         for i, op in enumerate(ops):
             current[0] = i
@@ -226,9 +226,10 @@ def _child(w: int, path: Path, ops: list[tuple[Any, ...]], durability: str, sync
 
 def run_ops(path: str | os.PathLike[str], ops: list[tuple[Any, ...]], *, durability: str,
             sync_interval_ms: int = 0, config: TrackerConfig, kill_at: int | None = None,
-            timeout: float = 60.0) -> ChildRun:
-    """Run ``ops`` (the first one ``("open",)``) on a fresh store at ``path`` in a forked child
-    that dies by SIGKILL before durable step ``kill_at`` (None: after the last call).
+            start_ms: int = 1_000, timeout: float = 60.0) -> ChildRun:
+    """Run ``ops`` (the first one ``("open",)``) on the store at ``path`` (new, or left by an
+    earlier run) in a forked child that dies by SIGKILL before durable step ``kill_at`` (None:
+    after the last call). Its clock starts at ``start_ms``.
 
     The store uses ``confirm_sync_ms=0`` and no read-ahead thread, so the steps are the same
     from run to run; use ``sync_interval_ms`` 0 or longer than the run, for the same reason. The
@@ -240,7 +241,7 @@ def run_ops(path: str | os.PathLike[str], ops: list[tuple[Any, ...]], *, durabil
     if pid == 0:  # the child never returns into the caller
         try:
             os.close(r)
-            _child(w, path, ops, durability, sync_interval_ms, config, kill_at)
+            _child(w, path, ops, durability, sync_interval_ms, config, kill_at, start_ms)
         finally:
             os._exit(2)
     os.close(w)
@@ -273,15 +274,21 @@ def run_ops(path: str | os.PathLike[str], ops: list[tuple[Any, ...]], *, durabil
 
 
 def candidates(states: list[TopicModel], steps: list[tuple[str, str, int]], k: int) -> list[TopicModel]:
-    """The states a process killed before step ``k`` may have left: each commit is one call's
-    state (a call commits all it changed in its last transaction; the one before it, if any,
-    writes the adds answered before the call), so after the last commit before ``k``, made
-    during call ``j``, the store holds the model before or after call ``j`` (``states[j]`` or
-    ``states[j + 1]``); with no commit, nothing."""
+    """The state a process killed before step ``k`` left, as a one-item list.
+
+    ``steps`` are the uncrashed run's (:attr:`ChildRun.steps`). A call commits what it changes
+    in its last transaction; a transaction before that one only writes the adds answered
+    before the call (those still waiting for a group commit or a seal). So if the last commit
+    before ``k`` was made during call ``j``, the store holds the model after call ``j``
+    (``states[j + 1]``) if it was call ``j``'s last commit, else before it (``states[j]``);
+    with no commit yet, ``states[0]``.
+    """
     done = [op for kind, _, op in steps[:k] if kind in COMMITS]
     if not done:
         return [states[0]]
-    return [states[done[-1]], states[done[-1] + 1]]
+    j = done[-1]
+    last = sum(1 for kind, _, op in steps if kind in COMMITS and op == j)
+    return [states[j + 1] if done.count(j) == last else states[j]]
 
 
 def _recovered(model: TopicModel, now: int) -> TopicModel:
@@ -294,7 +301,8 @@ def _recovered(model: TopicModel, now: int) -> TopicModel:
 def check_killed_store(path: str | os.PathLike[str], *, durability: str, config: TrackerConfig, now: int,
                        states: list[TopicModel], universe: set[tuple[int, int]], context: str,
                        drain_after_ms: int = 10**7) -> TopicModel:
-    """Reopen a killed store and hold topic ``"t"`` to ``states`` (the candidates); return the one it matched.
+    """Reopen a killed store and hold topic ``"t"`` to ``states`` (the candidates); return the one
+    it matched, as reopened at ``now`` (before the drain below: the model of the store's next life).
 
     * ``verify`` finds nothing wrong with the topic index;
     * per subscription, nothing lost (what every candidate brings back is tracked or delivered
@@ -330,6 +338,7 @@ def check_killed_store(path: str | os.PathLike[str], *, durability: str, config:
                                            for n, s in m.subs.items()}) for m in recovered))
         expected = []
         for m in matching:
+            m = m.copy()  # the state recovered is returned undrained
             first = {n: s.deliver(10**9, m.cutoff) for n, s in m.subs.items()}
             m.now += drain_after_ms
             expected.append((first, {n: s.deliver(10**9, m.cutoff) for n, s in m.subs.items()}))

@@ -165,9 +165,10 @@ class TopicModel:
 
     def states(self, ops: list[tuple[Any, ...]]) -> tuple[list["TopicModel"], list[Any]]:
         """The model before each call and after the last (``states[i]``: after ``ops[:i]``), and
-        each call's answer."""
-        states, answers = [self.copy()], []
+        each call's answer. This model is left as it is."""
+        run = self.copy()
+        states, answers = [run.copy()], []
         for op in ops:
-            answers.append(self.apply(op))
-            states.append(self.copy())
+            answers.append(run.apply(op))
+            states.append(run.copy())
         return states, answers

@@ -10,7 +10,11 @@ hypothesis picks; every killed store is held to :class:`~bucketstore.testing.top
 by :func:`~bucketstore.testing.topic_crash.check_killed_store`, and every call that returned to
 the model's answer.
 
-``BUCKETSTORE_EXAMPLES`` sets the examples per mode (default 8; four kills each: after the last call, anywhere, and after two commits).
+A second test takes one store through several such lives, each killed at a random step and the
+next one starting from what the kill left (its model: the state the store matched).
+
+``BUCKETSTORE_EXAMPLES`` sets the examples per mode (default 8, up to four kills each: after the
+last call, anywhere, and after two commits; 6 for the lives, two to four each).
 """
 
 from __future__ import annotations
@@ -56,10 +60,10 @@ action = st.sampled_from(["add"] * 4 + ["advance"] * 3 + ["deliver"] * 4 + sorte
                          ).flatmap(OTHERS.__getitem__)
 
 
-def workload(actions: list[tuple]) -> list[tuple]:
-    """The calls of ``actions``, each naming a subscription that exists when it runs."""
-    names, created = ["s0", "s1", "s2"], 3
-    ops: list[tuple] = [("open",)] + [("sub", n, "earliest") for n in names]
+def calls(actions: list[tuple], names: list[str], created: int) -> tuple[list[tuple], int]:
+    """The calls of ``actions``, each naming a subscription that exists when it runs (``names``,
+    updated as subscriptions are created and deleted; ``created``: how many names were used)."""
+    ops: list[tuple] = []
     for a in actions:
         kind = a[0]
         if kind == "create":
@@ -82,10 +86,17 @@ def workload(actions: list[tuple]) -> list[tuple]:
             ops.append(("delete", who))
         else:
             ops.append((kind, who, *a[2:]))
-    return ops
+    return ops, created
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+FIRST = ["s0", "s1", "s2"]
+
+
+def workload(actions: list[tuple]) -> list[tuple]:
+    """A fresh store's calls: three subscriptions from the start, then ``actions``."""
+    return [("open",)] + [("sub", n, "earliest") for n in FIRST] + calls(actions, list(FIRST), len(FIRST))[0]
+
+
 # No shrinking: each step of it forks and kills a writer again, and took ten minutes on a
 # failure; the example and the kill point are printed whole, and the context names the call.
 @settings(max_examples=example_count(8), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
@@ -118,5 +129,49 @@ def test_random_topic_workload_survives_kills(mode: str, actions: list[tuple], d
                                states=candidates(states, dry.steps, k), universe=UNIVERSE,
                                context=f"{mode}: killed before step {k} of {n}, in {flight}")
             shutil.rmtree(where)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@settings(max_examples=example_count(6), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(lives=st.lists(st.lists(action, min_size=3, max_size=25), min_size=2, max_size=4), data=st.data())
+def test_topic_survives_kill_after_kill(mode: str, lives: list[list[tuple]], data: st.DataObject) -> None:
+    """One store through several lives, each killed at a random step (or after its last call):
+    every life starts from what the last kill left, its model the state that store matched, so a
+    recovery that is right at once but wrong for the calls after it (a count, a batch to deliver
+    again, a position's rows) shows in a later life."""
+    durability, interval = MODES[mode]
+    root = Path(tempfile.mkdtemp(prefix="topic-lives-"))
+    store, model, names, created = root / "store", TopicModel(CONFIG.tick_time_ms), list(FIRST), len(FIRST)
+    try:
+        for life, actions in enumerate(lives):
+            tail, created = calls(actions, names, created)
+            ops = [("open",)] + ([("sub", n, "earliest") for n in FIRST] if life == 0 else []) + tail
+            states, answers = model.states(ops)
+            probe = root / "probe"  # a copy counts the life's steps, the store itself is killed
+            if store.exists():
+                shutil.copytree(store, probe)
+            dry = run_ops(probe, ops, durability=durability, sync_interval_ms=interval, config=CONFIG,
+                          start_ms=model.now)
+            assert dry.error is None, dry.error
+            shutil.rmtree(probe)
+            n = len(dry.steps)
+            k = data.draw(st.integers(0, n), label=f"life {life}: kill before step")
+            run = run_ops(store, ops, durability=durability, sync_interval_ms=interval, config=CONFIG,
+                          kill_at=None if k == n else k, start_ms=model.now)
+            assert run.error is None, run.error
+            assert run.signal == signal.SIGKILL and run.steps[:k + 1] == dry.steps[:k + 1]
+            got = [a if not isinstance(a, list) else [tuple(p) for p in a] for a in run.answers]
+            assert got == answers[:len(got)], f"life {life}, killed before step {k}: a call answered otherwise"
+            flight = ops[run.steps[k][2]] if k < n else ("end",)
+            check = root / "check"  # drained by the check: the store lives on undrained
+            shutil.copytree(store, check)
+            model = check_killed_store(check, durability=durability, config=CONFIG, now=states[run.returned].now,
+                                       states=candidates(states, dry.steps, k), universe=UNIVERSE,
+                                       context=f"{mode}: life {life} killed before step {k} of {n}, in {flight}")
+            shutil.rmtree(check)
+            names = sorted(model.subs)
     finally:
         shutil.rmtree(root, ignore_errors=True)
