@@ -99,6 +99,7 @@ def workload(actions: list[tuple]) -> list[tuple]:
 
 # No shrinking: each step of it forks and kills a writer again, and took ten minutes on a
 # failure; the example and the kill point are printed whole, and the context names the call.
+@pytest.mark.parametrize("mode", sorted(MODES))
 @settings(max_examples=example_count(8), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(actions=st.lists(action, min_size=10, max_size=50), data=st.data())
