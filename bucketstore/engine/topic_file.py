@@ -40,6 +40,7 @@ def live_topic_file(store_path: str) -> "TopicFile | None":
     with _WRITERS_LOCK:
         return _WRITERS.get(os.path.realpath(topics_directory(store_path)))
 
+
 #: A testing seam, None in production: when set, called as ``hook(kind, path)`` just before each
 #: durable step of a topic environment, ``"topic_commit"`` (a write transaction is about to
 #: commit: a hook that kills the process leaves it uncommitted) or ``"topic_sync"`` (an fsync).
