@@ -25,7 +25,7 @@ Three modes: ``journal`` with ``sync_interval_ms=0`` (every add written before i
 
 ``BUCKETSTORE_TOPIC_CRASH_POINTS``: the crash points per mode, spread evenly over 0..N (the
 first and the last among them); the default, ``all``, runs every one: 83, 52 and 55 steps, 193
-killed writers in 12 s to 26 s on two shared cores. A number below that shortens the run on a
+killed writers in 9 s to 26 s on two shared cores. A number below that shortens the run on a
 slow machine; the random workloads (``test_topic_crash_random.py``) are the long-run knob.
 """
 
