@@ -150,8 +150,9 @@ class _Runner:
     """The child's side: the store, the topic, its subscriptions, and the calls."""
 
     def __init__(self, path: Path, durability: str, sync_interval_ms: int, config: TrackerConfig,
-                 steps: DurableSteps, start_ms: int) -> None:
+                 steps: DurableSteps, start_ms: int, delivery: str) -> None:
         self.path, self.durability, self.sync_interval_ms, self.config = path, durability, sync_interval_ms, config
+        self.delivery = delivery
         self.steps = steps
         self.clock = FakeClock(start_ms)
         self.store: Store | None = None
@@ -159,7 +160,8 @@ class _Runner:
     def open(self) -> None:
         # confirm_sync_ms=0: a wall-clock window would make the steps differ from run to run.
         self.store = Store(self.path, durability=self.durability, fs=self.steps.file_system(),
-                           sync_interval_ms=self.sync_interval_ms, confirm_sync_ms=0, read_ahead=False)
+                           sync_interval_ms=self.sync_interval_ms, confirm_sync_ms=0, read_ahead=False,
+                           delivery=self.delivery)
         self.steps.attach(self.store)
         self.topic = self.store.topic("t", config=self.config, clock=self.clock)
         self.subs = {name: self.topic.subscription(name) for name in self.topic.subscriptions()}
@@ -199,7 +201,7 @@ class _Runner:
 
 
 def _child(w: int, path: Path, ops: list[tuple[Any, ...]], durability: str, sync_interval_ms: int,
-           config: TrackerConfig, kill_at: int | None, start_ms: int) -> None:
+           config: TrackerConfig, kill_at: int | None, start_ms: int, delivery: str) -> None:
     current = [0]
     root = str(path)
 
@@ -213,7 +215,7 @@ def _child(w: int, path: Path, ops: list[tuple[Any, ...]], durability: str, sync
 
     steps = DurableSteps(kill_at, report)
     steps.install()
-    runner = _Runner(path, durability, sync_interval_ms, config, steps, start_ms)
+    runner = _Runner(path, durability, sync_interval_ms, config, steps, start_ms, delivery)
     try:
         for i, op in enumerate(ops):
             current[0] = i
@@ -226,10 +228,10 @@ def _child(w: int, path: Path, ops: list[tuple[Any, ...]], durability: str, sync
 
 def run_ops(path: str | os.PathLike[str], ops: list[tuple[Any, ...]], *, durability: str,
             sync_interval_ms: int = 0, config: TrackerConfig, kill_at: int | None = None,
-            start_ms: int = 1_000, timeout: float = 60.0) -> ChildRun:
+            start_ms: int = 1_000, delivery: str = "at-least-once", timeout: float = 60.0) -> ChildRun:
     """Run ``ops`` (the first one ``("open",)``) on the store at ``path`` (new, or left by an
     earlier run) in a forked child that dies by SIGKILL before durable step ``kill_at`` (None:
-    after the last call). Its clock starts at ``start_ms``.
+    after the last call). Its clock starts at ``start_ms``; ``delivery`` is the store's.
 
     The store uses ``confirm_sync_ms=0`` and no read-ahead thread, so the steps are the same
     from run to run; use ``sync_interval_ms`` 0 or longer than the run, for the same reason. The
@@ -241,7 +243,7 @@ def run_ops(path: str | os.PathLike[str], ops: list[tuple[Any, ...]], *, durabil
     if pid == 0:  # the child never returns into the caller
         try:
             os.close(r)
-            _child(w, path, ops, durability, sync_interval_ms, config, kill_at, start_ms)
+            _child(w, path, ops, durability, sync_interval_ms, config, kill_at, start_ms, delivery)
         finally:
             os._exit(2)
     os.close(w)
@@ -300,7 +302,7 @@ def _recovered(model: TopicModel, now: int) -> TopicModel:
 
 def check_killed_store(path: str | os.PathLike[str], *, durability: str, config: TrackerConfig, now: int,
                        states: list[TopicModel], universe: set[tuple[int, int]], context: str,
-                       drain_after_ms: int = 10**7) -> TopicModel:
+                       drain_after_ms: int = 10**7, delivery: str = "at-least-once") -> TopicModel:
     """Reopen a killed store and hold topic ``"t"`` to ``states`` (the candidates); return the one
     it matched, as reopened at ``now`` (before the drain below: the model of the store's next life).
 
@@ -318,7 +320,7 @@ def check_killed_store(path: str | os.PathLike[str], *, durability: str, config:
     assert not problems, f"{context}: verify: {problems}"
     recovered = [_recovered(m, now) for m in states]
     clock = FakeClock(now)
-    store = Store(path, durability=durability, confirm_sync_ms=0, read_ahead=False)
+    store = Store(path, durability=durability, confirm_sync_ms=0, read_ahead=False, delivery=delivery)
     try:
         topic = store.topic("t", config=config, clock=clock)
         names = set(topic.subscriptions())

@@ -43,6 +43,8 @@ class SubscriptionModel:
     acked: Position | None = None
     unconfirmed: list[Row] = field(default_factory=list)
     redeliver: list[Row] = field(default_factory=list)
+    #: False: ``delivery="at-most-once"``, a batch is delivered for good as it is returned.
+    at_least_once: bool = True
 
     def add(self, ledger: int, entry: int, at: int, cutoff: int) -> bool:
         pos = (ledger, entry)
@@ -61,8 +63,9 @@ class SubscriptionModel:
         due = sorted((at, *pos) for pos, at in self.tracked.items() if at <= cutoff)[:n - len(first)]
         for _, ledger, entry in due:
             del self.tracked[(ledger, entry)]
-        self.unconfirmed = first + due
-        return sorted((ledger, entry) for _, ledger, entry in self.unconfirmed)
+        batch = first + due
+        self.unconfirmed = batch if self.at_least_once else []
+        return sorted((ledger, entry) for _, ledger, entry in batch)
 
     def confirm(self) -> None:
         self.unconfirmed = []
@@ -112,6 +115,7 @@ class TopicModel:
     now: int = 1_000
     subs: dict[str, SubscriptionModel] = field(default_factory=dict)
     exists: bool = False
+    at_least_once: bool = True  #: the store's ``delivery``: False for ``"at-most-once"``
 
     def copy(self) -> "TopicModel":
         return copy.deepcopy(self)
@@ -130,7 +134,8 @@ class TopicModel:
                 s.reopened()
             return None
         if kind == "sub":
-            self.subs.setdefault(op[1], SubscriptionModel())  # a new one sees what is added from now on
+            # A new one sees what is added from now on.
+            self.subs.setdefault(op[1], SubscriptionModel(at_least_once=self.at_least_once))
             return None
         if kind == "delete":
             del self.subs[op[1]]

@@ -13,8 +13,8 @@ the model's answer.
 A second test takes one store through several such lives, each killed at a random step and the
 next one starting from what the kill left (its model: the state the store matched).
 
-``BUCKETSTORE_EXAMPLES`` sets the examples per mode (default 8, up to four kills each: after the
-last call, anywhere, and after two commits; 6 for the lives, two to four each).
+``BUCKETSTORE_EXAMPLES`` sets the examples per mode (default 6, up to four kills each: after the
+last call, anywhere, and after two commits; 4 for the lives, two to four each).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def workload(actions: list[tuple]) -> list[tuple]:
 # No shrinking: each step of it forks and kills a writer again, and took ten minutes on a
 # failure; the example and the kill point are printed whole, and the context names the call.
 @pytest.mark.parametrize("mode", sorted(MODES))
-@settings(max_examples=example_count(8), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+@settings(max_examples=example_count(6), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(actions=st.lists(action, min_size=10, max_size=50), data=st.data())
 def test_random_topic_workload_survives_kills(mode: str, actions: list[tuple], data: st.DataObject) -> None:
@@ -135,7 +135,7 @@ def test_random_topic_workload_survives_kills(mode: str, actions: list[tuple], d
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-@settings(max_examples=example_count(6), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+@settings(max_examples=example_count(4), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(lives=st.lists(st.lists(action, min_size=3, max_size=25), min_size=2, max_size=4), data=st.data())
 def test_topic_survives_kill_after_kill(mode: str, lives: list[list[tuple]], data: st.DataObject) -> None:
