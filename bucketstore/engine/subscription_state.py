@@ -100,8 +100,11 @@ class SubscriptionState:
         r = decode_subscription(raw)
         if r["clear_seq"] < -1 or r["start_seq"] < 0:
             raise TopicRecordError(f"subscription record has start_seq {r['start_seq']}, clear_seq {r['clear_seq']}")
-        again = sorted(set(r["redeliver"]) | set(r["unconfirmed"]))
-        return cls(name=name, frontier=r["frontier"], mark_delete=r["mark_delete"], start_seq=r["start_seq"],
-                   clear_seq=r["clear_seq"], count_base=r["count"] + len(r["unconfirmed"]),
+        md = r["mark_delete"]
+        # Rows acknowledged while unconfirmed (records written before mark_delete dropped them) stay gone.
+        unconfirmed = [row for row in r["unconfirmed"] if md is None or (row[1], row[2]) > md]
+        again = sorted(set(r["redeliver"]) | set(unconfirmed))
+        return cls(name=name, frontier=r["frontier"], mark_delete=md, start_seq=r["start_seq"],
+                   clear_seq=r["clear_seq"], count_base=r["count"] + len(unconfirmed),
                    inserted_base=r["inserted_base"], lost={(lg, en): seq for lg, en, seq in r["lost"]},
                    unconfirmed=[], redeliver=again)

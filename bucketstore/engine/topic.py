@@ -461,6 +461,8 @@ class Topic:
             kept = [r for r in state.redeliver if (r[1], r[2]) > (ledger, entry)]
             state.count_base -= len(state.redeliver) - len(kept)
             state.redeliver = kept
+            # Acknowledged rows of the batch not confirmed yet must not come back at a restart.
+            state.unconfirmed = [r for r in state.unconfirmed if (r[1], r[2]) > (ledger, entry)]
             state.lost = {p: s for p, s in state.lost.items() if p > (ledger, entry)}
             state.mark_delete = (ledger, entry)
             self._max_md = self._max_mark_delete()

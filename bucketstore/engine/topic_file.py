@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import lmdb
@@ -39,6 +39,22 @@ def live_topic_file(store_path: str) -> "TopicFile | None":
     """The store's topic environment if this process has it open for writing."""
     with _WRITERS_LOCK:
         return _WRITERS.get(os.path.realpath(topics_directory(store_path)))
+
+
+#: A testing seam, None in production: when set, called as ``hook(kind, path)`` just before each
+#: durable step of a topic environment, ``"topic_commit"`` (a write transaction is about to
+#: commit: a hook that kills the process leaves it uncommitted) or ``"topic_sync"`` (an fsync).
+#: LMDB writes its own files, outside the ``FileSystem`` seam a crash test numbers, so this is
+#: how :mod:`bucketstore.testing.topic_crash` numbers the topics' durable steps and kills a
+#: process before any one of them. Process-wide: it is meant for a forked test child.
+durable_step_hook: Callable[[str, str], None] | None = None
+
+
+def _step(kind: str, path: str) -> None:
+    hook = durable_step_hook
+    if hook is not None:
+        hook(kind, path)
+
 
 _INITIAL_MAP = 64 << 20
 _FORMAT_KEY, _NEXT_ID_KEY = b"format", b"next_topic_id"
@@ -115,6 +131,8 @@ class TopicFile:
                     txn.put(_FORMAT_KEY, TOPICS_FORMAT, db=self.meta)
                 elif fmt != TOPICS_FORMAT:
                     raise CatalogError(f"{self.path}: topic index format {fmt!r} is not supported", path=self.path)
+                _step("topic_commit", self.path)
+            _step("topic_sync", self.path)
             self._env.sync(True)
         except lmdb.Error as exc:
             self.close()
@@ -160,6 +178,7 @@ class TopicFile:
             try:
                 with env.begin(write=True) as txn:
                     yield txn
+                    _step("topic_commit", self.path)
             except lmdb.Error as exc:
                 raise CatalogError(f"{self.path}: topic index write failed: {exc}", path=self.path) from None
 
@@ -173,7 +192,9 @@ class TopicFile:
         """Make every committed transaction durable (fsync)."""
         with self.lock:
             try:
-                self._live().sync(True)
+                env = self._live()
+                _step("topic_sync", self.path)
+                env.sync(True)
             except lmdb.Error as exc:
                 raise CatalogError(f"{self.path}: topic index sync failed: {exc}", path=self.path) from None
 
@@ -206,6 +227,7 @@ class TopicFile:
             env = self._release()
             if env is not None:
                 try:
+                    _step("topic_sync", self.path)
                     env.sync(True)
                 except lmdb.Error as exc:
                     raise CatalogError(f"{self.path}: topic index sync at close failed: {exc}",

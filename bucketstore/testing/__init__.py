@@ -18,6 +18,11 @@ the layer they put above the store (see docs/testing-kit.md).
 * :mod:`~bucketstore.testing.stepped_worker`: :class:`SteppedWorker`, a maintenance worker
   that runs background seals and merges only when told (``Store(background=True,
   maintenance=SteppedWorker())``), so crashes inside them can be enumerated.
+* :mod:`~bucketstore.testing.topic_crash` (POSIX): :class:`~bucketstore.testing.topic_crash.DurableSteps`
+  numbers a process's durable steps, the topics' LMDB commits and syncs included, and SIGKILLs it
+  before one; ``run_ops`` runs topic calls in a forked child killed so, ``check_killed_store``
+  holds the store it left to :mod:`~bucketstore.testing.topic_model`'s ``TopicModel``, the
+  specification of a topic's subscriptions. Not imported here.
 * :mod:`~bucketstore.testing.clock`: :class:`FakeClock`.
 * :mod:`bucketstore.testing.state_machine` (needs hypothesis: ``pip install
   'bucketstore[testing]'``, not imported here): :class:`CrashMachine` and

@@ -142,6 +142,7 @@ class Run:
             md = self.models[name]._mark_delete
             if md is None or action[2:] >= md:
                 self.redeliver[name] = [r for r in self.redeliver[name] if r[1:] > action[2:]]
+                self.unconfirmed[name] = [r for r in self.unconfirmed[name] if r[1:] > action[2:]]  # never back
             self.subs[name].mark_delete(action[2], action[3])
             self.models[name].mark_delete(action[2], action[3])
         elif kind == "clear":
