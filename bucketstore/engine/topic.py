@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
@@ -32,6 +33,7 @@ from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
+from .topic_windows import Window, WindowCache, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
 
@@ -60,7 +62,9 @@ class Topic:
         self._cutoff = Cutoff(config, clock)
         self.clock = clock  #: None: the system clock (the metrics judge "due" by it, as the topic does)
         self._closed = False
-        self._last_sync = time.monotonic()
+        self._last_sync = self._last_commit = time.monotonic()
+        #: Subscriptions whose deliveries or confirmations are not written yet (see :meth:`_progress`).
+        self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
         self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else 10_000
@@ -77,6 +81,7 @@ class Topic:
                 record = self._decode(decode_topic, raw, f"topic {name!r}")
             self._id: int = record["id"]
             self._prefix = topic_prefix(self._id)
+            self._windows = WindowCache(file.rows, self._id)
             self._next_seq: int = record["next_seq"]
             self._inserted: int = record["inserted"]
             #: Rows the topic holds (kept with each change: stats never count them by a pass).
@@ -106,6 +111,7 @@ class Topic:
             self._last_position = file.tables.last_position(txn, self._id) or (-1, -1)
         file.sync()
         self._max_md = self._max_mark_delete()
+        file.add_settler(id(self), self._commit_progress)
 
     def _decode(self, decode: Any, raw: bytes, what: str) -> Any:
         try:
@@ -130,6 +136,7 @@ class Topic:
         seq = self._next_seq
         self._next_seq += 1
         self._file.tables.insert(txn, self._id, (ts, ledger, entry, seq))
+        self._windows.invalidate(ts)
         self._rows += 1
         if (ledger, entry) > self._last_position:
             self._last_position = (ledger, entry)
@@ -138,6 +145,7 @@ class Topic:
     def _delete_row(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int, seq: int,
                     dirty: set[str]) -> None:
         self._file.tables.delete(txn, self._id, (ts, ledger, entry, seq))
+        self._windows.invalidate(ts)
         self._rows -= 1
         pos = (ledger, entry)
         if pos in self._multi and not self._versions(txn, ledger, entry):
@@ -155,10 +163,35 @@ class Topic:
         record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted, "rows": self._rows,
                   "cutoff": self._cutoff.value, "config": self._config_record}
         txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
-        for name in dirty:
+        # Every state not written yet goes with any transaction: one that deletes rows must
+        # carry the frontiers that pass them.
+        for name in self._unsaved.union(dirty):
             state = self._subs.get(name)
             if state is not None:
                 txn.put(sub_key(self._id, name), state.encode(), db=self._file.subs)
+        self._unsaved.clear()
+        self._last_commit = time.monotonic()
+
+    def _progress(self, state: SubscriptionState) -> None:
+        """A delivery or confirmation moved the subscription (in memory): write it now, or with
+        the first transaction once ``max(sync_interval_ms, confirm_sync_ms)`` has passed, as
+        the tracker group-commits its frontier. A crash in between brings those batches back
+        (at-least-once), never loses one: the rows stay until a written frontier passes them.
+        At-most-once deliveries are written before the call returns."""
+        self._unsaved.add(state.name)
+        interval = max(self._sync_interval, self._confirm_sync)
+        if self._at_most_once or interval == 0 or (time.monotonic() - self._last_commit) * 1000 >= interval:
+            self._commit_progress()
+            self._durable()
+
+    def _commit_progress(self) -> None:
+        """Write the subscriptions' progress not written yet, with the rows it lets go."""
+        if not self._unsaved:
+            return
+        dirty: set[str] = set()
+        with self._file.write() as txn:
+            self._collect(txn, dirty)
+            self._save(txn, dirty)
 
     def _durable(self) -> None:
         """After a committed delivery, confirmation or acknowledgement: sync when journal mode's
@@ -170,8 +203,9 @@ class Topic:
                 self._sync()
 
     def _sync(self) -> None:
-        """Write the pending adds and make everything committed durable."""
+        """Write the pending adds and progress and make everything committed durable."""
         self._apply()
+        self._commit_progress()
         self._file.sync()
         self._last_sync = time.monotonic()
 
@@ -199,6 +233,7 @@ class Topic:
                         dirty.add(s.name)
                 for seq, vts in versions:
                     self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq))
+                    self._windows.invalidate(vts)
                     self._rows -= 1
                 if pos in self._multi:
                     self._forget_multi(txn, pos, dirty)
@@ -389,29 +424,48 @@ class Topic:
                 out.append((row[1], row[2]))
                 delivered.append(row)
                 state.count_base -= 1
-        dirty = {state.name}
-        with self._file.write() as txn:
+        need = max_messages - len(out)
+        taken: list[tuple[Window, np.ndarray]] = []
+        if need > 0:
             # Walked even when nothing is tracked: passing the due rows that are not this
-            # subscription's (acknowledged, cleared) lets the topic drop them.
-            if len(out) < max_messages:
-                for row in self._rows_after(txn, state.frontier, cutoff):
-                    visible = self._visible(txn, state, row)
-                    state.frontier = row
-                    if visible:
-                        ledger, entry = row[1], row[2]
-                        out.append((ledger, entry))
-                        delivered.append(row)
-                        state.count_base -= 1
-                        if (ledger, entry) in self._multi:
-                            state.lost[(ledger, entry)] = self._next_seq - 1
-                        if len(out) >= max_messages:
-                            break
-            # The batches returned before are confirmed by this call (the delivery handoff).
-            state.unconfirmed = [] if self._at_most_once else delivered
-            self._collect(txn, dirty)
-            self._save(txn, dirty)
-        self._durable()
-        out.sort()
+            # subscription's (acknowledged, cleared) lets the topic drop them. Whole windows
+            # at a time (engine/topic_windows.py); only re-added positions are judged one by one.
+            special = self._multi | state.lost.keys() if self._multi or state.lost else frozenset()
+            with self._file.read() as txn:
+                def judge(row: RowKey) -> bool:
+                    return self._visible(txn, state, row)
+                for window, lo, hi in self._windows.scan(txn, state.frontier, cutoff):
+                    idx = visible_indexes(window, lo, hi, state, special, judge)
+                    if len(idx) >= need:
+                        idx = idx[:need]
+                        taken.append((window, idx))
+                        state.frontier = window.row(int(idx[-1]))
+                        break
+                    if len(idx):
+                        taken.append((window, idx))
+                        need -= len(idx)
+                    state.frontier = window.row(hi - 1)
+        if taken:
+            ts, ledgers, entries, seqs = (np.concatenate([getattr(w, c)[i] for w, i in taken])
+                                          for c in ("ts", "ledger", "entry", "seq"))
+            state.count_base -= len(ts)
+            lg, en = ledgers.tolist(), entries.tolist()
+            if self._multi:
+                for pos in zip(lg, en):
+                    if pos in self._multi:
+                        state.lost[pos] = self._next_seq - 1
+            delivered.extend(zip(ts.tolist(), lg, en, seqs.tolist()))
+            if out:
+                out.extend(zip(lg, en))
+                out.sort()
+            else:
+                order = np.lexsort((entries, ledgers))
+                out = list(zip(ledgers[order].tolist(), entries[order].tolist()))
+        else:
+            out.sort()
+        # The batches returned before are confirmed by this call (the delivery handoff).
+        state.unconfirmed = [] if self._at_most_once else delivered
+        self._progress(state)
         return out
 
     def _collect(self, txn: lmdb.Transaction, dirty: set[str]) -> None:
@@ -484,9 +538,7 @@ class Topic:
         if not state.unconfirmed:
             return
         state.unconfirmed = []
-        with self._file.write() as txn:
-            self._save(txn, (state.name,))
-        self._durable()
+        self._progress(state)
 
     def _contains(self, state: SubscriptionState, ledger: int, entry: int) -> bool:
         if any(r[1] == ledger and r[2] == entry for r in state.redeliver):
@@ -522,6 +574,7 @@ class Topic:
                 self._sync()
             finally:
                 self._closed = True
+                self._file.add_settler(id(self), None)
                 self._cond.notify_all()
         if self._on_close is not None:
             self._on_close(self)
@@ -552,6 +605,7 @@ class Topic:
         with self._lock:
             self._check_alive()
             self._apply()
+            self._commit_progress()  # the rows every subscription has passed leave first
             held = self._held()  # one count for all of them, not one per subscription
             return {"topic": self.name, "rows": self._rows, "multi_positions": len(self._multi),
                     "cutoff": self._cutoff.value, "next_seq": self._next_seq,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import lmdb
@@ -65,6 +65,7 @@ def copy_topics(store_path: str, dest_store: str) -> bool:
     if live is not None:
         os.mkdir(dest)
         with live.lock:
+            live.settle()
             try:
                 live._live().copy(dest)
             except lmdb.Error as exc:
@@ -93,6 +94,8 @@ class TopicFile:
     def __init__(self, store_path: str) -> None:
         self.path = topics_directory(store_path)
         self.lock = threading.RLock()
+        #: Per open topic, the call that writes its subscriptions' progress not written yet.
+        self._settlers: dict[int, Callable[[], None]] = {}
         self._written = 1 << 62  # look at the first write
         self._map_size = _INITIAL_MAP
         os.makedirs(self.path, exist_ok=True)
@@ -121,6 +124,22 @@ class TopicFile:
             raise CatalogError(f"{self.path}: cannot open the topic index: {exc}", path=self.path) from None
         with _WRITERS_LOCK:
             _WRITERS[os.path.realpath(self.path)] = self
+
+    def add_settler(self, key: int, settle: Callable[[], None] | None) -> None:
+        """Register (or with None, drop) an open topic's writer of deferred progress."""
+        with self.lock:
+            if settle is None:
+                self._settlers.pop(key, None)
+            else:
+                self._settlers[key] = settle
+
+    def settle(self) -> None:
+        """Write what the open topics hold in memory only (deliveries and confirmations in
+        their group-commit window), so that this process's readers and copies see what its
+        subscriptions see. Committed, not synced."""
+        with self.lock:
+            for settle in list(self._settlers.values()):
+                settle()
 
     def _live(self) -> lmdb.Environment:
         env = getattr(self, "_env", None)

@@ -32,7 +32,7 @@ from .catalog_codec import validate_name  # topic and subscription names follow 
 __all__ = ["TOPICS_FORMAT", "TopicRecordError", "ROW_KEY", "ROW_DUP", "POS_KEY", "POS_DUP", "MULTI", "TOPIC_ID",
            "U64", "row_parts", "row_from", "position_parts", "split_position", "multi_key", "sub_key", "split_sub_key",
            "encode_topic", "decode_topic", "encode_subscription", "decode_subscription", "validate_name",
-           "MAX_KEY", "topic_prefix"]
+           "MAX_KEY", "topic_prefix", "WINDOW_BITS"]
 
 TOPICS_FORMAT = b"1"
 TOPIC_ID = struct.Struct(">I")
@@ -41,6 +41,8 @@ ROW_DUP = struct.Struct(">HQQQ")     # deliver_at & 0xfff, ledger, entry, seq
 POS_KEY = struct.Struct(">IQ")       # topic, ledger
 POS_DUP = struct.Struct(">QQQ")      # entry, seq, deliver_at
 _WINDOW_BITS = 12
+#: A ``rows`` key holds the rows of one window of ``2 ** WINDOW_BITS`` ms.
+WINDOW_BITS = _WINDOW_BITS
 MULTI = struct.Struct(">IQQ")        # topic, ledger, entry
 U64 = struct.Struct(">Q")
 _MAX = (1 << 64) - 1

@@ -1,0 +1,157 @@
+"""A topic's ``rows`` table read a window at a time as numpy columns: the delivery's hot path
+(``docs/topics.md``, "Delivery").
+
+A ``rows`` key holds a 4.096 s window of a topic's rows as ``MDB_DUPFIXED`` values, so one
+``MDB_GET_MULTIPLE`` read (py-lmdb's ``Cursor.getmulti(..., dupfixed_bytes=...)``) copies a
+whole window out in one call, key and value of each row side by side at a fixed width. Those
+bytes sort as the rows do (big-endian integers), so the bounds of a delivery (after the
+frontier, up to the cutoff) are two binary searches on them, and the columns decode at once.
+
+Decoded windows are cached per topic and shared by its subscriptions, which all read the same
+windows as they keep up: a hundred subscriptions decode a window once, not a hundred times.
+A write to a window drops it from the cache (:meth:`WindowCache.invalidate`); the cache holds at
+most ``budget`` bytes, least recently used first out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+
+import lmdb
+import numpy as np
+
+from ..format.topic_codec import ROW_DUP, ROW_KEY, WINDOW_BITS, topic_prefix
+from .subscription_state import RowKey, SubscriptionState
+
+__all__ = ["Window", "WindowCache", "visible_indexes", "DEFAULT_BUDGET"]
+
+_ITEM = np.dtype([("tid", ">u4"), ("win", ">u8"), ("lo", ">u2"), ("ledger", ">u8"), ("entry", ">u8"),
+                  ("seq", ">u8")])
+_WIDTH = ROW_KEY.size + ROW_DUP.size
+assert _ITEM.itemsize == _WIDTH
+_MAX = (1 << 64) - 1
+_LOW_MASK = (1 << WINDOW_BITS) - 1
+#: Bytes of decoded windows a topic keeps (about 70 bytes a row: 38 raw, 32 as columns).
+DEFAULT_BUDGET = 16 << 20
+
+
+def _packed(tid: int, row: RowKey) -> bytes:
+    ts, ledger, entry, seq = row
+    return ROW_KEY.pack(tid, ts >> WINDOW_BITS) + ROW_DUP.pack(ts & _LOW_MASK, ledger, entry, seq)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window's rows in delivery order: the raw sortable keys and the decoded columns."""
+
+    keys: np.ndarray  # S38: topic, window, then the value; sorted
+    ts: np.ndarray
+    ledger: np.ndarray
+    entry: np.ndarray
+    seq: np.ndarray
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Window":
+        items = np.frombuffer(raw, dtype=_ITEM)
+        ts = (items["win"].astype(np.uint64) << np.uint64(WINDOW_BITS)) | items["lo"].astype(np.uint64)
+        return cls(np.frombuffer(raw, dtype=f"S{_WIDTH}"), ts, items["ledger"].astype(np.uint64),
+                   items["entry"].astype(np.uint64), items["seq"].astype(np.uint64))
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.keys) * (_WIDTH + 32)
+
+    def row(self, i: int) -> RowKey:
+        return int(self.ts[i]), int(self.ledger[i]), int(self.entry[i]), int(self.seq[i])
+
+
+class WindowCache:
+    """The decoded windows of one topic (``tid``) in the ``rows`` table ``db``."""
+
+    def __init__(self, db: object, tid: int, budget: int = DEFAULT_BUDGET) -> None:
+        self._db = db
+        self._tid = tid
+        self._prefix = topic_prefix(tid)
+        self._budget = budget
+        self._held = 0
+        self._windows: OrderedDict[int, Window] = OrderedDict()
+
+    def invalidate(self, ts: int) -> None:
+        """A row at ``ts`` is being written or deleted: its window is read again next time."""
+        gone = self._windows.pop(ts >> WINDOW_BITS, None)
+        if gone is not None:
+            self._held -= gone.nbytes
+
+    def clear(self) -> None:
+        self._windows.clear()
+        self._held = 0
+
+    def _window(self, txn: lmdb.Transaction, key: bytes, number: int) -> Window:
+        found = self._windows.get(number)
+        if found is not None:
+            self._windows.move_to_end(number)
+            return found
+        with txn.cursor(db=self._db) as cur:
+            raw = cur.getmulti([key], dupdata=True, dupfixed_bytes=ROW_DUP.size, keyfixed=True)
+        window = Window.decode(bytes(raw))
+        self._windows[number] = window
+        self._held += window.nbytes
+        while self._held > self._budget and len(self._windows) > 1:
+            self._held -= self._windows.popitem(last=False)[1].nbytes
+        return window
+
+    def scan(self, txn: lmdb.Transaction, after: RowKey | None, cutoff: int) -> Iterator[tuple[Window, int, int]]:
+        """The topic's rows after ``after`` (from the first when None) up to ``cutoff``
+        (inclusive), as ``(window, lo, hi)``: the rows ``lo:hi`` of each window, in order."""
+        tid = self._tid
+        last = cutoff >> WINDOW_BITS
+        first = 0 if after is None else after[0] >> WINDOW_BITS
+        with txn.cursor(db=self._db) as cur:
+            found = cur.set_range(ROW_KEY.pack(tid, first))
+            while found:
+                key = cur.key()
+                if key[:4] != self._prefix:
+                    return
+                number = ROW_KEY.unpack(key)[1]
+                if number > last:
+                    return
+                window = self._window(txn, key, number)
+                lo = 0
+                if after is not None and number == first:
+                    lo = int(np.searchsorted(window.keys, _packed(tid, after), side="right"))
+                hi = len(window.keys)
+                if number == last:
+                    hi = int(np.searchsorted(window.keys, _packed(tid, (cutoff, _MAX, _MAX, _MAX)), side="right"))
+                if lo < hi:
+                    yield window, lo, hi
+                found = number < _MAX >> WINDOW_BITS and cur.set_range(ROW_KEY.pack(tid, number + 1))
+
+
+def visible_indexes(window: Window, lo: int, hi: int, state: SubscriptionState,
+                    special: Collection[tuple[int, int]], judge: Callable[[RowKey], bool]) -> np.ndarray:
+    """Indexes (into ``window``) of the rows ``lo:hi`` the subscription tracks, in order.
+
+    The start, clear and mark-delete bounds apply to whole columns. The rows of ``special``
+    positions (those with several rows, and the subscription's exceptions) depend on the
+    position's other rows: each is left to ``judge`` (few: only re-added positions have them).
+    """
+    ok = np.ones(hi - lo, dtype=bool)
+    seq = window.seq[lo:hi]
+    if state.start_seq > 0:
+        ok &= seq >= np.uint64(state.start_seq)
+    if state.clear_seq >= 0:
+        ok &= seq > np.uint64(state.clear_seq)
+    ledger = window.ledger[lo:hi]
+    md = state.mark_delete
+    if md is not None:
+        mdl, mde = np.uint64(md[0]), np.uint64(md[1])
+        ok &= (ledger > mdl) | ((ledger == mdl) & (window.entry[lo:hi] > mde))
+    if special:
+        ledgers = np.fromiter({lg for lg, _ in special}, dtype=np.uint64)
+        for i in np.flatnonzero(ok & np.isin(ledger, ledgers)).tolist():
+            row = window.row(lo + i)
+            if (row[1], row[2]) in special:
+                ok[i] = judge(row)
+    return np.flatnonzero(ok) + lo
