@@ -25,7 +25,7 @@ import numpy as np
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ..errors import CatalogError, StoreClosedError
-from ..format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic, encode_topic, multi_key,
+from ..format.topic_codec import (MAX_KEY, MULTI, ROW_KEY, TopicRecordError, decode_topic, encode_topic, multi_key,
                                   split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ..waiting import DueWaiter
@@ -434,7 +434,7 @@ class Topic:
             with self._file.read() as txn:
                 def judge(row: RowKey) -> bool:
                     return self._visible(txn, state, row)
-                for window, lo, hi in self._windows.scan(txn, state.frontier, cutoff):
+                for window, lo, hi in self._windows.scan(txn, state.frontier, (cutoff, *MAX_KEY[1:])):
                     idx = visible_indexes(window, lo, hi, state, special, judge)
                     if len(idx) >= need:
                         idx = idx[:need]
@@ -449,14 +449,17 @@ class Topic:
             ts, ledgers, entries, seqs = (np.concatenate([getattr(w, c)[i] for w, i in taken])
                                           for c in ("ts", "ledger", "entry", "seq"))
             state.count_base -= len(ts)
-            lg, en = ledgers.tolist(), entries.tolist()
             if self._multi:
-                for pos in zip(lg, en):
+                for pos in zip(ledgers.tolist(), entries.tolist()):
                     if pos in self._multi:
                         state.lost[pos] = self._next_seq - 1
-            delivered.extend(zip(ts.tolist(), lg, en, seqs.tolist()))
+            block = np.column_stack((ts, ledgers, entries, seqs))  # written as is (see SubscriptionState)
+            if delivered:
+                delivered.extend(map(tuple, block.tolist()))
+            else:
+                delivered = block  # type: ignore[assignment]
             if out:
-                out.extend(zip(lg, en))
+                out.extend(zip(ledgers.tolist(), entries.tolist()))
                 out.sort()
             else:
                 order = np.lexsort((entries, ledgers))
@@ -476,16 +479,27 @@ class Topic:
         fronts = [s.frontier for s in subs]
         if all(f is not None for f in fronts):
             bound = min(fronts)  # type: ignore[type-var]
-            doomed = []
-            for row in self._file.tables.rows_after(txn, self._id, None):
-                if row > bound:
-                    break
-                doomed.append(row)
-            for row in doomed:
-                self._delete_row(txn, *row, dirty)
+            self._drop_rows_upto(txn, bound, dirty)  # type: ignore[arg-type]
         marks = [s.mark_delete for s in subs]
         if all(m is not None for m in marks):
             self._drop_positions(txn, min(marks), dirty)  # type: ignore[type-var]
+
+    def _drop_rows_upto(self, txn: lmdb.Transaction, bound: RowKey, dirty: set[str]) -> None:
+        """Delete the rows at or before ``bound`` in delivery order, a window at a time."""
+        emptied: set[tuple[int, int]] = set()
+        tables = self._file.tables
+        for window, _, hi in self._windows.scan(txn, None, bound):
+            whole = hi == len(window.keys)
+            tables.delete_records(txn, [] if whole else window.row_records(hi), window.position_records(hi),
+                                  window.raw[:ROW_KEY.size] if whole else None)
+            self._windows.invalidate(int(window.ts[0]))
+            self._rows -= hi
+            if self._multi:
+                emptied.update(p for p in zip(window.ledger[:hi].tolist(), window.entry[:hi].tolist())
+                               if p in self._multi)
+        for pos in emptied:
+            if not self._versions(txn, *pos):
+                self._forget_multi(txn, pos, dirty)
 
     def _drop_positions(self, txn: lmdb.Transaction, upto: tuple[int, int], dirty: set[str]) -> None:
         doomed = []
@@ -535,7 +549,7 @@ class Topic:
         self._due.wake_all()
 
     def _confirm(self, state: SubscriptionState) -> None:
-        if not state.unconfirmed:
+        if not len(state.unconfirmed):
             return
         state.unconfirmed = []
         self._progress(state)

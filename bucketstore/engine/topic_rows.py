@@ -52,6 +52,19 @@ class RowTables:
         txn.delete(*row_parts(tid, *row), db=self.rows)
         txn.delete(*position_parts(tid, *row), db=self.positions)
 
+    def delete_records(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]],
+                       positions: list[tuple[bytes, bytes]], whole_key: bytes | None = None) -> None:
+        """Delete rows given by their records in both tables (:class:`~.topic_windows.Window`
+        builds them for a window at once). ``whole_key``: the rows are every value of that
+        ``rows`` key, deleted in one call (``rows`` is then ignored)."""
+        if whole_key is not None:
+            txn.delete(whole_key, db=self.rows)  # no value given: the key with all its values
+        else:
+            for key, value in rows:
+                txn.delete(key, value, db=self.rows)
+        for key, value in positions:
+            txn.delete(key, value, db=self.positions)
+
     def delete_topic(self, txn: lmdb.Transaction, tid: int) -> None:
         prefix = topic_prefix(tid)
         for db in (self.rows, self.positions):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import lmdb
 import numpy as np
 
-from ..format.topic_codec import ROW_DUP, ROW_KEY, WINDOW_BITS, topic_prefix
+from ..format.topic_codec import POS_DUP, POS_KEY, ROW_DUP, ROW_KEY, WINDOW_BITS, topic_prefix
 from .subscription_state import RowKey, SubscriptionState
 
 __all__ = ["Window", "WindowCache", "visible_indexes", "DEFAULT_BUDGET"]
@@ -31,6 +31,8 @@ _ITEM = np.dtype([("tid", ">u4"), ("win", ">u8"), ("lo", ">u2"), ("ledger", ">u8
                   ("seq", ">u8")])
 _WIDTH = ROW_KEY.size + ROW_DUP.size
 assert _ITEM.itemsize == _WIDTH
+_POSITION = np.dtype([("tid", ">u4"), ("ledger", ">u8"), ("entry", ">u8"), ("seq", ">u8"), ("ts", ">u8")])
+assert _POSITION.itemsize == POS_KEY.size + POS_DUP.size
 _MAX = (1 << 64) - 1
 _LOW_MASK = (1 << WINDOW_BITS) - 1
 #: Bytes of decoded windows a topic keeps (about 70 bytes a row: 38 raw, 32 as columns).
@@ -46,7 +48,8 @@ def _packed(tid: int, row: RowKey) -> bytes:
 class Window:
     """One window's rows in delivery order: the raw sortable keys and the decoded columns."""
 
-    keys: np.ndarray  # S38: topic, window, then the value; sorted
+    raw: bytes  # each row as its key and value side by side, 38 bytes
+    keys: np.ndarray  # the same as S38, to search (sorted: big-endian numbers)
     ts: np.ndarray
     ledger: np.ndarray
     entry: np.ndarray
@@ -56,12 +59,30 @@ class Window:
     def decode(cls, raw: bytes) -> "Window":
         items = np.frombuffer(raw, dtype=_ITEM)
         ts = (items["win"].astype(np.uint64) << np.uint64(WINDOW_BITS)) | items["lo"].astype(np.uint64)
-        return cls(np.frombuffer(raw, dtype=f"S{_WIDTH}"), ts, items["ledger"].astype(np.uint64),
+        return cls(raw, np.frombuffer(raw, dtype=f"S{_WIDTH}"), ts, items["ledger"].astype(np.uint64),
                    items["entry"].astype(np.uint64), items["seq"].astype(np.uint64))
 
     @property
     def nbytes(self) -> int:
         return len(self.keys) * (_WIDTH + 32)
+
+    def position_records(self, hi: int) -> list[tuple[bytes, bytes]]:
+        """The ``positions`` key and value of the rows ``:hi`` (to delete them)."""
+        items = np.empty(hi, dtype=_POSITION)
+        items["tid"], items["ledger"], items["entry"] = self.tid, self.ledger[:hi], self.entry[:hi]
+        items["seq"], items["ts"] = self.seq[:hi], self.ts[:hi]
+        raw = items.tobytes()
+        k, w = POS_KEY.size, _POSITION.itemsize
+        return [(raw[i:i + k], raw[i + k:i + w]) for i in range(0, len(raw), w)]
+
+    def row_records(self, hi: int) -> list[tuple[bytes, bytes]]:
+        """The ``rows`` key and value of the rows ``:hi``."""
+        raw, k = self.raw, ROW_KEY.size
+        return [(raw[i:i + k], raw[i + k:i + _WIDTH]) for i in range(0, hi * _WIDTH, _WIDTH)]
+
+    @property
+    def tid(self) -> int:
+        return int.from_bytes(self.raw[:4], "big")
 
     def row(self, i: int) -> RowKey:
         return int(self.ts[i]), int(self.ledger[i]), int(self.entry[i]), int(self.seq[i])
@@ -102,11 +123,13 @@ class WindowCache:
             self._held -= self._windows.popitem(last=False)[1].nbytes
         return window
 
-    def scan(self, txn: lmdb.Transaction, after: RowKey | None, cutoff: int) -> Iterator[tuple[Window, int, int]]:
-        """The topic's rows after ``after`` (from the first when None) up to ``cutoff``
-        (inclusive), as ``(window, lo, hi)``: the rows ``lo:hi`` of each window, in order."""
+    def scan(self, txn: lmdb.Transaction, after: RowKey | None,
+             upto: RowKey) -> Iterator[tuple[Window, int, int]]:
+        """The topic's rows after ``after`` (from the first when None) and at or before ``upto``,
+        as ``(window, lo, hi)``: the rows ``lo:hi`` of each window, in order. The caller may
+        delete the rows of a window it was given before taking the next."""
         tid = self._tid
-        last = cutoff >> WINDOW_BITS
+        last = upto[0] >> WINDOW_BITS
         first = 0 if after is None else after[0] >> WINDOW_BITS
         with txn.cursor(db=self._db) as cur:
             found = cur.set_range(ROW_KEY.pack(tid, first))
@@ -123,7 +146,7 @@ class WindowCache:
                     lo = int(np.searchsorted(window.keys, _packed(tid, after), side="right"))
                 hi = len(window.keys)
                 if number == last:
-                    hi = int(np.searchsorted(window.keys, _packed(tid, (cutoff, _MAX, _MAX, _MAX)), side="right"))
+                    hi = int(np.searchsorted(window.keys, _packed(tid, upto), side="right"))
                 if lo < hi:
                     yield window, lo, hi
                 found = number < _MAX >> WINDOW_BITS and cur.set_range(ROW_KEY.pack(tid, number + 1))
