@@ -25,7 +25,7 @@ import numpy as np
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ..errors import CatalogError, StoreClosedError
-from ..format.topic_codec import (MAX_KEY, MULTI, ROW_KEY, TopicRecordError, decode_topic, encode_topic, multi_key,
+from ..format.topic_codec import (MAX_KEY, MULTI, ROW_KEY, position_parts, row_parts, TopicRecordError, decode_topic, encode_topic, multi_key,
                                   split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ..waiting import DueWaiter
@@ -263,7 +263,9 @@ class Topic:
             subs = self._subs.values()
             md = self._max_md
             out = []
+            pending = self._pending
             for ledger, entry, ts in rows:
+                pending.append((ledger, entry, ts, cutoff))
                 if ts <= cutoff:
                     out.append(False)
                     continue
@@ -272,7 +274,6 @@ class Topic:
                     out.append(not sub.acked(ledger, entry))
                 else:
                     out.append(md is None or (ledger, entry) > md or any(not s.acked(ledger, entry) for s in subs))
-            self._pending.extend((ledger, entry, ts, cutoff) for ledger, entry, ts in rows)
             if self._durability == "journal" and self._sync_interval == 0:
                 self._apply()
                 self._sync()
@@ -297,9 +298,41 @@ class Topic:
         self._pending = []
         dirty: set[str] = set()
         with self._file.write(room=len(pending) * 200) as txn:
-            for ledger, entry, ts, cutoff in pending:
-                self._add_one(txn, ledger, entry, ts, cutoff, dirty)
+            start = 0
+            while start < len(pending):
+                start = self._append_new(txn, pending, start)
+                if start < len(pending):
+                    self._add_one(txn, *pending[start], dirty)
+                    start += 1
             self._save(txn, dirty)
+
+    def _append_new(self, txn: lmdb.Transaction, pending: list[tuple[int, int, int, int]], start: int) -> int:
+        """Write ``pending[start:]`` up to the first add that is not of a new position (the
+        common case: positions grow, past every mark-delete, not due) in one call per table;
+        the index of that add (``len(pending)``: all written). Such an add is tracked by every
+        subscription: it bumps only the topic's ``inserted``."""
+        tid, md, multi, last = self._id, self._max_md, self._multi, self._last_position
+        seq = self._next_seq
+        rows, positions = [], []
+        cached = self._windows.invalidate if self._windows.holds_any() else None
+        end = start
+        for ledger, entry, ts, cutoff in pending[start:]:
+            pos = (ledger, entry)
+            if ts <= cutoff or pos <= last or (md is not None and pos <= md) or pos in multi:
+                break
+            rows.append(row_parts(tid, ts, ledger, entry, seq))
+            positions.append(position_parts(tid, ts, ledger, entry, seq))
+            if cached is not None:
+                cached(ts)
+            seq += 1
+            last = pos
+            end += 1
+        if rows:
+            self._file.tables.insert_records(txn, rows, positions)
+            self._next_seq, self._last_position = seq, last
+            self._rows += len(rows)
+            self._inserted += len(rows)
+        return end
 
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Add an index for every subscription (once, whatever their number).

@@ -48,6 +48,15 @@ class RowTables:
         if not txn.put(key, value, append=True, db=self.positions):
             txn.put(key, value, db=self.positions)
 
+    def insert_records(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]],
+                       positions: list[tuple[bytes, bytes]]) -> None:
+        """Insert rows given by their records in both tables (``row_parts``/``position_parts``),
+        one call per table."""
+        with txn.cursor(db=self.rows) as cur:
+            cur.putmulti(rows, dupdata=True)
+        with txn.cursor(db=self.positions) as cur:
+            cur.putmulti(positions, dupdata=True)
+
     def delete(self, txn: lmdb.Transaction, tid: int, row: Row) -> None:
         txn.delete(*row_parts(tid, *row), db=self.rows)
         txn.delete(*position_parts(tid, *row), db=self.positions)

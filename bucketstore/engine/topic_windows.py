@@ -105,6 +105,9 @@ class WindowCache:
         if gone is not None:
             self._held -= gone.nbytes
 
+    def holds_any(self) -> bool:
+        return bool(self._windows)
+
     def clear(self) -> None:
         self._windows.clear()
         self._held = 0
