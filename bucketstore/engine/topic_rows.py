@@ -55,7 +55,11 @@ class RowTables:
         with txn.cursor(db=self.rows) as cur:
             cur.putmulti(rows, dupdata=True)
         with txn.cursor(db=self.positions) as cur:
-            cur.putmulti(positions, dupdata=True)
+            # Positions mostly grow: appended, pages fill up instead of splitting in half (a
+            # quarter fewer bytes a row). LMDB refuses (and skips) a record that is not at the
+            # end; put those normally (putting a present record again changes nothing).
+            if cur.putmulti(positions, dupdata=True, append=True)[1] < len(positions):
+                cur.putmulti(positions, dupdata=True)
 
     def delete(self, txn: lmdb.Transaction, tid: int, row: Row) -> None:
         txn.delete(*row_parts(tid, *row), db=self.rows)
