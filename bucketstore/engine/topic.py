@@ -469,23 +469,22 @@ class Topic:
                     return self._visible(txn, state, row)
                 for window, lo, hi in self._windows.scan(txn, state.frontier, (cutoff, *MAX_KEY[1:])):
                     idx = visible_indexes(window, lo, hi, state, special, judge)
-                    if len(idx) >= need:
+                    full = len(idx) >= need
+                    if full:
                         idx = idx[:need]
-                        taken.append((window, idx))
-                        state.frontier = window.row(int(idx[-1]))
-                        break
                     if len(idx):
                         taken.append((window, idx))
                         need -= len(idx)
+                        if self._multi:
+                            self._lose_delivered(state, window, idx)
+                    if full:
+                        state.frontier = window.row(int(idx[-1]))
+                        break
                     state.frontier = window.row(hi - 1)
         if taken:
             ts, ledgers, entries, seqs = (np.concatenate([getattr(w, c)[i] for w, i in taken])
                                           for c in ("ts", "ledger", "entry", "seq"))
             state.count_base -= len(ts)
-            if self._multi:
-                for pos in zip(ledgers.tolist(), entries.tolist()):
-                    if pos in self._multi:
-                        state.lost[pos] = self._next_seq - 1
             block = np.column_stack((ts, ledgers, entries, seqs))  # written as is (see SubscriptionState)
             if delivered:
                 delivered.extend(map(tuple, block.tolist()))
@@ -503,6 +502,14 @@ class Topic:
         state.unconfirmed = [] if self._at_most_once else delivered
         self._progress(state)
         return out
+
+    def _lose_delivered(self, state: SubscriptionState, window: Window, idx: np.ndarray) -> None:
+        """The delivered rows of positions with several rows: their other rows are gone for
+        the subscription. Set before the next window is judged (its rows may be another row of
+        the same position; within a window the judge sees the rows delivered as its own)."""
+        for pos in zip(window.ledger[idx].tolist(), window.entry[idx].tolist()):
+            if pos in self._multi:
+                state.lost[pos] = self._next_seq - 1
 
     def _collect(self, txn: lmdb.Transaction, dirty: set[str]) -> None:
         """Delete the rows every subscription is past: before every frontier, or acknowledged by all."""
