@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..format.topic_codec import TopicRecordError, decode_subscription, encode_subscription
+from ..format.topic_codec import TopicRecordError, decode_subscription, encode_subscription, pack_rows
 
 __all__ = ["SubscriptionState", "RowKey"]
 
@@ -96,8 +96,7 @@ class SubscriptionState:
                 "start_seq": self.start_seq, "clear_seq": self.clear_seq, "count": self.count_base,
                 "inserted_base": self.inserted_base,
                 "lost": [[ledger, entry, seq] for (ledger, entry), seq in sorted(self.lost.items())],
-                "unconfirmed": (self.unconfirmed.tolist() if isinstance(self.unconfirmed, np.ndarray)
-                                else [list(r) for r in self.unconfirmed]), "redeliver": [list(r) for r in self.redeliver]}
+                "unconfirmed": pack_rows(self.unconfirmed) if len(self.unconfirmed) else [], "redeliver": [list(r) for r in self.redeliver]}
 
     @classmethod
     def decode(cls, name: str, raw: bytes) -> "SubscriptionState":
