@@ -1,5 +1,6 @@
 """A topic's rows in its two LMDB tables, ``rows`` (delivery order) and ``positions``
-(acknowledgement order): every read and write of them, and nothing else (``formats/topics.md``).
+(acknowledgement order): every read and write of them but the window reads of a delivery
+(:mod:`~bucketstore.engine.topic_windows`), and nothing else (``formats/topics.md``).
 
 Both tables are ``MDB_DUPSORT | MDB_DUPFIXED``: a key holds many fixed-size values, which LMDB
 packs without a per-row header. ``rows`` keys a topic's rows by ``deliver_at >> 12`` (4.096 s
