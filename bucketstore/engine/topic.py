@@ -482,10 +482,11 @@ class Topic:
                         break
                     state.frontier = window.row(hi - 1)
         if taken:
-            ts, ledgers, entries, seqs = (np.concatenate([getattr(w, c)[i] for w, i in taken])
-                                          for c in ("ts", "ledger", "entry", "seq"))
-            state.count_base -= len(ts)
-            block = np.column_stack((ts, ledgers, entries, seqs))  # written as is (see SubscriptionState)
+            # One (n, 4) array, written as is (see SubscriptionState), its columns viewed.
+            block = np.concatenate([w.columns[i] for w, i in taken]) if len(taken) > 1 else \
+                taken[0][0].columns[taken[0][1]]
+            ledgers, entries = block[:, 1], block[:, 2]
+            state.count_base -= len(block)
             if delivered:
                 delivered.extend(map(tuple, block.tolist()))
             else:

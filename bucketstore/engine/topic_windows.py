@@ -50,17 +50,31 @@ class Window:
 
     raw: bytes  # each row as its key and value side by side, 38 bytes
     keys: np.ndarray  # the same as S38, to search (sorted: big-endian numbers)
-    ts: np.ndarray
-    ledger: np.ndarray
-    entry: np.ndarray
-    seq: np.ndarray
+    columns: np.ndarray  # (n, 4) uint64: deliver_at, ledger, entry, seq
 
     @classmethod
     def decode(cls, raw: bytes) -> "Window":
         items = np.frombuffer(raw, dtype=_ITEM)
-        ts = (items["win"].astype(np.uint64) << np.uint64(WINDOW_BITS)) | items["lo"].astype(np.uint64)
-        return cls(raw, np.frombuffer(raw, dtype=f"S{_WIDTH}"), ts, items["ledger"].astype(np.uint64),
-                   items["entry"].astype(np.uint64), items["seq"].astype(np.uint64))
+        columns = np.empty((len(items), 4), dtype=np.uint64)
+        columns[:, 0] = (items["win"].astype(np.uint64) << np.uint64(WINDOW_BITS)) | items["lo"]
+        columns[:, 1], columns[:, 2], columns[:, 3] = items["ledger"], items["entry"], items["seq"]
+        return cls(raw, np.frombuffer(raw, dtype=f"S{_WIDTH}"), columns)
+
+    @property
+    def ts(self) -> np.ndarray:
+        return self.columns[:, 0]
+
+    @property
+    def ledger(self) -> np.ndarray:
+        return self.columns[:, 1]
+
+    @property
+    def entry(self) -> np.ndarray:
+        return self.columns[:, 2]
+
+    @property
+    def seq(self) -> np.ndarray:
+        return self.columns[:, 3]
 
     @property
     def nbytes(self) -> int:
