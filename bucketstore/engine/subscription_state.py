@@ -96,7 +96,8 @@ class SubscriptionState:
                 "start_seq": self.start_seq, "clear_seq": self.clear_seq, "count": self.count_base,
                 "inserted_base": self.inserted_base,
                 "lost": [[ledger, entry, seq] for (ledger, entry), seq in sorted(self.lost.items())],
-                "unconfirmed": pack_rows(self.unconfirmed) if len(self.unconfirmed) else [], "redeliver": [list(r) for r in self.redeliver]}
+                "unconfirmed": pack_rows(self.unconfirmed) if len(self.unconfirmed) else [],
+                "redeliver": [list(r) for r in self.redeliver]}
 
     @classmethod
     def decode(cls, name: str, raw: bytes) -> "SubscriptionState":

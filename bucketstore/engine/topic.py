@@ -25,8 +25,8 @@ import numpy as np
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ..errors import CatalogError, StoreClosedError
-from ..format.topic_codec import (MAX_KEY, MULTI, ROW_KEY, position_parts, row_parts, TopicRecordError, decode_topic, encode_topic, multi_key,
-                                  split_sub_key, sub_key, topic_prefix,
+from ..format.topic_codec import (MAX_KEY, MULTI, ROW_KEY, TopicRecordError, decode_topic, encode_topic, multi_key,
+                                  position_parts, row_parts, split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ..waiting import DueWaiter
 from .subscription import Subscription
