@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lmdb
@@ -113,6 +115,18 @@ class Topic:
         self._max_md = self._max_mark_delete()
         file.add_settler(id(self), self._commit_progress)
 
+    @contextmanager
+    def _write(self, room: int = 0) -> Iterator[lmdb.Transaction]:
+        """A write transaction of the topic's file. If it is undone, the window cache is
+        emptied: it may hold windows read inside it (a collection reads what the adds before
+        it in the same transaction wrote)."""
+        try:
+            with self._file.write(room) as txn:
+                yield txn
+        except BaseException:
+            self._windows.clear()
+            raise
+
     def _decode(self, decode: Any, raw: bytes, what: str) -> Any:
         try:
             return decode(raw)
@@ -189,7 +203,7 @@ class Topic:
         if not self._unsaved:
             return
         dirty: set[str] = set()
-        with self._file.write() as txn:
+        with self._write() as txn:
             self._collect(txn, dirty)
             self._save(txn, dirty)
 
@@ -297,7 +311,7 @@ class Topic:
             return
         self._pending = []
         dirty: set[str] = set()
-        with self._file.write(room=len(pending) * 200) as txn:
+        with self._write(room=len(pending) * 200) as txn:
             start = 0
             while start < len(pending):
                 start = self._append_new(txn, pending, start)
@@ -376,7 +390,7 @@ class Topic:
     def _create_subscription(self, name: str, start: str) -> None:
         cutoff = self._cutoff.advance()
         state = SubscriptionState(name=name, inserted_base=self._inserted)
-        with self._file.write() as txn:
+        with self._write() as txn:
             if start == "latest":
                 state.start_seq = self._next_seq
                 state.frontier = (cutoff, *MAX_KEY[1:])
@@ -390,11 +404,7 @@ class Topic:
 
     def _count_tracked(self, txn: lmdb.Transaction, state: SubscriptionState) -> int:
         """How many positions the subscription tracks: one pass over the rows after its frontier."""
-        count = 0
-        for row in self._rows_after(txn, state.frontier, None):
-            if self._visible(txn, state, row):
-                count += 1
-        return count
+        return sum(len(idx) for _, idx, _ in self._visible_windows(txn, state, MAX_KEY))
 
     def subscriptions(self) -> list[str]:
         """The names of the topic's subscriptions, sorted."""
@@ -416,7 +426,7 @@ class Topic:
             del self._subs[name]
             self._max_md = self._max_mark_delete()
             dirty: set[str] = set()
-            with self._file.write() as txn:
+            with self._write() as txn:
                 txn.delete(sub_key(self._id, name), db=self._file.subs)
                 self._collect(txn, dirty)
                 self._save(txn, dirty)
@@ -428,23 +438,29 @@ class Topic:
             del self._handles[handle.name]
 
     # -- reading rows ---------------------------------------------------------------------------
-    def _rows_after(self, txn: lmdb.Transaction, frontier: RowKey | None, cutoff: int | None):
-        """The topic's rows after ``frontier``, in delivery order, up to ``cutoff`` (inclusive)."""
-        for row in self._file.tables.rows_after(txn, self._id, frontier):
-            if cutoff is not None and row[0] > cutoff:
-                return
-            yield row
-
     def _visible(self, txn: lmdb.Transaction, state: SubscriptionState, row: RowKey) -> bool:
         """Whether the row (after the subscription's frontier) is one it tracks."""
         return visible(txn, self._file.tables, self._id, state, self._multi, row)
 
     def _first_visible(self, state: SubscriptionState) -> RowKey | None:
         with self._file.read() as txn:
-            for row in self._rows_after(txn, state.frontier, None):
-                if self._visible(txn, state, row):
-                    return row
+            for window, idx, _ in self._visible_windows(txn, state, MAX_KEY):
+                if len(idx):
+                    return window.row(int(idx[0]))
         return None
+
+    def _visible_windows(self, txn: lmdb.Transaction, state: SubscriptionState,
+                         upto: RowKey) -> Iterator[tuple[Window, np.ndarray, int]]:
+        """The windows of rows after the subscription's frontier (as it is when called) up to
+        ``upto``: each with the indexes of the rows the subscription tracks, and the index after
+        the last row of it in range. Whole windows at a time (engine/topic_windows.py); only
+        positions with several rows, and the subscription's exceptions, are judged one by one."""
+        special = self._multi | state.lost.keys() if self._multi or state.lost else frozenset()
+
+        def judge(row: RowKey) -> bool:
+            return self._visible(txn, state, row)
+        for window, lo, hi in self._windows.scan(txn, state.frontier, upto):
+            yield window, visible_indexes(window, lo, hi, state, special, judge), hi
 
     # -- delivery -------------------------------------------------------------------------------
     def _deliver(self, state: SubscriptionState, max_messages: int) -> list[tuple[int, int]]:
@@ -461,14 +477,9 @@ class Topic:
         taken: list[tuple[Window, np.ndarray]] = []
         if need > 0:
             # Walked even when nothing is tracked: passing the due rows that are not this
-            # subscription's (acknowledged, cleared) lets the topic drop them. Whole windows
-            # at a time (engine/topic_windows.py); only re-added positions are judged one by one.
-            special = self._multi | state.lost.keys() if self._multi or state.lost else frozenset()
+            # subscription's (acknowledged, cleared) lets the topic drop them.
             with self._file.read() as txn:
-                def judge(row: RowKey) -> bool:
-                    return self._visible(txn, state, row)
-                for window, lo, hi in self._windows.scan(txn, state.frontier, (cutoff, *MAX_KEY[1:])):
-                    idx = visible_indexes(window, lo, hi, state, special, judge)
+                for window, idx, hi in self._visible_windows(txn, state, (cutoff, *MAX_KEY[1:])):
                     full = len(idx) >= need
                     if full:
                         idx = idx[:need]
@@ -557,7 +568,7 @@ class Topic:
         if md is not None and (ledger, entry) < md:
             return
         dirty = {state.name}
-        with self._file.write() as txn:
+        with self._write() as txn:
             # Untrack what the subscription tracks up to the position: one pass over those positions.
             seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for ts, lg, en, seq in self._file.tables.positions_after(txn, self._id, md):
@@ -584,7 +595,7 @@ class Topic:
         state.lost = {}
         state.unconfirmed = []
         state.redeliver = []
-        with self._file.write() as txn:
+        with self._write() as txn:
             self._save(txn, (state.name,))
         self._sync()
         self._due.wake_all()
@@ -624,7 +635,7 @@ class Topic:
             self._handles.clear()
             try:
                 self._apply()
-                with self._file.write() as txn:
+                with self._write() as txn:
                     self._save(txn)
                 self._sync()
             finally:

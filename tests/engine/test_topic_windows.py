@@ -167,3 +167,23 @@ def test_records_lmdb_refuses_to_append_are_put(tmp_path) -> None:
                                       [position_parts(tid, *r) for r in batch])
         with topic._file.read() as txn:
             assert [tables.versions(txn, tid, 1, e) for e in (3, 4, 9)] == [[(1, 5_000)], [(2, 5_000)], [(0, 5_000)]]
+
+
+def test_a_window_read_in_a_transaction_undone_is_forgotten(tmp_path) -> None:
+    import pytest
+
+    from bucketstore.format.topic_codec import MAX_KEY, position_parts, row_parts
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path) as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        sub = topic.subscription("s")
+        sub.add_message(1, 1, 5_000)
+        phantom = (5_001, 1, 2, 99)
+        with pytest.raises(RuntimeError):
+            with topic._write() as txn:
+                topic._file.tables.insert_records(txn, [row_parts(topic._id, *phantom)],
+                                                  [position_parts(topic._id, *phantom)])
+                assert sum(hi - lo for _, lo, hi in topic._windows.scan(txn, None, MAX_KEY)) == 2  # cached
+                raise RuntimeError("undone")
+        clock.now = 6_000
+        assert sub.get_scheduled_messages(10) == [(1, 1)]  # not the phantom row
