@@ -83,7 +83,7 @@ class Topic:
                 record = self._decode(decode_topic, raw, f"topic {name!r}")
             self._id: int = record["id"]
             self._prefix = topic_prefix(self._id)
-            self._windows = WindowCache(file.rows, self._id)
+            self._windows = WindowCache(file.rows, self._id, file.windows)
             self._next_seq: int = record["next_seq"]
             self._inserted: int = record["inserted"]
             #: Rows the topic holds (kept with each change: stats never count them by a pass).
@@ -641,6 +641,7 @@ class Topic:
             finally:
                 self._closed = True
                 self._file.add_settler(id(self), None)
+                self._windows.clear()
                 self._cond.notify_all()
         if self._on_close is not None:
             self._on_close(self)

@@ -26,6 +26,7 @@ from ..errors import CatalogError
 from ..format.topic_codec import TOPICS_FORMAT, U64
 from .lmdb_file import check_data_file
 from .topic_rows import RowTables
+from .topic_windows import WindowBudget
 
 __all__ = ["TopicFile", "topics_directory", "live_topic_file", "copy_topics"]
 
@@ -94,6 +95,8 @@ class TopicFile:
     def __init__(self, store_path: str) -> None:
         self.path = topics_directory(store_path)
         self.lock = threading.RLock()
+        #: The decoded windows of rows of every topic (engine/topic_windows.py), one budget.
+        self.windows = WindowBudget()
         #: Per open topic, the call that writes its subscriptions' progress not written yet.
         self._settlers: dict[int, Callable[[], None]] = {}
         self._written = 1 << 62  # look at the first write

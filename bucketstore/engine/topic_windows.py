@@ -7,10 +7,10 @@ whole window out in one call, key and value of each row side by side at a fixed 
 bytes sort as the rows do (big-endian integers), so the bounds of a delivery (after the
 frontier, up to the cutoff) are two binary searches on them, and the columns decode at once.
 
-Decoded windows are cached per topic and shared by its subscriptions, which all read the same
+Decoded windows are cached and shared by a topic's subscriptions, which all read the same
 windows as they keep up: a hundred subscriptions decode a window once, not a hundred times.
-A write to a window drops it from the cache (:meth:`WindowCache.invalidate`); the cache holds at
-most ``budget`` bytes, least recently used first out.
+A write to a window drops it from the cache (:meth:`WindowCache.invalidate`); the store's topics
+share one budget (:class:`WindowBudget`, ``DEFAULT_BUDGET`` bytes), least recently used out first.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from ..format.topic_codec import POS_DUP, POS_KEY, ROW_DUP, ROW_KEY, WINDOW_BITS, topic_prefix
 from .subscription_state import RowKey, SubscriptionState
 
-__all__ = ["Window", "WindowCache", "visible_indexes", "DEFAULT_BUDGET"]
+__all__ = ["Window", "WindowCache", "WindowBudget", "visible_indexes", "DEFAULT_BUDGET"]
 
 _ITEM = np.dtype([("tid", ">u4"), ("win", ">u8"), ("lo", ">u2"), ("ledger", ">u8"), ("entry", ">u8"),
                   ("seq", ">u8")])
@@ -35,8 +35,9 @@ _POSITION = np.dtype([("tid", ">u4"), ("ledger", ">u8"), ("entry", ">u8"), ("seq
 assert _POSITION.itemsize == POS_KEY.size + POS_DUP.size
 _MAX = (1 << 64) - 1
 _LOW_MASK = (1 << WINDOW_BITS) - 1
-#: Bytes of decoded windows a topic keeps (about 70 bytes a row: 38 raw, 32 as columns).
-DEFAULT_BUDGET = 16 << 20
+#: Bytes of decoded windows a store's topics keep in all (70 bytes a row: 38 raw, 32 as columns;
+#: 32 MB is about 480,000 rows, some 115 windows of 4,096 rows).
+DEFAULT_BUDGET = 32 << 20
 
 
 def _packed(tid: int, row: RowKey) -> bytes:
@@ -102,42 +103,66 @@ class Window:
         return int(self.ts[i]), int(self.ledger[i]), int(self.entry[i]), int(self.seq[i])
 
 
-class WindowCache:
-    """The decoded windows of one topic (``tid``) in the ``rows`` table ``db``."""
+class WindowBudget:
+    """The decoded windows of every topic of one environment, under one budget in bytes:
+    least recently used out first. (Shared so that a store's memory for them is bounded
+    whatever its number of topics; an idle topic's windows go first.)"""
 
-    def __init__(self, db: object, tid: int, budget: int = DEFAULT_BUDGET) -> None:
+    def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
+        self.budget = budget
+        self.held = 0
+        self.windows: OrderedDict[tuple[int, int], Window] = OrderedDict()
+
+    def get(self, key: tuple[int, int]) -> Window | None:
+        found = self.windows.get(key)
+        if found is not None:
+            self.windows.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[int, int], window: Window) -> None:
+        self.drop(key)
+        self.windows[key] = window
+        self.held += window.nbytes
+        while self.held > self.budget and len(self.windows) > 1:
+            self.held -= self.windows.popitem(last=False)[1].nbytes
+
+    def drop(self, key: tuple[int, int]) -> None:
+        gone = self.windows.pop(key, None)
+        if gone is not None:
+            self.held -= gone.nbytes
+
+
+class WindowCache:
+    """The decoded windows of one topic (``tid``) in the ``rows`` table ``db``, kept in the
+    environment's shared :class:`WindowBudget`."""
+
+    def __init__(self, db: object, tid: int, shared: WindowBudget) -> None:
         self._db = db
         self._tid = tid
         self._prefix = topic_prefix(tid)
-        self._budget = budget
-        self._held = 0
-        self._windows: OrderedDict[int, Window] = OrderedDict()
+        self._shared = shared
 
     def invalidate(self, ts: int) -> None:
         """A row at ``ts`` is being written or deleted: its window is read again next time."""
-        gone = self._windows.pop(ts >> WINDOW_BITS, None)
-        if gone is not None:
-            self._held -= gone.nbytes
+        self._shared.drop((self._tid, ts >> WINDOW_BITS))
 
     def holds_any(self) -> bool:
-        return bool(self._windows)
+        """Whether any window may be cached (of any topic: a cheap test before invalidating)."""
+        return bool(self._shared.windows)
 
     def clear(self) -> None:
-        self._windows.clear()
-        self._held = 0
+        """Forget this topic's windows."""
+        for key in [k for k in self._shared.windows if k[0] == self._tid]:
+            self._shared.drop(key)
 
     def _window(self, txn: lmdb.Transaction, key: bytes, number: int) -> Window:
-        found = self._windows.get(number)
+        found = self._shared.get((self._tid, number))
         if found is not None:
-            self._windows.move_to_end(number)
             return found
         with txn.cursor(db=self._db) as cur:
             raw = cur.getmulti([key], dupdata=True, dupfixed_bytes=ROW_DUP.size, keyfixed=True)
         window = Window.decode(bytes(raw))
-        self._windows[number] = window
-        self._held += window.nbytes
-        while self._held > self._budget and len(self._windows) > 1:
-            self._held -= self._windows.popitem(last=False)[1].nbytes
+        self._shared.put((self._tid, number), window)
         return window
 
     def scan(self, txn: lmdb.Transaction, after: RowKey | None,

@@ -60,20 +60,20 @@ def test_the_cache_keeps_to_its_budget_and_forgets_a_window_written_to(tmp_path)
         topic = store.topic("t", config=CFG, clock=clock)
         sub = topic.subscription("s")
         topic.add_messages(rows(2_000))  # five windows
-        cache = topic._windows
-        cache._budget = 1  # at most the window in use
+        cache = topic._file.windows  # one budget for the store's topics
+        cache.budget = 1  # at most the window in use
         clock.now = 10_000 + 20_000
         got = []
         while batch := sub.get_scheduled_messages(150):
             got += batch
-            assert len(cache._windows) <= 1 and cache._held == sum(w.nbytes for w in cache._windows.values())
+            assert len(cache.windows) <= 1 and cache.held == sum(w.nbytes for w in cache.windows.values())
         assert len(got) == 2_000
         # A window read (cached) and then written to: the next delivery sees the new row.
-        cache._budget = topic_windows.DEFAULT_BUDGET
+        cache.budget = topic_windows.DEFAULT_BUDGET
         topic.add_messages([(500, 0, 40_001), (500, 1, 40_002)])
         clock.now = 40_001
         assert sub.get_scheduled_messages(10) == [(500, 0)]
-        assert (40_001 >> 12) in cache._windows
+        assert (topic._id, 40_001 >> 12) in cache.windows
         topic.add_message(500, 2, 40_002)  # into the window cached, after the frontier
         clock.now = 40_002
         assert sub.get_scheduled_messages(10) == [(500, 1), (500, 2)]
