@@ -187,3 +187,23 @@ def test_a_window_read_in_a_transaction_undone_is_forgotten(tmp_path) -> None:
                 raise RuntimeError("undone")
         clock.now = 6_000
         assert sub.get_scheduled_messages(10) == [(1, 1)]  # not the phantom row
+
+
+def test_the_store_s_topics_share_one_window_budget(tmp_path) -> None:
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path) as store:
+        first, second = store.topic("a", config=CFG, clock=clock), store.topic("b", config=CFG, clock=clock)
+        subs = [first.subscription("s"), second.subscription("s")]
+        for topic in (first, second):
+            topic.add_messages(rows(300, step=1))  # one window each
+        clock.now = 20_000
+        shared = first._file.windows
+        assert second._file.windows is shared
+        subs[0].get_scheduled_messages(10)
+        assert [k[0] for k in shared.windows] == [first._id]
+        shared.budget = shared.held  # room for one window
+        subs[1].get_scheduled_messages(10)
+        assert [k[0] for k in shared.windows] == [second._id]  # the other topic's went first
+        subs[0].get_scheduled_messages(10)
+        first.close()
+        assert [k[0] for k in shared.windows] == [second._id]  # a closed topic keeps none
