@@ -204,6 +204,8 @@ def test_the_store_s_topics_share_one_window_budget(tmp_path) -> None:
         shared.budget = shared.held  # room for one window
         subs[1].get_scheduled_messages(10)
         assert [k[0] for k in shared.windows] == [second._id]  # the other topic's went first
+        shared.budget = topic_windows.DEFAULT_BUDGET
         subs[0].get_scheduled_messages(10)
+        assert sorted(k[0] for k in shared.windows) == sorted([first._id, second._id])
         first.close()
         assert [k[0] for k in shared.windows] == [second._id]  # a closed topic keeps none
