@@ -32,7 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format.topic_codec import TopicRecordError, decode_subscription, encode_subscription
+import numpy as np
+
+from ..format.topic_codec import TopicRecordError, decode_subscription, encode_subscription, pack_rows
 
 __all__ = ["SubscriptionState", "RowKey"]
 
@@ -49,7 +51,9 @@ class SubscriptionState:
     count_base: int = 0
     inserted_base: int = 0
     lost: dict[tuple[int, int], int] = field(default_factory=dict)
-    unconfirmed: list[RowKey] = field(default_factory=list)
+    #: A list of rows, or the (n, 4) uint64 array a delivery of whole windows returns (so a batch
+    #: of a thousand rows is kept and written without a Python object per row).
+    unconfirmed: list[RowKey] | np.ndarray = field(default_factory=list)
     redeliver: list[RowKey] = field(default_factory=list)
 
     def acked(self, ledger: int, entry: int) -> bool:
@@ -92,7 +96,8 @@ class SubscriptionState:
                 "start_seq": self.start_seq, "clear_seq": self.clear_seq, "count": self.count_base,
                 "inserted_base": self.inserted_base,
                 "lost": [[ledger, entry, seq] for (ledger, entry), seq in sorted(self.lost.items())],
-                "unconfirmed": [list(r) for r in self.unconfirmed], "redeliver": [list(r) for r in self.redeliver]}
+                "unconfirmed": pack_rows(self.unconfirmed) if len(self.unconfirmed) else [],
+                "redeliver": [list(r) for r in self.redeliver]}
 
     @classmethod
     def decode(cls, name: str, raw: bytes) -> "SubscriptionState":

@@ -17,21 +17,25 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from ..config import TrackerConfig
 from ..cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ..errors import CatalogError, StoreClosedError
-from ..format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic, encode_topic, multi_key,
-                                  split_sub_key, sub_key, topic_prefix,
+from ..format.topic_codec import (MAX_KEY, MULTI, ROW_KEY, TopicRecordError, decode_topic, encode_topic, multi_key,
+                                  position_parts, row_parts, split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ..waiting import DueWaiter
 from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
+from .topic_windows import Window, WindowCache, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
 
@@ -60,7 +64,9 @@ class Topic:
         self._cutoff = Cutoff(config, clock)
         self.clock = clock  #: None: the system clock (the metrics judge "due" by it, as the topic does)
         self._closed = False
-        self._last_sync = time.monotonic()
+        self._last_sync = self._last_commit = time.monotonic()
+        #: Subscriptions whose deliveries or confirmations are not written yet (see :meth:`_progress`).
+        self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
         self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else 10_000
@@ -77,6 +83,7 @@ class Topic:
                 record = self._decode(decode_topic, raw, f"topic {name!r}")
             self._id: int = record["id"]
             self._prefix = topic_prefix(self._id)
+            self._windows = WindowCache(file.rows, self._id, file.windows)
             self._next_seq: int = record["next_seq"]
             self._inserted: int = record["inserted"]
             #: Rows the topic holds (kept with each change: stats never count them by a pass).
@@ -106,6 +113,19 @@ class Topic:
             self._last_position = file.tables.last_position(txn, self._id) or (-1, -1)
         file.sync()
         self._max_md = self._max_mark_delete()
+        file.add_settler(id(self), self._commit_progress)
+
+    @contextmanager
+    def _write(self, room: int = 0) -> Iterator[lmdb.Transaction]:
+        """A write transaction of the topic's file. If it is undone, the window cache is
+        emptied: it may hold windows read inside it (a collection reads what the adds before
+        it in the same transaction wrote)."""
+        try:
+            with self._file.write(room) as txn:
+                yield txn
+        except BaseException:
+            self._windows.clear()
+            raise
 
     def _decode(self, decode: Any, raw: bytes, what: str) -> Any:
         try:
@@ -130,6 +150,7 @@ class Topic:
         seq = self._next_seq
         self._next_seq += 1
         self._file.tables.insert(txn, self._id, (ts, ledger, entry, seq))
+        self._windows.invalidate(ts)
         self._rows += 1
         if (ledger, entry) > self._last_position:
             self._last_position = (ledger, entry)
@@ -138,6 +159,7 @@ class Topic:
     def _delete_row(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int, seq: int,
                     dirty: set[str]) -> None:
         self._file.tables.delete(txn, self._id, (ts, ledger, entry, seq))
+        self._windows.invalidate(ts)
         self._rows -= 1
         pos = (ledger, entry)
         if pos in self._multi and not self._versions(txn, ledger, entry):
@@ -155,10 +177,35 @@ class Topic:
         record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted, "rows": self._rows,
                   "cutoff": self._cutoff.value, "config": self._config_record}
         txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
-        for name in dirty:
+        # Every state not written yet goes with any transaction: one that deletes rows must
+        # carry the frontiers that pass them.
+        for name in self._unsaved.union(dirty):
             state = self._subs.get(name)
             if state is not None:
                 txn.put(sub_key(self._id, name), state.encode(), db=self._file.subs)
+        self._unsaved.clear()
+        self._last_commit = time.monotonic()
+
+    def _progress(self, state: SubscriptionState) -> None:
+        """A delivery or confirmation moved the subscription (in memory): write it now, or with
+        the first transaction once ``max(sync_interval_ms, confirm_sync_ms)`` has passed, as
+        the tracker group-commits its frontier. A crash in between brings those batches back
+        (at-least-once), never loses one: the rows stay until a written frontier passes them.
+        At-most-once deliveries are written before the call returns."""
+        self._unsaved.add(state.name)
+        interval = max(self._sync_interval, self._confirm_sync)
+        if self._at_most_once or interval == 0 or (time.monotonic() - self._last_commit) * 1000 >= interval:
+            self._commit_progress()
+            self._durable()
+
+    def _commit_progress(self) -> None:
+        """Write the subscriptions' progress not written yet, with the rows it lets go."""
+        if not self._unsaved:
+            return
+        dirty: set[str] = set()
+        with self._write() as txn:
+            self._collect(txn, dirty)
+            self._save(txn, dirty)
 
     def _durable(self) -> None:
         """After a committed delivery, confirmation or acknowledgement: sync when journal mode's
@@ -170,8 +217,9 @@ class Topic:
                 self._sync()
 
     def _sync(self) -> None:
-        """Write the pending adds and make everything committed durable."""
+        """Write the pending adds and progress and make everything committed durable."""
         self._apply()
+        self._commit_progress()
         self._file.sync()
         self._last_sync = time.monotonic()
 
@@ -199,6 +247,7 @@ class Topic:
                         dirty.add(s.name)
                 for seq, vts in versions:
                     self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq))
+                    self._windows.invalidate(vts)
                     self._rows -= 1
                 if pos in self._multi:
                     self._forget_multi(txn, pos, dirty)
@@ -228,7 +277,9 @@ class Topic:
             subs = self._subs.values()
             md = self._max_md
             out = []
+            pending = self._pending
             for ledger, entry, ts in rows:
+                pending.append((ledger, entry, ts, cutoff))
                 if ts <= cutoff:
                     out.append(False)
                     continue
@@ -237,7 +288,6 @@ class Topic:
                     out.append(not sub.acked(ledger, entry))
                 else:
                     out.append(md is None or (ledger, entry) > md or any(not s.acked(ledger, entry) for s in subs))
-            self._pending.extend((ledger, entry, ts, cutoff) for ledger, entry, ts in rows)
             if self._durability == "journal" and self._sync_interval == 0:
                 self._apply()
                 self._sync()
@@ -261,10 +311,42 @@ class Topic:
             return
         self._pending = []
         dirty: set[str] = set()
-        with self._file.write(room=len(pending) * 200) as txn:
-            for ledger, entry, ts, cutoff in pending:
-                self._add_one(txn, ledger, entry, ts, cutoff, dirty)
+        with self._write(room=len(pending) * 200) as txn:
+            start = 0
+            while start < len(pending):
+                start = self._append_new(txn, pending, start)
+                if start < len(pending):
+                    self._add_one(txn, *pending[start], dirty)
+                    start += 1
             self._save(txn, dirty)
+
+    def _append_new(self, txn: lmdb.Transaction, pending: list[tuple[int, int, int, int]], start: int) -> int:
+        """Write ``pending[start:]`` up to the first add that is not of a new position (the
+        common case: positions grow, past every mark-delete, not due) in one call per table;
+        the index of that add (``len(pending)``: all written). Such an add is tracked by every
+        subscription: it bumps only the topic's ``inserted``."""
+        tid, md, multi, last = self._id, self._max_md, self._multi, self._last_position
+        seq = self._next_seq
+        rows, positions = [], []
+        cached = self._windows.invalidate if self._windows.holds_any() else None
+        end = start
+        for ledger, entry, ts, cutoff in pending[start:]:
+            pos = (ledger, entry)
+            if ts <= cutoff or pos <= last or (md is not None and pos <= md) or pos in multi:
+                break
+            rows.append(row_parts(tid, ts, ledger, entry, seq))
+            positions.append(position_parts(tid, ts, ledger, entry, seq))
+            if cached is not None:
+                cached(ts)
+            seq += 1
+            last = pos
+            end += 1
+        if rows:
+            self._file.tables.insert_records(txn, rows, positions)
+            self._next_seq, self._last_position = seq, last
+            self._rows += len(rows)
+            self._inserted += len(rows)
+        return end
 
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Add an index for every subscription (once, whatever their number).
@@ -308,7 +390,7 @@ class Topic:
     def _create_subscription(self, name: str, start: str) -> None:
         cutoff = self._cutoff.advance()
         state = SubscriptionState(name=name, inserted_base=self._inserted)
-        with self._file.write() as txn:
+        with self._write() as txn:
             if start == "latest":
                 state.start_seq = self._next_seq
                 state.frontier = (cutoff, *MAX_KEY[1:])
@@ -322,11 +404,7 @@ class Topic:
 
     def _count_tracked(self, txn: lmdb.Transaction, state: SubscriptionState) -> int:
         """How many positions the subscription tracks: one pass over the rows after its frontier."""
-        count = 0
-        for row in self._rows_after(txn, state.frontier, None):
-            if self._visible(txn, state, row):
-                count += 1
-        return count
+        return sum(len(idx) for _, idx, _ in self._visible_windows(txn, state, MAX_KEY))
 
     def subscriptions(self) -> list[str]:
         """The names of the topic's subscriptions, sorted."""
@@ -348,7 +426,7 @@ class Topic:
             del self._subs[name]
             self._max_md = self._max_mark_delete()
             dirty: set[str] = set()
-            with self._file.write() as txn:
+            with self._write() as txn:
                 txn.delete(sub_key(self._id, name), db=self._file.subs)
                 self._collect(txn, dirty)
                 self._save(txn, dirty)
@@ -360,23 +438,29 @@ class Topic:
             del self._handles[handle.name]
 
     # -- reading rows ---------------------------------------------------------------------------
-    def _rows_after(self, txn: lmdb.Transaction, frontier: RowKey | None, cutoff: int | None):
-        """The topic's rows after ``frontier``, in delivery order, up to ``cutoff`` (inclusive)."""
-        for row in self._file.tables.rows_after(txn, self._id, frontier):
-            if cutoff is not None and row[0] > cutoff:
-                return
-            yield row
-
     def _visible(self, txn: lmdb.Transaction, state: SubscriptionState, row: RowKey) -> bool:
         """Whether the row (after the subscription's frontier) is one it tracks."""
         return visible(txn, self._file.tables, self._id, state, self._multi, row)
 
     def _first_visible(self, state: SubscriptionState) -> RowKey | None:
         with self._file.read() as txn:
-            for row in self._rows_after(txn, state.frontier, None):
-                if self._visible(txn, state, row):
-                    return row
+            for window, idx, _ in self._visible_windows(txn, state, MAX_KEY):
+                if len(idx):
+                    return window.row(int(idx[0]))
         return None
+
+    def _visible_windows(self, txn: lmdb.Transaction, state: SubscriptionState,
+                         upto: RowKey) -> Iterator[tuple[Window, np.ndarray, int]]:
+        """The windows of rows after the subscription's frontier (as it is when called) up to
+        ``upto``: each with the indexes of the rows the subscription tracks, and the index after
+        the last row of it in range. Whole windows at a time (engine/topic_windows.py); only
+        positions with several rows, and the subscription's exceptions, are judged one by one."""
+        special = self._multi | state.lost.keys() if self._multi or state.lost else frozenset()
+
+        def judge(row: RowKey) -> bool:
+            return self._visible(txn, state, row)
+        for window, lo, hi in self._windows.scan(txn, state.frontier, upto):
+            yield window, visible_indexes(window, lo, hi, state, special, judge), hi
 
     # -- delivery -------------------------------------------------------------------------------
     def _deliver(self, state: SubscriptionState, max_messages: int) -> list[tuple[int, int]]:
@@ -389,30 +473,55 @@ class Topic:
                 out.append((row[1], row[2]))
                 delivered.append(row)
                 state.count_base -= 1
-        dirty = {state.name}
-        with self._file.write() as txn:
+        need = max_messages - len(out)
+        taken: list[tuple[Window, np.ndarray]] = []
+        if need > 0:
             # Walked even when nothing is tracked: passing the due rows that are not this
             # subscription's (acknowledged, cleared) lets the topic drop them.
-            if len(out) < max_messages:
-                for row in self._rows_after(txn, state.frontier, cutoff):
-                    visible = self._visible(txn, state, row)
-                    state.frontier = row
-                    if visible:
-                        ledger, entry = row[1], row[2]
-                        out.append((ledger, entry))
-                        delivered.append(row)
-                        state.count_base -= 1
-                        if (ledger, entry) in self._multi:
-                            state.lost[(ledger, entry)] = self._next_seq - 1
-                        if len(out) >= max_messages:
-                            break
-            # The batches returned before are confirmed by this call (the delivery handoff).
-            state.unconfirmed = [] if self._at_most_once else delivered
-            self._collect(txn, dirty)
-            self._save(txn, dirty)
-        self._durable()
-        out.sort()
+            with self._file.read() as txn:
+                for window, idx, hi in self._visible_windows(txn, state, (cutoff, *MAX_KEY[1:])):
+                    full = len(idx) >= need
+                    if full:
+                        idx = idx[:need]
+                    if len(idx):
+                        taken.append((window, idx))
+                        need -= len(idx)
+                        if self._multi:
+                            self._lose_delivered(state, window, idx)
+                    if full:
+                        state.frontier = window.row(int(idx[-1]))
+                        break
+                    state.frontier = window.row(hi - 1)
+        if taken:
+            # One (n, 4) array, written as is (see SubscriptionState), its columns viewed.
+            block = np.concatenate([w.columns[i] for w, i in taken]) if len(taken) > 1 else \
+                taken[0][0].columns[taken[0][1]]
+            ledgers, entries = block[:, 1], block[:, 2]
+            state.count_base -= len(block)
+            if delivered:
+                delivered.extend(map(tuple, block.tolist()))
+            else:
+                delivered = block  # type: ignore[assignment]
+            if out:
+                out.extend(zip(ledgers.tolist(), entries.tolist()))
+                out.sort()
+            else:
+                order = np.lexsort((entries, ledgers))
+                out = list(zip(ledgers[order].tolist(), entries[order].tolist()))
+        else:
+            out.sort()
+        # The batches returned before are confirmed by this call (the delivery handoff).
+        state.unconfirmed = [] if self._at_most_once else delivered
+        self._progress(state)
         return out
+
+    def _lose_delivered(self, state: SubscriptionState, window: Window, idx: np.ndarray) -> None:
+        """The delivered rows of positions with several rows: their other rows are gone for
+        the subscription. Set before the next window is judged (its rows may be another row of
+        the same position; within a window the judge sees the rows delivered as its own)."""
+        for pos in zip(window.ledger[idx].tolist(), window.entry[idx].tolist()):
+            if pos in self._multi:
+                state.lost[pos] = self._next_seq - 1
 
     def _collect(self, txn: lmdb.Transaction, dirty: set[str]) -> None:
         """Delete the rows every subscription is past: before every frontier, or acknowledged by all."""
@@ -422,16 +531,27 @@ class Topic:
         fronts = [s.frontier for s in subs]
         if all(f is not None for f in fronts):
             bound = min(fronts)  # type: ignore[type-var]
-            doomed = []
-            for row in self._file.tables.rows_after(txn, self._id, None):
-                if row > bound:
-                    break
-                doomed.append(row)
-            for row in doomed:
-                self._delete_row(txn, *row, dirty)
+            self._drop_rows_upto(txn, bound, dirty)  # type: ignore[arg-type]
         marks = [s.mark_delete for s in subs]
         if all(m is not None for m in marks):
             self._drop_positions(txn, min(marks), dirty)  # type: ignore[type-var]
+
+    def _drop_rows_upto(self, txn: lmdb.Transaction, bound: RowKey, dirty: set[str]) -> None:
+        """Delete the rows at or before ``bound`` in delivery order, a window at a time."""
+        emptied: set[tuple[int, int]] = set()
+        tables = self._file.tables
+        for window, _, hi in self._windows.scan(txn, None, bound):
+            whole = hi == len(window.keys)
+            tables.delete_records(txn, [] if whole else window.row_records(hi), window.position_records(hi),
+                                  window.raw[:ROW_KEY.size] if whole else None)
+            self._windows.invalidate(int(window.ts[0]))
+            self._rows -= hi
+            if self._multi:
+                emptied.update(p for p in zip(window.ledger[:hi].tolist(), window.entry[:hi].tolist())
+                               if p in self._multi)
+        for pos in emptied:
+            if not self._versions(txn, *pos):
+                self._forget_multi(txn, pos, dirty)
 
     def _drop_positions(self, txn: lmdb.Transaction, upto: tuple[int, int], dirty: set[str]) -> None:
         doomed = []
@@ -448,7 +568,7 @@ class Topic:
         if md is not None and (ledger, entry) < md:
             return
         dirty = {state.name}
-        with self._file.write() as txn:
+        with self._write() as txn:
             # Untrack what the subscription tracks up to the position: one pass over those positions.
             seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for ts, lg, en, seq in self._file.tables.positions_after(txn, self._id, md):
@@ -477,18 +597,16 @@ class Topic:
         state.lost = {}
         state.unconfirmed = []
         state.redeliver = []
-        with self._file.write() as txn:
+        with self._write() as txn:
             self._save(txn, (state.name,))
         self._sync()
         self._due.wake_all()
 
     def _confirm(self, state: SubscriptionState) -> None:
-        if not state.unconfirmed:
+        if not len(state.unconfirmed):
             return
         state.unconfirmed = []
-        with self._file.write() as txn:
-            self._save(txn, (state.name,))
-        self._durable()
+        self._progress(state)
 
     def _contains(self, state: SubscriptionState, ledger: int, entry: int) -> bool:
         if any(r[1] == ledger and r[2] == entry for r in state.redeliver):
@@ -519,11 +637,13 @@ class Topic:
             self._handles.clear()
             try:
                 self._apply()
-                with self._file.write() as txn:
+                with self._write() as txn:
                     self._save(txn)
                 self._sync()
             finally:
                 self._closed = True
+                self._file.add_settler(id(self), None)
+                self._windows.clear()
                 self._cond.notify_all()
         if self._on_close is not None:
             self._on_close(self)
@@ -554,6 +674,7 @@ class Topic:
         with self._lock:
             self._check_alive()
             self._apply()
+            self._commit_progress()  # the rows every subscription has passed leave first
             held = self._held()  # one count for all of them, not one per subscription
             return {"topic": self.name, "rows": self._rows, "multi_positions": len(self._multi),
                     "cutoff": self._cutoff.value, "next_seq": self._next_seq,

@@ -26,6 +26,7 @@ from ..errors import CatalogError
 from ..format.topic_codec import TOPICS_FORMAT, U64
 from .lmdb_file import check_data_file
 from .topic_rows import RowTables
+from .topic_windows import WindowBudget
 
 __all__ = ["TopicFile", "topics_directory", "live_topic_file", "copy_topics"]
 
@@ -81,6 +82,7 @@ def copy_topics(store_path: str, dest_store: str) -> bool:
     if live is not None:
         os.mkdir(dest)
         with live.lock:
+            live.settle()
             try:
                 live._live().copy(dest)
             except lmdb.Error as exc:
@@ -109,6 +111,10 @@ class TopicFile:
     def __init__(self, store_path: str) -> None:
         self.path = topics_directory(store_path)
         self.lock = threading.RLock()
+        #: The decoded windows of rows of every topic (engine/topic_windows.py), one budget.
+        self.windows = WindowBudget()
+        #: Per open topic, the call that writes its subscriptions' progress not written yet.
+        self._settlers: dict[int, Callable[[], None]] = {}
         self._written = 1 << 62  # look at the first write
         self._map_size = _INITIAL_MAP
         os.makedirs(self.path, exist_ok=True)
@@ -139,6 +145,22 @@ class TopicFile:
             raise CatalogError(f"{self.path}: cannot open the topic index: {exc}", path=self.path) from None
         with _WRITERS_LOCK:
             _WRITERS[os.path.realpath(self.path)] = self
+
+    def add_settler(self, key: int, settle: Callable[[], None] | None) -> None:
+        """Register (or with None, drop) an open topic's writer of deferred progress."""
+        with self.lock:
+            if settle is None:
+                self._settlers.pop(key, None)
+            else:
+                self._settlers[key] = settle
+
+    def settle(self) -> None:
+        """Write what the open topics hold in memory only (deliveries and confirmations in
+        their group-commit window), so that this process's readers and copies see what its
+        subscriptions see. Committed, not synced."""
+        with self.lock:
+            for settle in list(self._settlers.values()):
+                settle()
 
     def _live(self) -> lmdb.Environment:
         env = getattr(self, "_env", None)

@@ -66,6 +66,7 @@ def _reading(store_path: str) -> Iterator[tuple[lmdb.Environment, lmdb.Transacti
     live = live_topic_file(store_path)
     if live is not None:
         with live.lock:
+            live.settle()  # the writer's subscriptions' progress in their group-commit window
             env = live._live()
             with env.begin(buffers=False) as txn:
                 yield env, txn, {name: getattr(live, name) for name in _NAMES}

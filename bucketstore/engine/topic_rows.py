@@ -1,5 +1,6 @@
 """A topic's rows in its two LMDB tables, ``rows`` (delivery order) and ``positions``
-(acknowledgement order): every read and write of them, and nothing else (``formats/topics.md``).
+(acknowledgement order): every read and write of them but the window reads of a delivery
+(:mod:`~bucketstore.engine.topic_windows`), and nothing else (``formats/topics.md``).
 
 Both tables are ``MDB_DUPSORT | MDB_DUPFIXED``: a key holds many fixed-size values, which LMDB
 packs without a per-row header. ``rows`` keys a topic's rows by ``deliver_at >> 12`` (4.096 s
@@ -48,9 +49,35 @@ class RowTables:
         if not txn.put(key, value, append=True, db=self.positions):
             txn.put(key, value, db=self.positions)
 
+    def insert_records(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]],
+                       positions: list[tuple[bytes, bytes]]) -> None:
+        """Insert rows given by their records in both tables (``row_parts``/``position_parts``),
+        one call per table."""
+        with txn.cursor(db=self.rows) as cur:
+            cur.putmulti(rows, dupdata=True)
+        with txn.cursor(db=self.positions) as cur:
+            # Positions mostly grow: appended, pages fill up instead of splitting in half (a
+            # quarter fewer bytes a row). LMDB refuses (and skips) a record that is not at the
+            # end; put those normally (putting a present record again changes nothing).
+            if cur.putmulti(positions, dupdata=True, append=True)[1] < len(positions):
+                cur.putmulti(positions, dupdata=True)
+
     def delete(self, txn: lmdb.Transaction, tid: int, row: Row) -> None:
         txn.delete(*row_parts(tid, *row), db=self.rows)
         txn.delete(*position_parts(tid, *row), db=self.positions)
+
+    def delete_records(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]],
+                       positions: list[tuple[bytes, bytes]], whole_key: bytes | None = None) -> None:
+        """Delete rows given by their records in both tables (:class:`~.topic_windows.Window`
+        builds them for a window at once). ``whole_key``: the rows are every value of that
+        ``rows`` key, deleted in one call (``rows`` is then ignored)."""
+        if whole_key is not None:
+            txn.delete(whole_key, db=self.rows)  # no value given: the key with all its values
+        else:
+            for key, value in rows:
+                txn.delete(key, value, db=self.rows)
+        for key, value in positions:
+            txn.delete(key, value, db=self.positions)
 
     def delete_topic(self, txn: lmdb.Transaction, tid: int) -> None:
         prefix = topic_prefix(tid)

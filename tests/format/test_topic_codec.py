@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketstore.format.topic_codec import (TopicRecordError, decode_subscription, decode_topic, position_parts,
-                                            row_from, row_parts, split_position, split_sub_key, sub_key,
+                                            pack_rows, row_from, row_parts, split_position, split_sub_key, sub_key,
                                             validate_name)
 
 u64 = st.integers(0, 2**64 - 1)
@@ -55,5 +56,12 @@ def test_bad_records_are_typed_errors() -> None:
     for field, bad in (("frontier", [1, 2]), ("lost", [[1, 2]]), ("count", True), ("unconfirmed", [[-1, 0, 0, 0]])):
         with pytest.raises(TopicRecordError, match=field):
             decode_subscription(msgpack.packb({**good, field: bad}))
+    # A batch not confirmed is written as big-endian u64 quadruples (a list still decodes).
+    rows = [(5, 1, 2, 3), ((1 << 64) - 1, 0, 7, 9)]
+    packed = {**good, "unconfirmed": pack_rows(rows)}
+    assert decode_subscription(msgpack.packb(packed, use_bin_type=True))["unconfirmed"] == rows
+    assert pack_rows(np.array(rows, dtype=np.uint64)) == packed["unconfirmed"]
+    with pytest.raises(TopicRecordError, match="unconfirmed"):
+        decode_subscription(msgpack.packb({**good, "unconfirmed": b"\x00" * 31}, use_bin_type=True))
     with pytest.raises(ValueError):
         validate_name("x" * 201, "topic")
