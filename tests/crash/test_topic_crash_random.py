@@ -128,7 +128,8 @@ def test_random_topic_workload_survives_kills(mode: str, actions: list[tuple], d
             flight = ops[run.steps[k][2]] if k < n else ("end",)
             check_killed_store(where, durability=durability, config=CONFIG, now=states[run.returned].now,
                                states=candidates(states, dry.steps, k), universe=UNIVERSE,
-                               context=f"{mode}: killed before step {k} of {n}, in {flight}")
+                               context=f"{mode}: killed before step {k} of {n}, in {flight}",
+                               history=states if interval else None)
             shutil.rmtree(where)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -171,7 +172,8 @@ def test_topic_survives_kill_after_kill(mode: str, lives: list[list[tuple]], dat
             shutil.copytree(store, check)
             model = check_killed_store(check, durability=durability, config=CONFIG, now=states[run.returned].now,
                                        states=candidates(states, dry.steps, k), universe=UNIVERSE,
-                                       context=f"{mode}: life {life} killed before step {k} of {n}, in {flight}")
+                                       context=f"{mode}: life {life} killed before step {k} of {n}, in {flight}",
+                                       history=states if interval else None)
             shutil.rmtree(check)
             names = sorted(model.subs)
     finally:
