@@ -42,8 +42,9 @@ class JobHost(Protocol):
 
     Every member is used under :attr:`job_lock` but ``store_services``, ``config``,
     ``file_identity`` and ``job_started``, which :meth:`BucketJob.work` uses off the lock,
-    ``commit_lock`` and ``closed``, which a seal's install reads before taking the lock, and
-    ``delete_source_files``, which :meth:`BucketJob.install` calls once it let the lock go.
+    ``commit_lock`` and ``closed``, which an install reads before taking the lock, and
+    ``delete_source_files``, which :meth:`BucketJob.install` calls once it let the lock go
+    (or under it, for a merge given up after its commit: the tracker is closed then).
     """
 
     name: str
@@ -56,9 +57,9 @@ class JobHost(Protocol):
 
     @property
     def commit_lock(self) -> AbstractContextManager[Any]:
-        """Orders a seal's catalog commit, made without :attr:`job_lock`, against cancelling
-        jobs (``clear``, ``close``, ``delete_tracker``): taken after ``job_lock`` when both
-        are held, never by adds."""
+        """Orders a job's catalog commit, made without :attr:`job_lock`, against cancelling
+        jobs (``clear``, ``close``, ``delete_tracker``) and deleting a merge's sources:
+        taken after ``job_lock`` when both are held, never by adds."""
 
     @property
     def store_services(self) -> StoreServices:
@@ -146,6 +147,9 @@ class BucketJob:
         self.backlog_bytes = 0
         #: The first rows written (copies), for the summary's prefix.
         self.head: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: The key this job committed before taking the lock, while it is durable and not
+        #: installed yet (``clear`` removes it in its own transaction, then calls :meth:`uncommit`).
+        self.committed_key: str | None = None
         #: Files the install made orphans (a merge's sources): unlinked once it let the lock go,
         #: and only then does the job end (see :meth:`_drop_orphans`).
         self.orphans: list[str] = []
@@ -236,7 +240,12 @@ class BucketJob:
             tracker.page_out_idle()
 
     def _before_lock(self) -> None:
-        """The install's step that needs no tracker lock (a seal's catalog commit); none by default."""
+        """The install's step that needs no tracker lock (the job's catalog commit); none by default."""
+
+    def uncommit(self) -> None:
+        """``clear`` removed what this job committed (under ``commit_lock``, the job cancelled):
+        its install now removes its file like any cancelled job's."""
+        self.committed_key = None
 
     def _install(self, tracker: JobHost) -> None:
         raise NotImplementedError

@@ -181,9 +181,10 @@ class JobRunning:
     def commit_lock(self) -> AbstractContextManager[Any]:
         return self._job_commits
 
-    def _committed_seal_keys(self) -> list[str]:
-        """Keys seals committed without the lock and have not installed yet (under ``commit_lock``)."""
-        return [job.committed_key for job in self._sealing if job.committed_key is not None]
+    def _committed_job_keys(self) -> list[str]:
+        """Keys seals and merges committed without the lock and have not installed yet (under
+        ``commit_lock``)."""
+        return [job.committed_key for job in (*self._sealing, *self._merging) if job.committed_key is not None]
 
     @property
     def store_services(self) -> StoreServices:

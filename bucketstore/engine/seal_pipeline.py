@@ -67,9 +67,6 @@ class SealJob(BucketJob):
         self._liveness = FrozenMutableLiveness(tracker.live_index, start, end, tracker.mark_delete_position)
         self._sealed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._due: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        #: The key this seal committed before taking the lock, while it is durable and not
-        #: installed yet (``clear`` removes it and resets this; see the module docstring).
-        self.committed_key: str | None = None
 
     def __repr__(self) -> str:
         return f"SealJob({self.tracker.name!r}, [{self.start}, {self.end}])"

@@ -394,9 +394,9 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
         with self._lock:
             self._check_open()
             buckets = self._buckets.values()
-            with self._job_commits:  # a seal committing its key off the lock: before this, or cancelled
-                # Seals whose keys are committed but not installed yet go too.
-                keys = [b.key for b in buckets] + self._committed_seal_keys()
+            with self._job_commits:  # a job committing off the lock: before this, or cancelled
+                # Keys seals and merges committed but did not install yet go too.
+                keys = [b.key for b in buckets] + self._committed_job_keys()
                 if keys:
                     # The keys go first, and a failed commit raises before anything changed: a
                     # clear that dropped only its memory would see its buckets come back at the
@@ -426,8 +426,8 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             for job in (*self._sealing, *self._merging):
                 job.cancelled = True
             if keys_removed:
-                for job in self._sealing:
-                    job.committed_key = None
+                for job in (*self._sealing, *self._merging):
+                    job.uncommit()
         self._sealing_end = -1
 
     def close(self, timeout: float | None = None) -> bool:
