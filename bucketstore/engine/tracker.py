@@ -40,7 +40,7 @@ from .handoff import DeliveryHandoff
 from .index_pager import IndexPager
 from .index_set import DelayedIndexSet
 from .job_runner import JobRunning
-from .journal import Journal, journal_directory
+from .journal import CheckpointWrite, Journal, journal_directory
 from .lazy_open import LazyOpening
 from .maintenance import MaintenanceCounters, close_on_exit
 from .merge_pipeline import MergeJob
@@ -352,7 +352,9 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             return empty, empty, empty
         return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, begin: bool = False) -> CheckpointWrite | None:
+        """Checkpoint the journal now; with ``begin``, only take the state and return it to be
+        written without the lock (``Journal.begin_checkpoint``: a seal's install)."""
         self._index.settle()  # the ghosts are read directly below
         ledgers, entries, ts = self._memory_only_rows()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
@@ -385,9 +387,15 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
                     untracked.append((ledger, entry))
         # The confirmed frontier, never the delivered one: what the embedder has not
         # confirmed is carried as rows to deliver again.
-        self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
+        begun = None
+        if begin:
+            begun = self._journal.begin_checkpoint(ledgers, entries, ts, handoff.confirmed, untracked,
+                                                   handoff.carry_rows())
+        else:
+            self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
         self._last_sync = time.monotonic()
         handoff.release(self._journal.durable_frontier)
+        return begun
 
     def clear(self) -> None:
         """Forget every index and delete every bucket (files and keys), durably."""
