@@ -806,3 +806,40 @@ def test_a_source_delivered_to_its_end_between_a_merges_commit_and_install(tmp_p
         want = [(3, e) for e in range(40)] + ([(4, 0)] if durability == "journal" else [])
         assert t.get_scheduled_messages(10 ** 4) == want
         t._check()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_big_merge_reads_half_its_sources_beside(tmp_path, monkeypatch, fails):
+    """A merge of SPLIT_ROWS rows or more reads its first sources on a thread beside the job's:
+    the merged bucket holds every live row; a read failing there fails the merge (reported,
+    the sources kept), as one on the job's own thread does."""
+    from bucketstore.engine import merge_pipeline
+    from bucketstore.engine.side_thread import run_beside
+
+    monkeypatch.setattr(merge_pipeline, "SPLIT_ROWS", 100)  # (the three sources hold 120 rows)
+    read: list[list[int]] = []
+
+    def beside(fn):
+        def recorded():
+            if fails:
+                raise OSError("read failed beside")
+            parts = fn()
+            read.append(sorted({int(p[1][0]) for p in parts}))  # the ledgers it read
+            return parts
+        return run_beside(recorded)
+
+    monkeypatch.setattr(merge_pipeline, "run_beside", beside)
+    clock = FakeClock(0)
+    with _open(tmp_path / "s", FileSystem()) as store:
+        t, _ = _merge_held(store, None, monkeypatch, clock)
+        if fails:
+            with pytest.raises(MaintenanceError, match="read failed beside"):
+                t.wait_for_maintenance(60)
+            assert [(b.start_ledger, b.end_ledger) for b in t.buckets()] == [(1, 1), (2, 2), (3, 3)]
+        else:
+            assert t.wait_for_maintenance(60)
+            assert read == [[1, 2]]  # ledgers 1 and 2 beside, 3 on the job's thread
+            assert [(b.start_ledger, b.end_ledger) for b in t.buckets()] == [(1, 3)]
+        clock.now = 10 ** 6
+        assert t.get_scheduled_messages(10 ** 4) == [(ledger, e) for ledger in (1, 2, 3) for e in range(40)] + [(4, 0)]
+        t._check()
