@@ -50,13 +50,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..format.row_sort import sort_row_parts
-from ..format.snapshot import SPLIT_ROWS, drop_repeats
+from ..format.snapshot import drop_repeats
 from .backlog_budget import ROW_BYTES
 from .bucket_job import BucketJob, JobHost
 from .liveness import index_snapshot
 from .sealed_bucket import SealedBucket
 from .shared_queue import Slot
-from .side_thread import run_beside
 
 __all__ = ["MergeJob"]
 
@@ -88,43 +87,11 @@ class MergeJob(BucketJob):
 
     # -- off the lock ---------------------------------------------------------------------------
     def _work(self) -> None:
-        window = self.window
-        # A big merge reads its first sources on a thread beside this one, which reads the
-        # others meanwhile: the decompression and most of the decode release the GIL.
-        rows = np.cumsum([int(b.counts.sum()) for b in window])
-        split = int(np.searchsorted(rows, rows[-1] // 2)) + 1 if rows[-1] >= SPLIT_ROWS else 0
-        if 0 < split < len(window):
-            theirs = run_beside(lambda: self._read_live(window[:split]))
-            try:
-                mine = self._read_live(window[split:])
-            except BaseException:
-                try:
-                    theirs()  # (it ends reading before the job reports the failure)
-                except BaseException:
-                    pass
-                raise
-            first = theirs()
-            parts = None if first is None or mine is None else first + mine
-        else:
-            parts = self._read_live(window)
-        if parts is None:
-            return  # cancelled, or a source deleted: the install abandons the merge
-        self._live = self._held = None  # type: ignore[assignment]
-        self.ledger_id = self.tracker.store_services.allocate_ledger_id()
-        if not parts:
-            return  # nothing live: install only removes the sources
-        # (No concatenated copy of the parts; each is sorted, a bucket's segments one run.)
-        self._write(*drop_repeats(*sort_row_parts(parts, sorted_parts=True)))
-
-    def _read_live(self, buckets: list[SealedBucket]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
-        """The live rows of every segment of these sources, as parts; None if the merge was
-        cancelled or a source deleted meanwhile. Reads only what never changes: two threads
-        may run it on different sources."""
         parts = []
-        for bucket in buckets:
+        for bucket in self.window:
             for number in range(1, bucket.segment_count + 1):
                 if self.cancelled or bucket.dead:
-                    return None
+                    return
                 # Every segment, loaded ones included: they may hold undelivered rows (Pulsar #26251).
                 run = bucket.read_segment(number)
                 keep = self._live.present_mask(run.ledgers, run.entries, run.ts)
@@ -134,7 +101,12 @@ class MergeJob(BucketJob):
                     parts.append((run.ts, run.ledgers, run.entries))
                 elif keep.any():
                     parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
-        return parts
+        self._live = self._held = None  # type: ignore[assignment]
+        self.ledger_id = self.tracker.store_services.allocate_ledger_id()
+        if not parts:
+            return  # nothing live: install only removes the sources
+        # (No concatenated copy of the parts; each is sorted, a bucket's segments one run.)
+        self._write(*drop_repeats(*sort_row_parts(parts, sorted_parts=True)))
 
     # -- the install: its commit before the lock, the rest under it -----------------------------
     def _before_lock(self) -> None:
