@@ -541,6 +541,7 @@ class Journal:
         with self._fd_lock:
             self._close_fd()
             self._number, self._tail_fresh = number + 1, True
+        self.groups += 1  # as a checkpoint: a mark taken before the state is stale (see rewind)
         return CheckpointWrite(number, head, (ledgers, entries, ts),
                                [encode_frontier(frontier)] if frontier is not None else [])
 
