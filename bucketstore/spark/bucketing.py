@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..format.row_sort import sort_rows
+
 __all__ = ["Rows", "BucketSlice", "order_positions", "cut_buckets", "cut_ledger_groups", "time_order",
            "LedgerRangeConflict"]
 
@@ -172,9 +174,11 @@ def _refuse_covered(group_ledgers: Sequence[int], ranges: list[tuple[int, int]],
 
 
 def time_order(rows: Rows) -> Rows:
-    """Reorder position-ordered rows to index order ``(timestamp, ledger, entry)``.
+    """Reorder rows of distinct positions to index order ``(timestamp, ledger, entry)``.
 
-    A stable sort on the timestamp alone suffices because ties keep their
-    position order.
+    ``sort_rows`` packs the three columns' offsets into one 64-bit key when
+    they fit (a bucket's usually do) and sorts the keys: a few times cheaper
+    than a stable argsort of the timestamps and a gather of every column.
     """
-    return rows.take(np.argsort(rows.timestamps, kind="stable"))
+    ts, ledgers, entries = sort_rows(rows.timestamps, rows.ledgers, rows.entries)
+    return Rows(ledgers, entries, ts)
