@@ -161,6 +161,25 @@ def test_order_positions_returns_rows_already_in_order_as_they_are():
     assert list(zip(out.ledgers.tolist(), out.entries.tolist(), out.timestamps.tolist())) == [(1, 5, 3), (2, 0, 7)]
 
 
+def test_order_positions_of_scrambled_rows_with_repeats_matches_a_full_sort():
+    # Scrambled (many descents: the quicksort path) and in a few presorted runs (timsort), each
+    # with repeated positions whose earliest time must win.
+    rng = np.random.default_rng(11)
+    ledgers, entries = rng.integers(0, 50, 20_000).astype(U64), rng.integers(0, 300, 20_000).astype(U64)
+    times = rng.integers(0, 1000, 20_000).astype(U64)
+    runs = np.concatenate([np.sort(part) for part in np.array_split((ledgers << U64(32)) | entries, 3)])
+    for rows in (Rows(ledgers, entries, times), Rows(runs >> U64(32), runs & U64(0xFFFFFFFF), times)):
+        order = np.lexsort((rows.timestamps, rows.entries, rows.ledgers))
+        full = rows.take(order)
+        first = np.ones(len(full), dtype=bool)
+        first[1:] = (full.ledgers[1:] != full.ledgers[:-1]) | (full.entries[1:] != full.entries[:-1])
+        out = order_positions(rows)
+        assert len(out) < len(rows)  # there were repeats
+        assert out.ledgers.tolist() == full.ledgers[first].tolist()
+        assert out.entries.tolist() == full.entries[first].tolist()
+        assert out.timestamps.tolist() == full.timestamps[first].tolist()
+
+
 def test_time_order_sorts_by_time_then_position_whatever_the_ranges():
     rng = np.random.default_rng(3)
     narrow = Rows(rng.integers(0, 8, 5000).astype(U64), rng.integers(0, 4000, 5000).astype(U64),
