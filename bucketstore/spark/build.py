@@ -55,6 +55,11 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
     within it without a shuffle, and only the rows of buckets spanning two
     partitions move (:func:`~bucketstore.spark.build_plan.plan_in_place`).
 
+    For the length of the write, the session's
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` and ``maxBytesPerBatch``
+    are set for the transfer of rows to the tasks, then put back (see
+    :mod:`bucketstore.spark.transfer`).
+
     The store (created if missing) is held open, and so locked, on this driver
     for the whole job: a tracker cannot open it meanwhile, and the build fails
     at once with :class:`~bucketstore.StoreLockedError` if one has it open.
