@@ -328,6 +328,15 @@ def test_a_planned_task_seals_each_bucket_when_its_rows_are_in_and_refuses_rows_
     built = write_planned(job, watching(), [(0, 1, 200), (2, 3, 200)], 0)
     assert [b.key for b in built] == [b.key for b in write_partition(plan_build(store, "u", CFG), rows, 0)]
     assert sealed_after[6] == 1  # the first bucket was written once its 200th row came in (the 7th chunk)
+    # Rows in no order within the partition: each chunk is split by bucket, the same buckets come out.
+    scrambled = rows.take(np.random.default_rng(5).permutation(400))
+    mixed = write_planned(plan_build(store, "w", CFG), [scrambled.take(slice(i, i + 30)) for i in range(0, 400, 30)],
+                          [(0, 1, 200), (2, 3, 200)], 0)
+    assert [(b.key, b.count) for b in mixed] == [(b.key, b.count) for b in built]
+    for a, b in zip(mixed, built):
+        with BucketFile(a.path) as fa, BucketFile(b.path) as fb:
+            assert [fa.read_segment(k).timestamps.tolist() for k in range(1, fa.segment_count + 1)] == \
+                [fb.read_segment(k).timestamps.tolist() for k in range(1, fb.segment_count + 1)]
     for bad in ([], [(0, 1, 200)], [(0, 1, 200), (2, 3, 199)], [(0, 1, 200), (2, 3, 201)]):
         before = ledger_files(store)
         with pytest.raises(ValueError, match="is the input DataFrame deterministic"):
