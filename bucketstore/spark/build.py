@@ -16,6 +16,7 @@ from ..format.snapshot import parse_bucket_key
 from .build_plan import InPlacePlan, PartitionPlan, default_tasks, plan_in_place, plan_partitions
 from .build_task import BUILD_COLUMNS
 from .source import FORMAT_NAME, BucketStoreDataSource, check_build_schema
+from .transfer import transfer_settings
 from .writer import InPlaceTasks
 
 __all__ = ["build_store", "BuildReport", "DEFAULT_ROWS_PER_PARTITION"]
@@ -53,6 +54,11 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
     partitions are already in ledger order, each one's task seals the buckets
     within it without a shuffle, and only the rows of buckets spanning two
     partitions move (:func:`~bucketstore.spark.build_plan.plan_in_place`).
+
+    For the length of the write, the session's
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` and ``maxBytesPerBatch``
+    are set for the transfer of rows to the tasks, then put back (see
+    :mod:`bucketstore.spark.transfer`).
 
     The store (created if missing) is held open, and so locked, on this driver
     for the whole job: a tracker cannot open it meanwhile, and the build fails
@@ -113,15 +119,16 @@ def build_store(df: DataFrame, path: str | os.PathLike[str], tracker: str, confi
         writer = frame.write.format(FORMAT_NAME).mode(mode)
         if in_place is not None:
             writer = writer.option("in_place", InPlaceTasks(in_place.partitions, in_place.home).to_json())
-        (writer
-         .option("positions", "packed" if packable else "columns")
-         .option("tracker", tracker)
-         .option("min_index_count_per_bucket", config.min_index_count_per_bucket)
-         .option("max_time_step_per_segment_ms", config.max_time_step_per_segment_ms)
-         .option("max_indexes_per_segment", config.max_indexes_per_segment)
-         .option("ledger_id_stride", stride)
-         .option("lock_holder_pid", os.getpid())
-         .save(store_path))
+        writer = (writer
+                  .option("positions", "packed" if packable else "columns")
+                  .option("tracker", tracker)
+                  .option("min_index_count_per_bucket", config.min_index_count_per_bucket)
+                  .option("max_time_step_per_segment_ms", config.max_time_step_per_segment_ms)
+                  .option("max_indexes_per_segment", config.max_indexes_per_segment)
+                  .option("ledger_id_stride", stride)
+                  .option("lock_holder_pid", os.getpid()))
+        with transfer_settings(spark):
+            writer.save(store_path)
         after = store.catalog.buckets(tracker)
     return BuildReport(tracker, n, partitions, len(before), len(after), time.perf_counter() - started,
                        in_place is not None)

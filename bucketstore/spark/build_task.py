@@ -155,9 +155,14 @@ def write_planned(job: BuildJob, chunks: Iterable[Rows], buckets: Sequence[tuple
                 bad = int(chunk.ledgers[np.argmax(outside)])
                 raise ValueError(f"task {partition_id} got a row of ledger {bad}, which the planning pass did not "
                                  f"see in this partition; {_NOT_DETERMINISTIC}")
-            lo, hi = int(which[0]), int(which[-1])
-            groups = [(lo, chunk)] if lo == hi and (which == lo).all() else \
-                [(int(n), chunk.take(which == n)) for n in np.unique(which)]
+            if bool((which[1:] >= which[:-1]).all()):
+                # Rows in bucket order (a partition in ledger order): each bucket's
+                # rows are one slice of the chunk, taken as views, not copied.
+                cuts = (np.flatnonzero(which[1:] != which[:-1]) + 1).tolist()
+                groups = [(int(which[a]), chunk.take(slice(a, b)))
+                          for a, b in zip([0, *cuts], [*cuts, len(which)])]
+            else:
+                groups = [(int(n), chunk.take(which == n)) for n in np.unique(which)]
             for n, part in groups:
                 filled[n] += len(part)
                 if filled[n] > buckets[n][2]:

@@ -24,12 +24,13 @@ from bucketstore.engine.journal import journal_directory  # noqa: E402
 from bucketstore.engine.journal import read_frontier  # noqa: E402
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key  # noqa: E402
 from bucketstore.spark.bucketing import (LedgerRangeConflict, Rows, cut_buckets, cut_ledger_groups,  # noqa: E402
-                                         order_positions)
+                                         order_positions, time_order)
 from bucketstore.spark.build import _partition_id, packed_positions  # noqa: E402
 from bucketstore.spark.build_job import plan_build  # noqa: E402
 from bucketstore.spark.build_plan import default_tasks, plan_in_place, plan_partitions  # noqa: E402
 from bucketstore.spark.build_task import rows_from_batches, write_partition, write_planned  # noqa: E402
 from bucketstore.spark.scan import plan_scan  # noqa: E402
+from bucketstore.spark.transfer import TRANSFER_BATCH_ROWS, transfer_settings  # noqa: E402
 from helpers import FakeClock  # noqa: E402
 from repo_paths import ROOT  # noqa: E402
 
@@ -158,6 +159,41 @@ def test_order_positions_returns_rows_already_in_order_as_they_are():
     repeated = Rows(np.array([1, 1, 2], dtype=U64), np.array([5, 5, 0], dtype=U64), np.array([9, 3, 7], dtype=U64))
     out = order_positions(repeated)
     assert list(zip(out.ledgers.tolist(), out.entries.tolist(), out.timestamps.tolist())) == [(1, 5, 3), (2, 0, 7)]
+
+
+def test_order_positions_of_scrambled_rows_with_repeats_matches_a_full_sort():
+    # Scrambled (many descents: the quicksort path) and in a few presorted runs (timsort), each
+    # with repeated positions whose earliest time must win.
+    rng = np.random.default_rng(11)
+    ledgers, entries = rng.integers(0, 50, 20_000).astype(U64), rng.integers(0, 300, 20_000).astype(U64)
+    times = rng.integers(0, 1000, 20_000).astype(U64)
+    runs = np.concatenate([np.sort(part) for part in np.array_split((ledgers << U64(32)) | entries, 3)])
+    for rows in (Rows(ledgers, entries, times), Rows(runs >> U64(32), runs & U64(0xFFFFFFFF), times)):
+        order = np.lexsort((rows.timestamps, rows.entries, rows.ledgers))
+        full = rows.take(order)
+        first = np.ones(len(full), dtype=bool)
+        first[1:] = (full.ledgers[1:] != full.ledgers[:-1]) | (full.entries[1:] != full.entries[:-1])
+        out = order_positions(rows)
+        assert len(out) < len(rows)  # there were repeats
+        assert out.ledgers.tolist() == full.ledgers[first].tolist()
+        assert out.entries.tolist() == full.entries[first].tolist()
+        assert out.timestamps.tolist() == full.timestamps[first].tolist()
+
+
+def test_time_order_sorts_by_time_then_position_whatever_the_ranges():
+    rng = np.random.default_rng(3)
+    narrow = Rows(rng.integers(0, 8, 5000).astype(U64), rng.integers(0, 4000, 5000).astype(U64),
+                  rng.integers(0, 60, 5000).astype(U64))  # many equal times: the position decides
+    # Columns spanning all 64 bits (ids past 2**63) leave the packed key for lexsort.
+    wide = Rows(rng.integers(0, 2**64 - 1, 5000, dtype=U64, endpoint=True), rng.integers(0, 3, 5000).astype(U64),
+                rng.choice(np.array([0, 2**63, 2**64 - 1], dtype=U64), 5000))
+    for rows in (narrow, wide):
+        rows = order_positions(rows)  # distinct positions, as the tasks call it
+        want = np.lexsort((rows.entries, rows.ledgers, rows.timestamps))
+        out = time_order(rows)
+        assert out.timestamps.tolist() == rows.timestamps[want].tolist()
+        assert out.ledgers.tolist() == rows.ledgers[want].tolist()
+        assert out.entries.tolist() == rows.entries[want].tolist()
 
 
 def test_a_failing_task_removes_its_files_and_a_crash_leaves_only_orphans(tmp_path, monkeypatch):
@@ -292,6 +328,15 @@ def test_a_planned_task_seals_each_bucket_when_its_rows_are_in_and_refuses_rows_
     built = write_planned(job, watching(), [(0, 1, 200), (2, 3, 200)], 0)
     assert [b.key for b in built] == [b.key for b in write_partition(plan_build(store, "u", CFG), rows, 0)]
     assert sealed_after[6] == 1  # the first bucket was written once its 200th row came in (the 7th chunk)
+    # Rows in no order within the partition: each chunk is split by bucket, the same buckets come out.
+    scrambled = rows.take(np.random.default_rng(5).permutation(400))
+    mixed = write_planned(plan_build(store, "w", CFG), [scrambled.take(slice(i, i + 30)) for i in range(0, 400, 30)],
+                          [(0, 1, 200), (2, 3, 200)], 0)
+    assert [(b.key, b.count) for b in mixed] == [(b.key, b.count) for b in built]
+    for a, b in zip(mixed, built):
+        with BucketFile(a.path) as fa, BucketFile(b.path) as fb:
+            assert [fa.read_segment(k).timestamps.tolist() for k in range(1, fa.segment_count + 1)] == \
+                [fb.read_segment(k).timestamps.tolist() for k in range(1, fb.segment_count + 1)]
     for bad in ([], [(0, 1, 200)], [(0, 1, 200), (2, 3, 199)], [(0, 1, 200), (2, 3, 201)]):
         before = ledger_files(store)
         with pytest.raises(ValueError, match="is the input DataFrame deterministic"):
@@ -574,6 +619,64 @@ def test_input_in_ledger_order_builds_in_place_the_same_buckets_as_the_shuffle(s
     report = bspark.build_store(padded, tmp_path / "c", "sub", CFG)
     assert report.in_place and report.buckets_after == shuffled.buckets_after
     assert strip == [(t, s, e, k, ts, l, en) for t, s, e, _, k, ts, l, en in file_rows(str(tmp_path / "c"))]
+
+
+def test_the_build_write_gets_large_arrow_batches_and_the_session_keeps_its_settings(spark, tmp_path, monkeypatch):
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+    from pyspark.sql.readwriter import DataFrameWriter
+
+    class BatchProbe(DataSource):  # defined here so that Spark pickles it by value to the workers
+        @classmethod
+        def name(cls):
+            return "batch_probe"
+
+        def writer(self, schema, overwrite):
+            return BatchProbeWriter(self.options["path"])
+
+    class BatchProbeWriter(DataSourceArrowWriter):
+        def __init__(self, path):
+            self.path = path
+
+        def write(self, iterator):
+            sizes = [batch.num_rows for batch in iterator]
+            with open(self.path, "w") as f:
+                f.write(" ".join(map(str, sizes)))
+            return WriterCommitMessage()
+
+    spark.dataSource.register(BatchProbe)
+    probe = str(tmp_path / "sizes")
+    frame = spark.range(100_000).coalesce(1).selectExpr("id AS position", "id AS deliver_at")
+    records, limit = "spark.sql.execution.arrow.maxRecordsPerBatch", "spark.sql.execution.arrow.maxBytesPerBatch"
+    spark.conf.set(limit, "1k")  # a session's own (small) byte limit
+    try:
+        def batch_sizes():
+            frame.write.format("batch_probe").mode("append").save(probe)
+            with open(probe) as f:
+                return [int(v) for v in f.read().split()]
+
+        assert max(batch_sizes()) < 100  # 1 KiB of two BIGINT columns
+        with transfer_settings(spark):
+            assert batch_sizes() == [TRANSFER_BATCH_ROWS, 100_000 - TRANSFER_BATCH_ROWS]
+        assert spark.conf.get(limit) == "1k" and spark.conf.get(records, None) is None
+        with pytest.raises(RuntimeError), transfer_settings(spark):
+            raise RuntimeError("the write failed")
+        assert spark.conf.get(limit) == "1k" and spark.conf.get(records, None) is None
+
+        # build_store writes with these settings and puts the session's back.
+        seen = []
+        save = DataFrameWriter.save
+
+        def spy(self, *args, **kwargs):
+            seen.append((spark.conf.get(records), spark.conf.get(limit)))
+            return save(self, *args, **kwargs)
+
+        monkeypatch.setattr(DataFrameWriter, "save", spy)
+        rows = [(l, e, 1000 + e) for l in range(3) for e in range(300)]
+        report = bspark.build_store(rows_frame(spark, rows), tmp_path / "store", "sub", CFG)
+        assert report.input_rows == 900 and seen == [(str(TRANSFER_BATCH_ROWS), str((1 << 31) - 1))]
+        assert spark.conf.get(limit) == "1k" and spark.conf.get(records, None) is None
+    finally:
+        spark.conf.unset(limit)
 
 
 def test_packed_positions_refuse_an_id_the_planning_pass_did_not_see(spark):

@@ -25,6 +25,15 @@ workers share those cores. On a shared machine the wall clock also counts
 other programs' time, so each line also gives the CPU seconds this process
 tree (driver, JVM, Python workers; from /proc, Linux only) spent, and the
 rate per CPU-second: the per-core rate on a machine that is all ours.
+
+Before the timed runs, a warm-up builds the same two frames at a tenth of the
+rows and reads once, so that the first timed build does not pay for loading
+and compiling code paths the JVM has not run yet. The median build's CPU time
+is split by part (JIT compiler, JVM garbage collector, JVM task threads, the
+rest of the JVM, the Python workers, the driver; see ``cpu_split``), and each
+run also builds 20,000 rows of the same frame: the cost of a build whatever
+its size (two Spark jobs, the planning and commit workers), and the rate per
+CPU-second beyond it.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ from bucketstore.format.snapshot import BucketFile, build_bucket, write_bucket
 from bucketstore.spark.bucketing import Rows, cut_buckets, order_positions, time_order
 
 ENTRIES_PER_LEDGER = 10_000
+#: Rows of the small build that measures what a build costs whatever its size.
+FIXED_ROWS = 20_000
 DAY_MS = 86_400_000
 T0 = 1_700_000_000_000
 
@@ -77,27 +88,96 @@ def single_process_read(directory: str) -> tuple[int, float, float]:
     return total, time.perf_counter() - started, time.process_time() - cpu
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system, reaped children included) of this process and all its descendants."""
+#: What a thread or process of the tree counts as, for the CPU split (JVM threads by their names).
+SPLIT = ("JIT compiler", "JVM GC", "JVM tasks", "JVM other", "Python workers", "driver")
+
+
+def _thread_part(name: str) -> str:
+    """The part of a JVM thread, from its name as /proc gives it (cut to 15 characters)."""
+    if "CompilerThre" in name:
+        return "JIT compiler"
+    if name.startswith(("GC Thread", "G1 ", "VM Thread")):
+        return "JVM GC"
+    if name.startswith(("Executor task", "shuffle-exchang")):
+        return "JVM tasks"
+    return "JVM other"
+
+
+def cpu_split() -> dict[str, float]:
+    """CPU seconds (user + system) this process tree has spent so far, by part (:data:`SPLIT`).
+
+    Read from /proc: each process's own time plus that of children it reaped;
+    the total is what :func:`cpu_seconds` returns. The JVM's time is split by
+    thread name (compiler, garbage collector, task threads, and the rest:
+    scheduler, query planning, class loading, py4j); time of threads that have
+    exited counts as "other" (a compiler thread the JVM stops when idle moves
+    its time there). Every Python process under the JVM (the worker daemon,
+    its forked workers, planner and commit workers) counts as a Python worker.
+    """
     tick = os.sysconf("SC_CLK_TCK")
     children: dict[int, list[int]] = {}
     stats: dict[int, list[str]] = {}
+    java: set[int] = set()
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                    raw = f.read()
             except OSError:
                 continue
+            fields = raw.rsplit(")", 1)[1].split()
             stats[int(name)] = fields
             children.setdefault(int(fields[1]), []).append(int(name))
-    total, todo = 0, [os.getpid()]
+            if raw[raw.index("(") + 1:raw.rindex(")")] == "java":
+                java.add(int(name))
+    split = dict.fromkeys(SPLIT, 0.0)
+    todo = [(os.getpid(), "driver")]
     while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        if pid in stats:  # utime, stime, cutime, cstime are fields 14-17 of stat (11-14 after the name)
-            total += sum(int(v) for v in stats[pid][11:15])
-    return total / tick
+        pid, part = todo.pop()
+        if pid not in stats:
+            continue
+        fields = stats[pid]  # utime, stime, cutime, cstime are fields 14-17 of stat (11-14 after the name)
+        own, reaped = sum(int(v) for v in fields[11:13]) / tick, sum(int(v) for v in fields[13:15]) / tick
+        if pid in java:
+            split["Python workers"] += reaped
+            threads = _jvm_threads(pid, tick)
+            for key, value in threads.items():
+                split[key] += value
+            # The process's own time also holds that of threads gone since: counted as "other".
+            split["JVM other"] += max(0.0, own - sum(threads.values()))
+            todo += [(child, "Python workers") for child in children.get(pid, [])]
+        else:
+            split[part] += own + reaped
+            todo += [(child, part) for child in children.get(pid, [])]
+    return split
+
+
+def _jvm_threads(pid: int, tick: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        name = raw[raw.index("(") + 1:raw.rindex(")")]
+        key = _thread_part(name)
+        out[key] = out.get(key, 0.0) + sum(int(v) for v in raw.rsplit(")", 1)[1].split()[11:13]) / tick
+    return out
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system, reaped children included) of this process and all its descendants."""
+    return sum(cpu_split().values())
+
+
+def split_since(before: dict[str, float]) -> dict[str, float]:
+    now = cpu_split()
+    return {key: now[key] - before[key] for key in SPLIT}
 
 
 def session(cores: int):
@@ -134,28 +214,38 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
     spark = session(args.cores)
     bspark.register(spark)
-    # Warm-up jobs (a build and a read) start the JVM's and the Python workers' caches; they are not timed.
-    warmup = os.path.join(args.dir, "warmup")
-    bspark.build_store(spark.range(200_000).select((F.col("id") / ENTRIES_PER_LEDGER).cast("long").alias("ledger_id"),
-                                                   (F.col("id") % ENTRIES_PER_LEDGER).alias("entry_id"),
-                                                   F.lit(T0).alias("deliver_at")),
-                       warmup, "warmup", config)
-    spark.read.format("bucketstore").load(warmup).agg(F.max("timestamp")).first()
     def frame(ids):
         return ids.select((F.col("id") / ENTRIES_PER_LEDGER).cast("long").alias("ledger_id"),
                           (F.col("id") % ENTRIES_PER_LEDGER).alias("entry_id"),
                           (F.lit(T0) + (F.col("id") * 2_654_435_761) % DAY_MS).alias("deliver_at"))
 
+    def scramble(rows):  # a bijection of 0..rows-1 (7919 is prime and divides no size used here)
+        return spark.range(rows).select(((F.col("id") * 7919) % rows).alias("id"))
+
+    # Warm-up jobs, not timed: the same frames as the timed ones (log order and scrambled, a tenth
+    # of the rows) and a read, so that the JVM has loaded and compiled the code paths it times.
+    warmup = os.path.join(args.dir, "warmup")
+    small = max(200_000, n // 10)
+    bspark.build_store(frame(spark.range(small)), warmup, "warmup", config)
+    if small % 7919:
+        bspark.build_store(frame(scramble(small)), warmup, "warmup-scrambled", config)
+    spark.read.format("bucketstore").load(warmup).agg(F.max("timestamp")).first()
     df = frame(spark.range(n))
-    # A bijection of 0..n-1 (7919 is prime and divides no n used here) that scatters each ledger's rows.
-    scrambled = frame(spark.range(n).select(((F.col("id") * 7919) % n).alias("id")))
+    scrambled = frame(scramble(n))  # scatters each ledger's rows over every partition
+    tiny = frame(spark.range(FIXED_ROWS))
     builds, reads, build_cpu, read_cpu, mixed, mixed_cpu = [], [], [], [], [], []
+    splits, fixed = [], []
     for r in range(args.repeats):
         store = os.path.join(args.dir, f"store-{r}")
-        cpu = cpu_seconds()
+        before = cpu_split()
         report = bspark.build_store(df, store, "bench", config)
-        build_cpu.append(cpu_seconds() - cpu)
+        splits.append(split_since(before))
+        build_cpu.append(sum(splits[-1].values()))
         builds.append(report.seconds)
+        # The same job on a handful of rows: what a build costs whatever its size.
+        cpu = cpu_seconds()
+        bspark.build_store(tiny, os.path.join(args.dir, f"tiny-{r}"), "bench", config)
+        fixed.append(cpu_seconds() - cpu)
         if n % 7919:
             cpu = cpu_seconds()
             other = bspark.build_store(scrambled, os.path.join(args.dir, f"scrambled-{r}"), "bench", config)
@@ -172,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         assert sums.n == n, sums
         tail = f", scrambled build {mixed[-1]:.2f} s ({mixed_cpu[-1]:.2f} CPU s)" if mixed else ""
         how = ", in place" if getattr(report, "in_place", False) else ""  # the field is absent before 2026-11
-        print(f"run {r + 1}: build {builds[-1]:.2f} s ({build_cpu[-1]:.2f} CPU s{how}){tail}, "
+        print(f"run {r + 1}: build {builds[-1]:.2f} s ({build_cpu[-1]:.2f} CPU s{how}; "
+              f"{FIXED_ROWS:,} rows {fixed[-1]:.2f} CPU s){tail}, "
               f"read {reads[-1]:.2f} s ({read_cpu[-1]:.2f} CPU s)", flush=True)
         if r + 1 < args.repeats:
             shutil.rmtree(store)
@@ -194,6 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     line(f"bulk build, Spark local[{args.cores}]", n, spark_build_s, args.cores, build_cpu_s)
     if mixed:
         line("  the same, scrambled input", n, float(np.median(mixed)), args.cores, float(np.median(mixed_cpu)))
+    median_run = int(np.argsort(build_cpu)[(len(build_cpu) - 1) // 2])
+    print("CPU split of the Spark build (median run): "
+          + ", ".join(f"{key} {splits[median_run][key]:.2f}" for key in SPLIT))
+    fixed_cpu = float(np.median(fixed))
+    beyond = (f"{n / (build_cpu_s - fixed_cpu) / 1e6:.2f} M/CPU-s" if build_cpu_s > fixed_cpu
+              else "n/a (the build cost no more than the small one)")
+    print(f"fixed cost of a Spark build ({FIXED_ROWS:,} rows, same frame): {fixed_cpu:.2f} CPU s; "
+          f"rate beyond it: {beyond}")
     line("read, one process (BucketFile)", n, read_s, 1, read_1cpu)
     line(f"read, Spark local[{args.cores}]", n, spark_read_s, args.cores, read_cpu_s)
     return 0

@@ -76,7 +76,7 @@ SIZES: dict[str, dict[str, object]] = {
               "stalls_repeat": 1, "steps_per_bucket": 500_000, "merge_repeat": 1, "merge_simulate": 200_000,
               "sparse_runs": [(10_000_000, 50_000, "1,10,dense", 1)], "sparse_use": 20_000,
               "readahead_messages": 1_000_000, "readahead_repeat": 1,
-              "spark_rows": 2_000_000, "spark_repeat": 1, "timebucket_messages": 10_000_000,
+              "spark_rows": 2_000_000, "spark_repeat": 3, "timebucket_messages": 10_000_000,
               "nack_messages": 500_000, "topics_indexes": 100_000, "topics_subscriptions": 100},
     "full": {"codec_indexes": 50_000, "codec_repeat": 5, "seal_indexes": 1_000_000, "seal_repeat": 5,
              "tracker_messages": 1_000_000, "restart_sizes": [1_000_000, 10_000_000, 100_000_000],
@@ -614,14 +614,24 @@ def spark(run: Run) -> None:
                 for m in SPARK_LINE.finditer(out.stdout)]
         if len(rows) not in (4, 5) or shape is None:  # 5: the scrambled input's build too
             raise RuntimeError(f"bench_spark.py printed no figures:\n{out.stdout}")
+        split = re.search(r"^CPU split of the Spark build \(median run\): (.*)$", out.stdout, re.M)
+        fixed = re.search(r"^fixed cost of a Spark build \(([\d,]+) rows, same frame\): ([\d.]+) CPU s; "
+                          r"rate beyond it: (.*)$", out.stdout, re.M)
+        after = ""
+        if split and fixed:
+            after = (f"\n\nThe median in-place build's CPU seconds by part: {split.group(1)}. A build of "
+                     f"{fixed.group(1)} rows of the same frame costs {fixed.group(2)} CPU s (two Spark jobs, the "
+                     f"planning and commit workers, whatever the size); beyond that the build runs at "
+                     f"{fixed.group(3)}.")
         text = (f"{rows_n:,} indexes in log order (ledgers of 10,000 entries, delivery times spread over a day, "
                 f"generated in the JVM), default `TrackerConfig`: {shape.group(1)} buckets, {shape.group(2)} "
-                f"partitions. Warm-up build and read not timed; the Spark lines are the median of {repeat}. "
+                f"partitions. A warm-up builds the same frames (a tenth of the rows) and reads once, not timed; "
+                f"the Spark lines are the median of {repeat}. "
                 "*CPU s* is what the whole process tree (driver, JVM, Python workers) spent, and *M/CPU-s* the "
                 "rate per CPU-second: the per-core rate on a machine that is all the job's (on a shared "
                 f"machine the wall clock swings, CPU seconds much less). `{command_line}` prints the same "
                 "figures.\n\n"
-                + table(["", "s", "M/s", "M/s/core", "CPU s", "M/CPU-s"], rows))
+                + table(["", "s", "M/s", "M/s/core", "CPU s", "M/CPU-s"], rows) + after)
     run.regions["spark-performance"] = text + "\n"
     run.sections["spark"] = "## Spark: bulk build and read\n\n" + text
 
