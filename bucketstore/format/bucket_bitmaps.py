@@ -8,6 +8,7 @@ The byte-level specification is ``formats/bucket_snapshot.md``.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Iterator, Mapping
 from typing import Union
@@ -15,10 +16,11 @@ from typing import Union
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
+from .entry_lists import EntryLists
 from .segment_codec import _BLOCK_ROWS
 
-__all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "LedgerBitmaps", "flat_bitmaps", "ledger_bitmaps",
-           "segment_bitmaps", "serialized_bitmaps"]
+__all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "EntryLists", "LedgerBitmaps", "bitmaps_with_lists",
+           "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_lists"]
 
 #: Entry 0's width tags: the bitmap after the tag is a ``BitMap`` (32) or a ``BitMap64`` (64).
 BITMAP32 = 32
@@ -160,23 +162,38 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
     if someone reads this mapping.
     """
 
-    __slots__ = ("_ledgers", "_flat", "_loaded", "cardinality")
+    __slots__ = ("_ledgers", "_flat", "_rest", "_loaded", "cardinality", "lists")
 
-    def __init__(self, flat: list[object], cardinality: int) -> None:
-        #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list.
+    def __init__(self, flat: list[object] | None, cardinality: int, lists: EntryLists | None = None,
+                 rest: Mapping[int, EntryBitmap] | None = None) -> None:
+        #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list. None:
+        #: not made yet, from ``rest`` (ledger -> bitmap) and ``lists`` (see :func:`bitmaps_with_lists`).
         self._flat = flat
-        self._ledgers = flat[0::3]
+        self._rest = rest
+        if flat is not None:
+            self._ledgers = flat[0::3]
+        else:
+            assert rest is not None and lists is not None
+            self._ledgers = sorted([*rest, *lists.ledgers.tolist()]) if rest else lists.ledgers.tolist()
         self._loaded: dict[int, EntryBitmap] | None = None
         #: The number of positions, the sum of the bitmaps' cardinalities.
         self.cardinality = cardinality
+        #: When known, the ledgers whose bitmaps are array containers only (what entry 0 stores
+        #: as entry-id lists from version 4) with their entry ids, so that encoding entry 0 need
+        #: not parse their serializations back; None: :func:`split_lists` parses them.
+        self.lists = lists
 
     def flat(self) -> list[object]:
         """Entry 0's bitmap list, ``[ledger_id, width, blob, ...]``."""
+        if self._flat is None:
+            assert self._rest is not None and self.lists is not None
+            self._flat = _merged_flat(self._rest, self.lists)
+            self._rest = None
         return self._flat
 
     def _load(self) -> dict[int, EntryBitmap]:
         if self._loaded is None:
-            flat = self._flat
+            flat = self.flat()
             self._loaded = {flat[j]: (BitMap64 if flat[j + 1] == BITMAP64 else BitMap).deserialize(flat[j + 2])
                             for j in range(0, len(flat), 3)}
         return self._loaded
@@ -221,19 +238,21 @@ def serialized_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> LedgerBitmap
         return out
     sl, se = _positions_in_order(ledgers, entries)
     flat: list[object] = []
+    lists: list[EntryLists] = []
     total, lo, n = 0, 0, len(sl)
     # Blocks of whole ledgers (see segment_codec._BLOCK_ROWS: temporaries the allocator reuses).
     while lo < n:
         hi = n if n - lo <= _BLOCK_ROWS else int(np.searchsorted(sl, sl[lo + _BLOCK_ROWS], side="left"))
         if hi == lo:  # one ledger of more than _BLOCK_ROWS positions
             hi = int(np.searchsorted(sl, sl[lo], side="right"))
-        total += _bitmap_block(sl[lo:hi], se[lo:hi], flat)
+        total += _bitmap_block(sl[lo:hi], se[lo:hi], flat, lists)
         lo = hi
-    return LedgerBitmaps(flat, total)
+    return LedgerBitmaps(flat, total, _joined(lists))
 
 
-def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object]) -> int:
-    """Append ``[ledger, width, blob, ...]`` for whole ledgers' sorted positions; return their count."""
+def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object], lists: list[EntryLists] | None = None) -> int:
+    """Append ``[ledger, width, blob, ...]`` for whole ledgers' sorted positions; return their count.
+    Given ``lists``, append to it the array-only ledgers' entry ids (:class:`EntryLists`)."""
     n = len(sl)
     if n > 1:  # drop repeated positions: a bitmap is a set
         fresh = np.ones(n, dtype=np.bool_)
@@ -264,6 +283,9 @@ def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object]) -> int:
     blobs: list[bytes] = [b""] * len(ledger_ids)
     if fast.any():
         _array_only_blobs(blobs, fast, se, first_row, per_ledger, first_in_container, cards, container_ledger, high)
+    if lists is not None:
+        rows = np.repeat(fast, per_ledger)
+        lists.append(EntryLists(ledger_ids[fast], per_ledger[fast].astype(_U64), se[rows]))
     for j in np.flatnonzero(~fast).tolist():
         lo = int(first_row[j])
         blobs[j] = _make_bitmap(se[lo:lo + int(per_ledger[j])]).serialize()
@@ -356,4 +378,87 @@ def flat_bitmaps(bitmaps: Mapping[int, EntryBitmap]) -> list[object]:
     for ledger in sorted(bitmaps):
         bm = bitmaps[ledger]
         flat += [ledger, BITMAP64 if isinstance(bm, BitMap64) else BITMAP32, bm.serialize()]
+    return flat
+
+
+def _joined(parts: list[EntryLists]) -> EntryLists:
+    if not parts:
+        empty = np.zeros(0, dtype=_U64)
+        return EntryLists(empty, empty, empty)
+    if len(parts) == 1:
+        return parts[0]
+    return EntryLists(*(np.concatenate(c) for c in zip(*parts)))
+
+
+def split_lists(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], EntryLists]:
+    """Split a bucket's bitmaps as entry 0 stores them from version 4: the ledgers whose portable
+    serialization has array containers only (no run, no bitset; 32-bit), as :class:`EntryLists`,
+    and the others as ``[ledger_id, width, blob, ...]``, ascending.
+
+    The choice is the serialization's, so it is the same however the bitmaps were made; for
+    :func:`serialized_bitmaps`' result the lists are known already and nothing is parsed."""
+    flat = flat_bitmaps(bitmaps)
+    known = bitmaps.lists if isinstance(bitmaps, LedgerBitmaps) else None
+    if known is not None:
+        listed = set(known.ledgers.tolist())
+        rest = [v for j in range(0, len(flat), 3) if flat[j] not in listed for v in flat[j:j + 3]]
+        # The known lists are the ledgers serialized_bitmaps' vectorised path made; pyroaring made
+        # the others, where a run and an array of equal size (3 ids in a row) stay an array: rare.
+        if not any(width == BITMAP32 and _array_only_entries(blob) is not None  # type: ignore[arg-type]
+                   for width, blob in zip(rest[1::3], rest[2::3])):
+            return rest, known
+    rest = []
+    ledgers: list[int] = []
+    counts: list[int] = []
+    ids: list[np.ndarray] = []
+    for j in range(0, len(flat), 3):
+        ledger, width, blob = flat[j:j + 3]
+        entries = _array_only_entries(blob) if width == BITMAP32 else None  # type: ignore[arg-type]
+        if entries is None:
+            rest += [ledger, width, blob]
+        else:
+            ledgers.append(ledger)  # type: ignore[arg-type]
+            counts.append(len(entries))
+            ids.append(entries)
+    lists = EntryLists(np.array(ledgers, dtype=_U64), np.array(counts, dtype=_U64),
+                       np.concatenate(ids) if ids else np.zeros(0, dtype=_U64))
+    return rest, lists
+
+
+_PREAMBLE = struct.Struct("<II")  # cookie, container count
+
+
+def _array_only_entries(blob: bytes) -> np.ndarray | None:
+    """The entry ids of a portable 32-bit serialization made of array containers only, else None."""
+    if len(blob) < _PREAMBLE.size:
+        return None
+    cookie, containers = _PREAMBLE.unpack_from(blob)
+    if cookie != _COOKIE_NO_RUNS or not containers:
+        return None
+    header = np.frombuffer(blob, dtype="<u2", count=2 * containers, offset=_PREAMBLE.size).reshape(-1, 2)
+    cards = header[:, 1].astype(np.int64) + 1
+    if (cards > _ARRAY_MAX).any():
+        return None  # a bitset container
+    values = np.frombuffer(blob, dtype="<u2", count=int(cards.sum()), offset=_PREAMBLE.size + 8 * containers)
+    return (np.repeat(header[:, 0].astype(_U64), cards) << np.uint64(16)) | values.astype(_U64)
+
+
+def bitmaps_with_lists(rest: Mapping[int, EntryBitmap], lists: EntryLists) -> LedgerBitmaps:
+    """A bucket's bitmaps from entry 0's two forms (version 4): bitmaps (``rest``, ledger -> bitmap)
+    and entry-id lists (checked already: ledgers ascending and apart from ``rest``'s, entry ids
+    ascending within each ledger). The lists' bitmaps are made (serialized with array operations,
+    then deserialized) only if someone reads them: opening a bucket for its segments, or
+    checking entry 0, needs neither."""
+    return LedgerBitmaps(None, sum(len(bm) for bm in rest.values()) + len(lists.entries), lists, rest)
+
+
+def _merged_flat(rest: Mapping[int, EntryBitmap], lists: EntryLists) -> list[object]:
+    flat: list[object] = []
+    if len(lists.ledgers):
+        _bitmap_block(np.repeat(lists.ledgers, lists.counts.astype(np.int64)), lists.entries, flat)
+    if rest:
+        extra = flat_bitmaps(rest)
+        merged = sorted(zip(flat[0::3] + extra[0::3], flat[1::3] + extra[1::3], flat[2::3] + extra[2::3]),
+                        key=lambda t: t[0])  # type: ignore[arg-type, return-value]
+        flat = [v for t in merged for v in t]
     return flat
