@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping
 from typing import Union
 
 import numpy as np
@@ -200,6 +200,10 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
 
     def __getitem__(self, ledger: int) -> EntryBitmap:
         return self._load()[ledger]
+
+    def items(self) -> ItemsView[int, EntryBitmap]:
+        # The loaded dict's own view: Mapping's would look every ledger up through __getitem__.
+        return self._load().items()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._ledgers)
