@@ -73,11 +73,12 @@ def describe_file(path: str | os.PathLike[str], indexes: int = 0) -> dict[str, A
 
 def _describe_bucket(bucket: BucketFile, indexes: int, doc: dict[str, Any]) -> None:
     meta = bucket.metadata
+    # (Asked before the bitmaps are read: once loaded as bitmaps, the lists are let go.)
+    lists = getattr(meta.bitmaps, "lists", None)
     doc["bucket"] = {"snapshot_version": meta.version, "start_ledger": meta.start_ledger,
                      "end_ledger": meta.end_ledger, "count": meta.count, "metadata_size": bucket.metadata_size,
                      # Version 2 keeps one bitmap per ledger for the bucket (version 1: per segment, below).
                      "ledgers": _ledger_docs(meta.bitmaps)}
-    lists = getattr(meta.bitmaps, "lists", None)
     if meta.version >= 4 and lists is not None:
         # Version 4 stores array-only ledgers as entry-id lists, the others as portable bitmaps.
         doc["bucket"]["listed_ledgers"] = len(lists.ledgers)

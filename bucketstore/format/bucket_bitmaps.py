@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import ItemsView, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterator, Mapping
 from typing import Union
 
 import numpy as np
@@ -162,33 +162,49 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
     if someone reads this mapping.
     """
 
-    __slots__ = ("_ledgers", "_flat", "_rest", "_loaded", "cardinality", "lists")
+    __slots__ = ("_ledgers", "_flat", "_made", "_rest", "_lists", "_unpack", "_loaded", "cardinality")
 
     def __init__(self, flat: list[object] | None, cardinality: int, lists: EntryLists | None = None,
-                 rest: Mapping[int, EntryBitmap] | None = None) -> None:
+                 rest: Mapping[int, EntryBitmap] | None = None, *,
+                 unpack: Callable[[], EntryLists] | None = None, listed: list[int] | None = None) -> None:
         #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list. None:
-        #: not made yet, from ``rest`` (ledger -> bitmap) and ``lists`` (see :func:`bitmaps_with_lists`).
+        #: not made yet, from ``rest`` (ledger -> bitmap) and the lists (see :func:`bitmaps_with_lists`).
         self._flat = flat
+        self._made = flat is None  # made here: dropped once the bitmaps are loaded (they say the same)
         self._rest = rest
+        self._lists = lists
+        #: A decoded entry 0's lists, decoded again when needed: holding the columns' bytes costs
+        #: about 2 bytes an index, their arrays 8 to 16.
+        self._unpack = unpack
         if flat is not None:
             self._ledgers = flat[0::3]
         else:
-            assert rest is not None and lists is not None
-            self._ledgers = sorted([*rest, *lists.ledgers.tolist()]) if rest else lists.ledgers.tolist()
+            assert rest is not None and (listed is not None or lists is not None)
+            ids = listed if listed is not None else lists.ledgers.tolist()  # type: ignore[union-attr]
+            self._ledgers = sorted([*rest, *ids]) if rest else ids
         self._loaded: dict[int, EntryBitmap] | None = None
         #: The number of positions, the sum of the bitmaps' cardinalities.
         self.cardinality = cardinality
-        #: When known, the ledgers whose bitmaps are array containers only (what entry 0 stores
-        #: as entry-id lists from version 4) with their entry ids, so that encoding entry 0 need
-        #: not parse their serializations back; None: :func:`split_lists` parses them.
-        self.lists = lists
+
+    @property
+    def lists(self) -> EntryLists | None:
+        """When known, the ledgers whose bitmaps are array containers only (what entry 0 stores as
+        entry-id lists from version 4) with their entry ids, so that encoding entry 0 need not
+        parse their serializations back; None: :func:`split_lists` parses them."""
+        if self._lists is None and self._unpack is not None:
+            return self._unpack()
+        return self._lists
 
     def flat(self) -> list[object]:
         """Entry 0's bitmap list, ``[ledger_id, width, blob, ...]``."""
         if self._flat is None:
-            assert self._rest is not None and self.lists is not None
-            self._flat = _merged_flat(self._rest, self.lists)
-            self._rest = None
+            if self._loaded is not None:
+                self._flat = flat_bitmaps(self._loaded)
+            else:
+                assert self._rest is not None
+                lists = self.lists
+                assert lists is not None
+                self._flat = _merged_flat(self._rest, lists)
         return self._flat
 
     def _load(self) -> dict[int, EntryBitmap]:
@@ -196,6 +212,10 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
             flat = self.flat()
             self._loaded = {flat[j]: (BitMap64 if flat[j + 1] == BITMAP64 else BitMap).deserialize(flat[j + 2])
                             for j in range(0, len(flat), 3)}
+            if self._made:
+                # Held now as bitmaps (about 1.3 bytes an index for a sparse bucket): let the
+                # serializations and the lists' bytes go.
+                self._flat = self._rest = self._lists = self._unpack = None
         return self._loaded
 
     def __getitem__(self, ledger: int) -> EntryBitmap:
@@ -289,7 +309,7 @@ def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object], lists: lis
         _array_only_blobs(blobs, fast, se, first_row, per_ledger, first_in_container, cards, container_ledger, high)
     if lists is not None:
         rows = np.repeat(fast, per_ledger)
-        lists.append(EntryLists(ledger_ids[fast], per_ledger[fast].astype(_U64), se[rows]))
+        lists.append(EntryLists(ledger_ids[fast], per_ledger[fast].astype(_U64), se[rows].astype(np.uint32)))
     for j in np.flatnonzero(~fast).tolist():
         lo = int(first_row[j])
         blobs[j] = _make_bitmap(se[lo:lo + int(per_ledger[j])]).serialize()
@@ -447,19 +467,24 @@ def _array_only_entries(blob: bytes) -> np.ndarray | None:
     return (np.repeat(header[:, 0].astype(_U64), cards) << np.uint64(16)) | values.astype(_U64)
 
 
-def bitmaps_with_lists(rest: Mapping[int, EntryBitmap], lists: EntryLists) -> LedgerBitmaps:
+def bitmaps_with_lists(rest: Mapping[int, EntryBitmap], lists: EntryLists,
+                       unpack: Callable[[], EntryLists] | None = None) -> LedgerBitmaps:
     """A bucket's bitmaps from entry 0's two forms (version 4): bitmaps (``rest``, ledger -> bitmap)
     and entry-id lists (checked already: ledgers ascending and apart from ``rest``'s, entry ids
     ascending within each ledger). The lists' bitmaps are made (serialized with array operations,
     then deserialized) only if someone reads them: opening a bucket for its segments, or
-    checking entry 0, needs neither."""
-    return LedgerBitmaps(None, sum(len(bm) for bm in rest.values()) + len(lists.entries), lists, rest)
+    checking entry 0, needs neither. Given ``unpack`` (which gives ``lists`` again), the lists'
+    arrays are not kept: ``unpack`` is called when they are needed."""
+    total = sum(len(bm) for bm in rest.values()) + len(lists.entries)
+    if unpack is None:
+        return LedgerBitmaps(None, total, lists, rest)
+    return LedgerBitmaps(None, total, None, rest, unpack=unpack, listed=lists.ledgers.tolist())
 
 
 def _merged_flat(rest: Mapping[int, EntryBitmap], lists: EntryLists) -> list[object]:
     flat: list[object] = []
     if len(lists.ledgers):
-        _bitmap_block(np.repeat(lists.ledgers, lists.counts.astype(np.int64)), lists.entries, flat)
+        _bitmap_block(np.repeat(lists.ledgers, lists.counts.astype(np.int64)), lists.entries.astype(_U64), flat)
     if rest:
         extra = flat_bitmaps(rest)
         merged = sorted(zip(flat[0::3] + extra[0::3], flat[1::3] + extra[1::3], flat[2::3] + extra[2::3]),

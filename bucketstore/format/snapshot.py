@@ -425,7 +425,8 @@ def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at
         raise MetadataCodecError(at, f"bucket: a ledger of the entry-id lists is outside [{start}, {end}]")
     if rest and np.isin(lists.ledgers, np.fromiter(rest, dtype=_U64, count=len(rest))).any():
         raise MetadataCodecError(at, "bucket: a ledger has both a bitmap and an entry-id list")
-    return bitmaps_with_lists(rest, lists)
+    # The arrays cost 8 to 16 bytes an index, the columns' bytes about 2: keep the bytes, decode again if asked.
+    return bitmaps_with_lists(rest, lists, lambda: decode_lists(data, ledgers, count))  # type: ignore[arg-type]
 
 
 def _unshuffled_bitmaps(table: object, stored: object, at: int) -> list[object]:

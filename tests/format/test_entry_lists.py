@@ -125,3 +125,20 @@ def test_a_count_of_ids_beyond_the_bucket_is_refused_before_it_is_allocated() ->
     body = msgpack.packb([4, 1, 50, 2, [5, 9, 2], [], b"", 1, b"".join(pieces)], use_bin_type=True)
     with pytest.raises(MetadataCodecError, match="above the bucket's 2|more entry ids"):
         decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
+
+
+def test_a_decoded_entry0_keeps_the_lists_bytes_until_read_then_only_the_bitmaps() -> None:
+    """Decoding keeps the columns' bytes (about 2 bytes an index), not arrays of 8 to 16; reading
+    the bitmaps makes them and lets the lists go; the serializations come back on demand."""
+    ts, ledgers, entries = _sparse(30, seed=9)
+    meta, _ = build_bucket(0, 29, ts, ledgers, entries, time_step_ms=300_000, max_indexes_per_segment=5_000)
+    payload = encode_metadata(meta)
+    back = decode_metadata(payload).bitmaps
+    assert isinstance(back, LedgerBitmaps) and back._lists is None and back._unpack is not None
+    lists = back.lists
+    assert lists is not None and lists.ledgers.tolist() == list(back) and len(lists.entries) == len(ts)
+    want = {k: list(v) for k, v in meta.bitmaps.items()}
+    assert {k: list(v) for k, v in back.items()} == want
+    assert back.lists is None and back._flat is None  # only the bitmaps are held now
+    assert back.flat() == meta.bitmaps.flat()
+    assert encode_metadata(replace(meta, bitmaps=back)) == payload
