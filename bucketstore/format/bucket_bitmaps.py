@@ -165,10 +165,11 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
     __slots__ = ("_ledgers", "_flat", "_made", "_rest", "_lists", "_unpack", "_loaded", "cardinality")
 
     def __init__(self, flat: list[object] | None, cardinality: int, lists: EntryLists | None = None,
-                 rest: Mapping[int, EntryBitmap] | None = None, *,
+                 rest: Mapping[int, EntryBitmap] | list[object] | None = None, *,
                  unpack: Callable[[], EntryLists] | None = None, listed: list[int] | None = None) -> None:
         #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list. None:
-        #: not made yet, from ``rest`` (ledger -> bitmap) and the lists (see :func:`bitmaps_with_lists`).
+        #: not made yet, from ``rest`` (ledger -> bitmap, or a bitmap list of the unlisted ledgers)
+        #: and the lists (see :func:`bitmaps_with_lists`).
         self._flat = flat
         self._made = flat is None  # made here: dropped once the bitmaps are loaded (they say the same)
         self._rest = rest
@@ -181,7 +182,8 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
         else:
             assert rest is not None and (listed is not None or lists is not None)
             ids = listed if listed is not None else lists.ledgers.tolist()  # type: ignore[union-attr]
-            self._ledgers = sorted([*rest, *ids]) if rest else ids
+            rest_ids = rest[0::3] if isinstance(rest, list) else list(rest)
+            self._ledgers = sorted([*rest_ids, *ids]) if rest_ids else ids
         self._loaded: dict[int, EntryBitmap] | None = None
         #: The number of positions, the sum of the bitmaps' cardinalities.
         self.cardinality = cardinality
@@ -271,12 +273,15 @@ def serialized_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> LedgerBitmap
             hi = int(np.searchsorted(sl, sl[lo], side="right"))
         total += _bitmap_block(sl[lo:hi], se[lo:hi], flat, lists)
         lo = hi
-    return LedgerBitmaps(flat, total, _joined(lists))
+    # ``flat`` holds the other ledgers' bitmaps; the listed ones are serialized only if asked for
+    # (a version-4 entry 0 stores them as lists).
+    return LedgerBitmaps(None, total, _joined(lists), flat)
 
 
 def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object], lists: list[EntryLists] | None = None) -> int:
     """Append ``[ledger, width, blob, ...]`` for whole ledgers' sorted positions; return their count.
-    Given ``lists``, append to it the array-only ledgers' entry ids (:class:`EntryLists`)."""
+    Given ``lists``, append to it the array-only ledgers' entry ids (:class:`EntryLists`) instead,
+    and to ``flat`` only the others."""
     n = len(sl)
     if n > 1:  # drop repeated positions: a bitmap is a set
         fresh = np.ones(n, dtype=np.bool_)
@@ -305,11 +310,16 @@ def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object], lists: lis
     wide = np.maximum.reduceat(se, first_row) >= np.uint64(1 << 32)
     fast &= ~wide
     blobs: list[bytes] = [b""] * len(ledger_ids)
-    if fast.any():
-        _array_only_blobs(blobs, fast, se, first_row, per_ledger, first_in_container, cards, container_ledger, high)
     if lists is not None:
         rows = np.repeat(fast, per_ledger)
         lists.append(EntryLists(ledger_ids[fast], per_ledger[fast].astype(_U64), se[rows].astype(np.uint32)))
+        for j in np.flatnonzero(~fast).tolist():
+            lo = int(first_row[j])
+            flat += [int(ledger_ids[j]), BITMAP64 if wide[j] else BITMAP32,
+                     _make_bitmap(se[lo:lo + int(per_ledger[j])]).serialize()]
+        return n
+    if fast.any():
+        _array_only_blobs(blobs, fast, se, first_row, per_ledger, first_in_container, cards, container_ledger, high)
     for j in np.flatnonzero(~fast).tolist():
         lo = int(first_row[j])
         blobs[j] = _make_bitmap(se[lo:lo + int(per_ledger[j])]).serialize()
@@ -421,16 +431,21 @@ def split_lists(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], Entry
 
     The choice is the serialization's, so it is the same however the bitmaps were made; for
     :func:`serialized_bitmaps`' result the lists are known already and nothing is parsed."""
-    flat = flat_bitmaps(bitmaps)
     known = bitmaps.lists if isinstance(bitmaps, LedgerBitmaps) else None
     if known is not None:
-        listed = set(known.ledgers.tolist())
-        rest = [v for j in range(0, len(flat), 3) if flat[j] not in listed for v in flat[j:j + 3]]
+        assert isinstance(bitmaps, LedgerBitmaps)
+        if bitmaps._flat is None and isinstance(bitmaps._rest, list):
+            rest = bitmaps._rest  # a seal's: the listed ledgers' serializations were never made
+        else:
+            flat = bitmaps.flat()
+            listed = set(known.ledgers.tolist())
+            rest = [v for j in range(0, len(flat), 3) if flat[j] not in listed for v in flat[j:j + 3]]
         # The known lists are the ledgers serialized_bitmaps' vectorised path made; pyroaring made
         # the others, where a run and an array of equal size (3 ids in a row) stay an array: rare.
         if not any(width == BITMAP32 and _array_only_entries(blob) is not None  # type: ignore[arg-type]
                    for width, blob in zip(rest[1::3], rest[2::3])):
             return rest, known
+    flat = flat_bitmaps(bitmaps)
     rest = []
     ledgers: list[int] = []
     counts: list[int] = []
@@ -481,12 +496,12 @@ def bitmaps_with_lists(rest: Mapping[int, EntryBitmap], lists: EntryLists,
     return LedgerBitmaps(None, total, None, rest, unpack=unpack, listed=lists.ledgers.tolist())
 
 
-def _merged_flat(rest: Mapping[int, EntryBitmap], lists: EntryLists) -> list[object]:
+def _merged_flat(rest: Mapping[int, EntryBitmap] | list[object], lists: EntryLists) -> list[object]:
     flat: list[object] = []
     if len(lists.ledgers):
         _bitmap_block(np.repeat(lists.ledgers, lists.counts.astype(np.int64)), lists.entries.astype(_U64), flat)
     if rest:
-        extra = flat_bitmaps(rest)
+        extra = rest if isinstance(rest, list) else flat_bitmaps(rest)
         merged = sorted(zip(flat[0::3] + extra[0::3], flat[1::3] + extra[1::3], flat[2::3] + extra[2::3]),
                         key=lambda t: t[0])  # type: ignore[arg-type, return-value]
         flat = [v for t in merged for v in t]
