@@ -434,8 +434,9 @@ def split_lists(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], Entry
     known = bitmaps.lists if isinstance(bitmaps, LedgerBitmaps) else None
     if known is not None:
         assert isinstance(bitmaps, LedgerBitmaps)
-        if bitmaps._flat is None and isinstance(bitmaps._rest, list):
-            rest = bitmaps._rest  # a seal's: the listed ledgers' serializations were never made
+        if bitmaps._flat is None and bitmaps._rest is not None:
+            # A seal's or a decoded entry 0's: the listed ledgers' serializations were never made.
+            rest = bitmaps._rest if isinstance(bitmaps._rest, list) else flat_bitmaps(bitmaps._rest)
         else:
             flat = bitmaps.flat()
             listed = set(known.ledgers.tolist())
