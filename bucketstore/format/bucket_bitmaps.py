@@ -20,7 +20,7 @@ from .entry_lists import EntryLists
 from .segment_codec import _BLOCK_ROWS
 
 __all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "EntryLists", "LedgerBitmaps", "bitmaps_with_lists",
-           "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_lists"]
+           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_lists"]
 
 #: Entry 0's width tags: the bitmap after the tag is a ``BitMap`` (32) or a ``BitMap64`` (64).
 BITMAP32 = 32
@@ -507,3 +507,15 @@ def _merged_flat(rest: Mapping[int, EntryBitmap] | list[object], lists: EntryLis
                         key=lambda t: t[0])  # type: ignore[arg-type, return-value]
         flat = [v for t in merged for v in t]
     return flat
+
+
+def entry_columns(positions: Mapping[int, EntryBitmap]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every ledger's entry ids as one column (ascending ledgers, each one's ids ascending) and each
+    ledger's count, when ``positions`` holds them as lists (a version-4 entry 0 whose ledgers are
+    all listed, not read as bitmaps yet): no bitmap is made. None otherwise."""
+    if not isinstance(positions, LedgerBitmaps) or positions._loaded is not None:
+        return None
+    lists = positions.lists
+    if lists is None or len(lists.ledgers) != len(positions):
+        return None
+    return lists.entries, lists.counts.astype(np.int64)

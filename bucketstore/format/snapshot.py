@@ -43,6 +43,7 @@ from .compression import ZLIB, ZSTD, CompressionError, Compressor, compress as _
 from .fs import REAL_FS, FileSystem
 from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, bitmaps_with_lists, flat_bitmaps,
                              ledger_bitmaps, segment_bitmaps, serialized_bitmaps, split_lists)
+from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _shuffle, unshuffle as _unshuffle
 from .entry_lists import EntryLists, ListsError, decode_lists, encode_lists
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
@@ -88,11 +89,6 @@ _FLAG_ZLIB = 0x01
 _FLAG_ZSTD = 0x02  # from version 2
 _PREFIX = struct.Struct("<BI")  # flags, uncompressed msgpack length
 _MAX_INFLATE_RATIO = 1032  # zlib's largest possible expansion; a bigger claim is damage
-#: Version 3: bitmap bytes from this long are stored shuffled, their halves in zstd frames of their
-#: own (each with its own entropy tables). Shorter (a dense bucket's few run containers, where
-#: shuffling costs a few bytes and three frames' headers more than they save), they are stored as
-#: they are, the body in one frame. The reader tells the two apart by the length alone.
-SHUFFLE_FROM = 4096
 
 
 class MetadataCodecError(ValueError):
@@ -272,37 +268,6 @@ def _encode_metadata_v4(meta: BucketMetadata, segments: list[int], *, compress: 
         if len(packed) < len(body) and len(body) <= _MAX_INFLATE_RATIO * len(packed):
             return _PREFIX.pack(_FLAG_ZSTD, len(body)) + packed
     return _PREFIX.pack(0, len(body)) + body
-
-
-def _bin_header(size: int) -> bytes:
-    """msgpack's shortest bin header for ``size`` bytes (bin 8, 16 or 32), as ``packb`` writes it."""
-    if size < 1 << 8:
-        return struct.pack(">BB", 0xC4, size)
-    if size < 1 << 16:
-        return struct.pack(">BH", 0xC5, size)
-    return struct.pack(">BI", 0xC6, size)
-
-
-def _shuffle(data: bytes) -> tuple[bytes, bytes]:
-    """``data``'s even bytes and its odd bytes (version 3's layout of entry 0's bitmaps).
-
-    Portable roaring is made of 16- and 32-bit little-endian fields, above all a sparse
-    ledger's array container of sorted 16-bit entry ids: its low bytes look random, its high
-    bytes climb slowly. Interleaved, one entropy table must fit both; apart, the high bytes
-    compress about 3.7:1 (a bitmap of odd length shifts the ones after it to the other half,
-    which costs bytes, never correctness)."""
-    raw = np.frombuffer(data, dtype=np.uint8)
-    return raw[0::2].tobytes(), raw[1::2].tobytes()
-
-
-def _unshuffle(shuffled: bytes) -> bytes:
-    """The inverse of :func:`_shuffle` on its two halves laid end to end."""
-    raw = np.frombuffer(shuffled, dtype=np.uint8)
-    half = (len(raw) + 1) // 2
-    out = np.empty(len(raw), dtype=np.uint8)
-    out[0::2] = raw[:half]
-    out[1::2] = raw[half:]
-    return out.tobytes()
 
 
 def _encode_metadata_v1(meta: BucketMetadata, *, compress: bool = True) -> bytes:
