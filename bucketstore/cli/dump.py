@@ -73,10 +73,15 @@ def describe_file(path: str | os.PathLike[str], indexes: int = 0) -> dict[str, A
 
 def _describe_bucket(bucket: BucketFile, indexes: int, doc: dict[str, Any]) -> None:
     meta = bucket.metadata
+    # (Asked before the bitmaps are read: once loaded as bitmaps, the lists are let go.)
+    lists = getattr(meta.bitmaps, "lists", None)
     doc["bucket"] = {"snapshot_version": meta.version, "start_ledger": meta.start_ledger,
                      "end_ledger": meta.end_ledger, "count": meta.count, "metadata_size": bucket.metadata_size,
                      # Version 2 keeps one bitmap per ledger for the bucket (version 1: per segment, below).
                      "ledgers": _ledger_docs(meta.bitmaps)}
+    if meta.version >= 4 and lists is not None:
+        # Version 4 stores array-only ledgers as entry-id lists, the others as portable bitmaps.
+        doc["bucket"]["listed_ledgers"] = len(lists.ledgers)
     segments: list[dict[str, Any]] = []
     doc["segments"] = segments
     for number, seg_meta in enumerate(meta.segments, start=1):
@@ -131,6 +136,9 @@ def render_text(doc: dict[str, Any]) -> str:
         lines.append(f"bucket      snapshot v{b['snapshot_version']}, ledgers [{b['start_ledger']}, "
                      f"{b['end_ledger']}], {b['count']} indexes in {len(doc['segments'])} segments, "
                      f"entry 0 {b['metadata_size']} bytes")
+        if "listed_ledgers" in b:
+            lines.append(f"entry 0     {b['listed_ledgers']} ledgers as entry-id lists, "
+                         f"{len(b['ledgers']) - b['listed_ledgers']} as bitmaps")
         if b["snapshot_version"] >= 2:
             lines.append(f"ledgers     {_ledger_text(b['ledgers'])}")
     if doc.get("segments"):

@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 from pyroaring import BitMap
 
+from ..format.bucket_bitmaps import entry_columns
+
 __all__ = ["SpilledMembership", "DIRECTORY_BUDGET"]
 
 log = logging.getLogger("bucketstore")
@@ -171,8 +173,10 @@ class SpilledMembership:
         is kept whatever the budget, until :meth:`forget`."""
         self.forget(bucket_id)
         ledgers = sorted(positions)
-        bitmaps = [positions[ledger] for ledger in ledgers]
-        ids, counts = _entry_ids(bitmaps)
+        # A version-4 entry 0 holds a sparse bucket's ids as lists: taken as they are, no bitmap made.
+        columns = entry_columns(positions)
+        bitmaps: list[Any] = [] if columns is not None else [positions[ledger] for ledger in ledgers]
+        ids, counts = columns if columns is not None else _entry_ids(bitmaps)
         top = int(ids.max()) if len(ids) else 0
         code, dtype = ("H", "<u2") if top < 1 << 16 else ("I", "<u4") if top < _U32 else ("Q", "<u8")
         width = np.dtype(dtype).itemsize
@@ -182,7 +186,8 @@ class SpilledMembership:
         # runs stays in memory as that bitmap (about 200 bytes, under 0.2 byte an id).
         roaring: dict[int, bytes] = {}              # ledger index -> its bytes in the spill
         held: dict[int, BitMap | None] = {}         # ledger index -> bitmap in memory, or None
-        for i in np.flatnonzero(counts >= _ROARING_MIN).tolist():
+        # (Listed ledgers are array containers even run-optimised: never smaller as roaring.)
+        for i in np.flatnonzero(counts >= _ROARING_MIN).tolist() if columns is None else []:
             bm = bitmaps[i]
             if isinstance(bm, BitMap) and bm.max() - bm.min() < 2 * len(bm):
                 runs = bm.copy()

@@ -8,17 +8,19 @@ The byte-level specification is ``formats/bucket_snapshot.md``.
 
 from __future__ import annotations
 
+import struct
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterator, Mapping
 from typing import Union
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
+from .entry_lists import EntryLists
 from .segment_codec import _BLOCK_ROWS
 
-__all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "LedgerBitmaps", "flat_bitmaps", "ledger_bitmaps",
-           "segment_bitmaps", "serialized_bitmaps"]
+__all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "EntryLists", "LedgerBitmaps", "bitmaps_with_lists",
+           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_lists"]
 
 #: Entry 0's width tags: the bitmap after the tag is a ``BitMap`` (32) or a ``BitMap64`` (64).
 BITMAP32 = 32
@@ -160,29 +162,70 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
     if someone reads this mapping.
     """
 
-    __slots__ = ("_ledgers", "_flat", "_loaded", "cardinality")
+    __slots__ = ("_ledgers", "_flat", "_made", "_rest", "_lists", "_unpack", "_loaded", "cardinality")
 
-    def __init__(self, flat: list[object], cardinality: int) -> None:
-        #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list.
+    def __init__(self, flat: list[object] | None, cardinality: int, lists: EntryLists | None = None,
+                 rest: Mapping[int, EntryBitmap] | list[object] | None = None, *,
+                 unpack: Callable[[], EntryLists] | None = None, listed: list[int] | None = None) -> None:
+        #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list. None:
+        #: not made yet, from ``rest`` (ledger -> bitmap, or a bitmap list of the unlisted ledgers)
+        #: and the lists (see :func:`bitmaps_with_lists`).
         self._flat = flat
-        self._ledgers = flat[0::3]
+        self._made = flat is None  # made here: dropped once the bitmaps are loaded (they say the same)
+        self._rest = rest
+        self._lists = lists
+        #: A decoded entry 0's lists, decoded again when needed: holding the columns' bytes costs
+        #: about 2 bytes an index, their arrays 8 to 16.
+        self._unpack = unpack
+        if flat is not None:
+            self._ledgers = flat[0::3]
+        else:
+            assert rest is not None and (listed is not None or lists is not None)
+            ids = listed if listed is not None else lists.ledgers.tolist()  # type: ignore[union-attr]
+            rest_ids = rest[0::3] if isinstance(rest, list) else list(rest)
+            self._ledgers = sorted([*rest_ids, *ids]) if rest_ids else ids
         self._loaded: dict[int, EntryBitmap] | None = None
         #: The number of positions, the sum of the bitmaps' cardinalities.
         self.cardinality = cardinality
 
+    @property
+    def lists(self) -> EntryLists | None:
+        """When known, the ledgers whose bitmaps are array containers only (what entry 0 stores as
+        entry-id lists from version 4) with their entry ids, so that encoding entry 0 need not
+        parse their serializations back; None: :func:`split_lists` parses them."""
+        if self._lists is None and self._unpack is not None:
+            return self._unpack()
+        return self._lists
+
     def flat(self) -> list[object]:
         """Entry 0's bitmap list, ``[ledger_id, width, blob, ...]``."""
+        if self._flat is None:
+            if self._loaded is not None:
+                self._flat = flat_bitmaps(self._loaded)
+            else:
+                assert self._rest is not None
+                lists = self.lists
+                assert lists is not None
+                self._flat = _merged_flat(self._rest, lists)
         return self._flat
 
     def _load(self) -> dict[int, EntryBitmap]:
         if self._loaded is None:
-            flat = self._flat
+            flat = self.flat()
             self._loaded = {flat[j]: (BitMap64 if flat[j + 1] == BITMAP64 else BitMap).deserialize(flat[j + 2])
                             for j in range(0, len(flat), 3)}
+            if self._made:
+                # Held now as bitmaps (about 1.3 bytes an index for a sparse bucket): let the
+                # serializations and the lists' bytes go.
+                self._flat = self._rest = self._lists = self._unpack = None
         return self._loaded
 
     def __getitem__(self, ledger: int) -> EntryBitmap:
         return self._load()[ledger]
+
+    def items(self) -> ItemsView[int, EntryBitmap]:
+        # The loaded dict's own view: Mapping's would look every ledger up through __getitem__.
+        return self._load().items()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._ledgers)
@@ -221,19 +264,24 @@ def serialized_bitmaps(ledgers: np.ndarray, entries: np.ndarray) -> LedgerBitmap
         return out
     sl, se = _positions_in_order(ledgers, entries)
     flat: list[object] = []
+    lists: list[EntryLists] = []
     total, lo, n = 0, 0, len(sl)
     # Blocks of whole ledgers (see segment_codec._BLOCK_ROWS: temporaries the allocator reuses).
     while lo < n:
         hi = n if n - lo <= _BLOCK_ROWS else int(np.searchsorted(sl, sl[lo + _BLOCK_ROWS], side="left"))
         if hi == lo:  # one ledger of more than _BLOCK_ROWS positions
             hi = int(np.searchsorted(sl, sl[lo], side="right"))
-        total += _bitmap_block(sl[lo:hi], se[lo:hi], flat)
+        total += _bitmap_block(sl[lo:hi], se[lo:hi], flat, lists)
         lo = hi
-    return LedgerBitmaps(flat, total)
+    # ``flat`` holds the other ledgers' bitmaps; the listed ones are serialized only if asked for
+    # (a version-4 entry 0 stores them as lists).
+    return LedgerBitmaps(None, total, _joined(lists), flat)
 
 
-def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object]) -> int:
-    """Append ``[ledger, width, blob, ...]`` for whole ledgers' sorted positions; return their count."""
+def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object], lists: list[EntryLists] | None = None) -> int:
+    """Append ``[ledger, width, blob, ...]`` for whole ledgers' sorted positions; return their count.
+    Given ``lists``, append to it the array-only ledgers' entry ids (:class:`EntryLists`) instead,
+    and to ``flat`` only the others."""
     n = len(sl)
     if n > 1:  # drop repeated positions: a bitmap is a set
         fresh = np.ones(n, dtype=np.bool_)
@@ -262,6 +310,14 @@ def _bitmap_block(sl: np.ndarray, se: np.ndarray, flat: list[object]) -> int:
     wide = np.maximum.reduceat(se, first_row) >= np.uint64(1 << 32)
     fast &= ~wide
     blobs: list[bytes] = [b""] * len(ledger_ids)
+    if lists is not None:
+        rows = np.repeat(fast, per_ledger)
+        lists.append(EntryLists(ledger_ids[fast], per_ledger[fast].astype(_U64), se[rows].astype(np.uint32)))
+        for j in np.flatnonzero(~fast).tolist():
+            lo = int(first_row[j])
+            flat += [int(ledger_ids[j]), BITMAP64 if wide[j] else BITMAP32,
+                     _make_bitmap(se[lo:lo + int(per_ledger[j])]).serialize()]
+        return n
     if fast.any():
         _array_only_blobs(blobs, fast, se, first_row, per_ledger, first_in_container, cards, container_ledger, high)
     for j in np.flatnonzero(~fast).tolist():
@@ -357,3 +413,109 @@ def flat_bitmaps(bitmaps: Mapping[int, EntryBitmap]) -> list[object]:
         bm = bitmaps[ledger]
         flat += [ledger, BITMAP64 if isinstance(bm, BitMap64) else BITMAP32, bm.serialize()]
     return flat
+
+
+def _joined(parts: list[EntryLists]) -> EntryLists:
+    if not parts:
+        empty = np.zeros(0, dtype=_U64)
+        return EntryLists(empty, empty, empty)
+    if len(parts) == 1:
+        return parts[0]
+    return EntryLists(*(np.concatenate(c) for c in zip(*parts)))
+
+
+def split_lists(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], EntryLists]:
+    """Split a bucket's bitmaps as entry 0 stores them from version 4: the ledgers whose portable
+    serialization has array containers only (no run, no bitset; 32-bit), as :class:`EntryLists`,
+    and the others as ``[ledger_id, width, blob, ...]``, ascending.
+
+    The choice is the serialization's, so it is the same however the bitmaps were made; for
+    :func:`serialized_bitmaps`' result the lists are known already and nothing is parsed."""
+    known = bitmaps.lists if isinstance(bitmaps, LedgerBitmaps) else None
+    if known is not None:
+        assert isinstance(bitmaps, LedgerBitmaps)
+        if bitmaps._flat is None and bitmaps._rest is not None:
+            # A seal's or a decoded entry 0's: the listed ledgers' serializations were never made.
+            rest = bitmaps._rest if isinstance(bitmaps._rest, list) else flat_bitmaps(bitmaps._rest)
+        else:
+            flat = bitmaps.flat()
+            listed = set(known.ledgers.tolist())
+            rest = [v for j in range(0, len(flat), 3) if flat[j] not in listed for v in flat[j:j + 3]]
+        # The known lists are the ledgers serialized_bitmaps' vectorised path made; pyroaring made
+        # the others, where a run and an array of equal size (3 ids in a row) stay an array: rare.
+        if not any(width == BITMAP32 and _array_only_entries(blob) is not None  # type: ignore[arg-type]
+                   for width, blob in zip(rest[1::3], rest[2::3])):
+            return rest, known
+    flat = flat_bitmaps(bitmaps)
+    rest = []
+    ledgers: list[int] = []
+    counts: list[int] = []
+    ids: list[np.ndarray] = []
+    for j in range(0, len(flat), 3):
+        ledger, width, blob = flat[j:j + 3]
+        entries = _array_only_entries(blob) if width == BITMAP32 else None  # type: ignore[arg-type]
+        if entries is None:
+            rest += [ledger, width, blob]
+        else:
+            ledgers.append(ledger)  # type: ignore[arg-type]
+            counts.append(len(entries))
+            ids.append(entries)
+    lists = EntryLists(np.array(ledgers, dtype=_U64), np.array(counts, dtype=_U64),
+                       np.concatenate(ids) if ids else np.zeros(0, dtype=_U64))
+    return rest, lists
+
+
+_PREAMBLE = struct.Struct("<II")  # cookie, container count
+
+
+def _array_only_entries(blob: bytes) -> np.ndarray | None:
+    """The entry ids of a portable 32-bit serialization made of array containers only, else None."""
+    if len(blob) < _PREAMBLE.size:
+        return None
+    cookie, containers = _PREAMBLE.unpack_from(blob)
+    if cookie != _COOKIE_NO_RUNS or not containers:
+        return None
+    header = np.frombuffer(blob, dtype="<u2", count=2 * containers, offset=_PREAMBLE.size).reshape(-1, 2)
+    cards = header[:, 1].astype(np.int64) + 1
+    if (cards > _ARRAY_MAX).any():
+        return None  # a bitset container
+    values = np.frombuffer(blob, dtype="<u2", count=int(cards.sum()), offset=_PREAMBLE.size + 8 * containers)
+    return (np.repeat(header[:, 0].astype(_U64), cards) << np.uint64(16)) | values.astype(_U64)
+
+
+def bitmaps_with_lists(rest: Mapping[int, EntryBitmap], lists: EntryLists,
+                       unpack: Callable[[], EntryLists] | None = None) -> LedgerBitmaps:
+    """A bucket's bitmaps from entry 0's two forms (version 4): bitmaps (``rest``, ledger -> bitmap)
+    and entry-id lists (checked already: ledgers ascending and apart from ``rest``'s, entry ids
+    ascending within each ledger). The lists' bitmaps are made (serialized with array operations,
+    then deserialized) only if someone reads them: opening a bucket for its segments, or
+    checking entry 0, needs neither. Given ``unpack`` (which gives ``lists`` again), the lists'
+    arrays are not kept: ``unpack`` is called when they are needed."""
+    total = sum(len(bm) for bm in rest.values()) + len(lists.entries)
+    if unpack is None:
+        return LedgerBitmaps(None, total, lists, rest)
+    return LedgerBitmaps(None, total, None, rest, unpack=unpack, listed=lists.ledgers.tolist())
+
+
+def _merged_flat(rest: Mapping[int, EntryBitmap] | list[object], lists: EntryLists) -> list[object]:
+    flat: list[object] = []
+    if len(lists.ledgers):
+        _bitmap_block(np.repeat(lists.ledgers, lists.counts.astype(np.int64)), lists.entries.astype(_U64), flat)
+    if rest:
+        extra = rest if isinstance(rest, list) else flat_bitmaps(rest)
+        merged = sorted(zip(flat[0::3] + extra[0::3], flat[1::3] + extra[1::3], flat[2::3] + extra[2::3]),
+                        key=lambda t: t[0])  # type: ignore[arg-type, return-value]
+        flat = [v for t in merged for v in t]
+    return flat
+
+
+def entry_columns(positions: Mapping[int, EntryBitmap]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every ledger's entry ids as one column (ascending ledgers, each one's ids ascending) and each
+    ledger's count, when ``positions`` holds them as lists (a version-4 entry 0 whose ledgers are
+    all listed, not read as bitmaps yet): no bitmap is made. None otherwise."""
+    if not isinstance(positions, LedgerBitmaps) or positions._loaded is not None:
+        return None
+    lists = positions.lists
+    if lists is None or len(lists.ledgers) != len(positions):
+        return None
+    return lists.entries, lists.counts.astype(np.int64)

@@ -43,6 +43,8 @@ __all__ = [
     "encode_segments",
     "decode_segment",
     "check_sorted",
+    "encode_column",
+    "decode_column",
 ]
 
 #: The format's hard cap on indexes per segment (2**24). Segmentation always cuts
@@ -415,6 +417,29 @@ def _decode_column(body: memoryview, pos: int, n: int, base: int) -> tuple[np.nd
     col[1:] = stored
     np.cumsum(col, out=col)  # wraps modulo 2**64, undoing the encoder's wrapping differences
     return col, start + size
+
+
+def encode_column(values: np.ndarray) -> tuple[list[bytes], list[bool]]:
+    """One column of a segment's body for ``values`` (at least one), as the writer chooses it for a
+    segment: its pieces (header, then byte planes or packed bits) and, per piece, whether it is a
+    plane of differences (see :meth:`~bucketstore.format.compression.Compressor.compress`).
+
+    Entry 0 (snapshot version 4) stores its per-ledger entry-id lists as such columns."""
+    values = np.ascontiguousarray(values, dtype=_U64)
+    if not len(values):
+        raise ValueError("a column holds at least one value")
+    pieces = _Columns(values, np.zeros(1, dtype=np.int64), np.array([len(values)], dtype=np.int64), True).pieces()[0]
+    difference = pieces[0][0] in _DIFFERENCE_KINDS
+    return pieces, [difference] * len(pieces)
+
+
+def decode_column(body: bytes | memoryview, pos: int, n: int) -> tuple[np.ndarray, int]:
+    """Decode the column of ``n`` values (at least one) starting at ``pos`` of ``body``; return the
+    values and the position after the column.
+
+    :raises SegmentCodecError: a missing, truncated or unknown column, at its offset in ``body``.
+    """
+    return _decode_column(memoryview(body), pos, n, 0)
 
 
 def decode_segment(payload: bytes | memoryview, expected_count: int | None = None, *,

@@ -41,8 +41,10 @@ from pyroaring import BitMap, BitMap64
 from ..errors import CorruptLedgerError
 from .compression import ZLIB, ZSTD, CompressionError, Compressor, compress as _compress, decompress_exact
 from .fs import REAL_FS, FileSystem
-from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, flat_bitmaps, ledger_bitmaps,
-                             segment_bitmaps, serialized_bitmaps)
+from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, bitmaps_with_lists, flat_bitmaps,
+                             ledger_bitmaps, segment_bitmaps, serialized_bitmaps, split_lists)
+from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _shuffle, unshuffle as _unshuffle
+from .entry_lists import EntryLists, ListsError, decode_lists, encode_lists
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
@@ -76,22 +78,17 @@ __all__ = [
 ]
 
 #: The version this module writes.
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 #: The versions it reads.
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Entry 0's msgpack array length in each version.
-_BODY_LENGTH = {1: 5, 2: 6, 3: 7}
+_BODY_LENGTH = {1: 5, 2: 6, 3: 7, 4: 9}
 BUCKET_KEY_PREFIX = "#pulsar.internal.delayed.bucket"
 _U64 = np.dtype("<u8")
 _FLAG_ZLIB = 0x01
 _FLAG_ZSTD = 0x02  # from version 2
 _PREFIX = struct.Struct("<BI")  # flags, uncompressed msgpack length
 _MAX_INFLATE_RATIO = 1032  # zlib's largest possible expansion; a bigger claim is damage
-#: Version 3: bitmap bytes from this long are stored shuffled, their halves in zstd frames of their
-#: own (each with its own entropy tables). Shorter (a dense bucket's few run containers, where
-#: shuffling costs a few bytes and three frames' headers more than they save), they are stored as
-#: they are, the body in one frame. The reader tells the two apart by the length alone.
-SHUFFLE_FROM = 4096
 
 
 class MetadataCodecError(ValueError):
@@ -194,7 +191,7 @@ def cut_segments(ts: np.ndarray, time_step_ms: int, max_indexes: int) -> list[tu
 
 
 def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
-    """Encode entry 0 in ``meta.version``'s layout (3 unless a test asks for 1 or 2).
+    """Encode entry 0 in ``meta.version``'s layout (4 unless a test asks for 1, 2 or 3).
 
     Versions 2 and 3: ``flags u8, body_length u32`` then the msgpack body, zstd frames
     when flag bit 1 is set (used when smaller). The version-2 body is the array
@@ -208,11 +205,13 @@ def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
     """
     if meta.version == 1:
         return _encode_metadata_v1(meta, compress=compress)
-    if meta.version not in (2, 3):
+    if meta.version not in (2, 3, 4):
         raise ValueError(f"cannot write snapshot version {meta.version}")
     segments: list[int] = []
     for seg in meta.segments:
         segments += [seg.min_timestamp, seg.max_timestamp, seg.count]
+    if meta.version == 4:
+        return _encode_metadata_v4(meta, segments, compress=compress)
     flat = flat_bitmaps(meta.bitmaps)
     if meta.version == 2:
         body = msgpack.packb([2, meta.start_ledger, meta.end_ledger, meta.count, segments, flat], use_bin_type=True)
@@ -242,26 +241,33 @@ def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
     return _PREFIX.pack(0, len(body)) + body
 
 
-def _shuffle(data: bytes) -> tuple[bytes, bytes]:
-    """``data``'s even bytes and its odd bytes (version 3's layout of entry 0's bitmaps).
-
-    Portable roaring is made of 16- and 32-bit little-endian fields, above all a sparse
-    ledger's array container of sorted 16-bit entry ids: its low bytes look random, its high
-    bytes climb slowly. Interleaved, one entropy table must fit both; apart, the high bytes
-    compress about 3.7:1 (a bitmap of odd length shifts the ones after it to the other half,
-    which costs bytes, never correctness)."""
-    raw = np.frombuffer(data, dtype=np.uint8)
-    return raw[0::2].tobytes(), raw[1::2].tobytes()
-
-
-def _unshuffle(shuffled: bytes) -> bytes:
-    """The inverse of :func:`_shuffle` on its two halves laid end to end."""
-    raw = np.frombuffer(shuffled, dtype=np.uint8)
-    half = (len(raw) + 1) // 2
-    out = np.empty(len(raw), dtype=np.uint8)
-    out[0::2] = raw[:half]
-    out[1::2] = raw[half:]
-    return out.tobytes()
+def _encode_metadata_v4(meta: BucketMetadata, segments: list[int], *, compress: bool) -> bytes:
+    """Version 4's entry 0: ``[4, start, end, count, segments, table, data, list_ledgers, lists]``,
+    version 3's table and data for the ledgers whose bitmaps have a run or bitset container (or
+    an entry id of 2**32 or more), and the others' entry ids as three columns
+    (:mod:`~bucketstore.format.entry_lists`). Compressed as pieces: the msgpack up to the
+    data, the data (each shuffled half), the msgpack between, then each column's planes, each
+    in zstd frames of its own."""
+    rest, lists = split_lists(meta.bitmaps)
+    table: list[object] = []
+    for ledger, width, blob in zip(rest[0::3], rest[1::3], rest[2::3]):
+        table += [ledger, width, len(blob)]  # type: ignore[arg-type]
+    data = b"".join(rest[2::3])  # type: ignore[arg-type]
+    stored = [data] if len(data) < SHUFFLE_FROM else list(_shuffle(data))
+    listed, differences = encode_lists(lists) if len(lists.ledgers) else ([], [])
+    packer = msgpack.Packer(use_bin_type=True)
+    # Packed element by element, the bytes are msgpack.packb of the whole array.
+    head = packer.pack_array_header(9) + b"".join(
+        packer.pack(v) for v in (4, meta.start_ledger, meta.end_ledger, meta.count, segments, table))
+    head += _bin_header(len(data))
+    middle = packer.pack(len(lists.ledgers)) + _bin_header(sum(map(len, listed)))
+    pieces = [head, *stored, middle, *listed]
+    body = b"".join(pieces)
+    if compress and len(body) > 64:
+        packed = Compressor(ZSTD).compress(pieces, [False] * (len(pieces) - len(listed)) + differences)
+        if len(packed) < len(body) and len(body) <= _MAX_INFLATE_RATIO * len(packed):
+            return _PREFIX.pack(_FLAG_ZSTD, len(body)) + packed
+    return _PREFIX.pack(0, len(body)) + body
 
 
 def _encode_metadata_v1(meta: BucketMetadata, *, compress: bool = True) -> bytes:
@@ -346,17 +352,46 @@ def _validate_metadata(doc: object) -> BucketMetadata:
     if version == 1:
         out = _validate_segments_v1(segments, start, end, at)
         bitmaps = union_bitmaps(seg.bitmaps for seg in out)
+    elif version == 4:
+        out = _validate_segments_v2(segments, at)
+        if sum(seg.count for seg in out) != count:  # (before the lists are allocated by count)
+            raise MetadataCodecError(at, f"segments hold {sum(seg.count for seg in out)} indexes but the "
+                                         f"bucket count is {count}")
+        bitmaps = _validate_v4_bitmaps(doc, start, end, count, at)
+        card = bitmaps.cardinality
     else:
         out = _validate_segments_v2(segments, at)
         flat = doc[5] if version == 2 else _unshuffled_bitmaps(doc[5], doc[6], at)
         bitmaps = _validate_bitmaps(flat, start, end, at, "bucket")
         card = sum(len(bm) for bm in bitmaps.values())
+    if version >= 2:
         if card != count:
             raise MetadataCodecError(at, f"the bucket's bitmaps hold {card} entries but its count is {count}")
     total = sum(seg.count for seg in out)
     if total != count:
         raise MetadataCodecError(at, f"segments hold {total} indexes but the bucket count is {count}")
     return BucketMetadata(start, end, count, out, version, bitmaps)
+
+
+def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at: int) -> LedgerBitmaps:
+    """Version 4's bitmaps: version 3's table and data, then the entry-id lists (checked as the
+    spec says: ledgers in range, apart from the table's; the total is the caller's check)."""
+    rest = _validate_bitmaps(_unshuffled_bitmaps(doc[5], doc[6], at), start, end, at, "bucket")
+    ledgers, data = doc[7], doc[8]
+    if not _is_u64(ledgers) or not isinstance(data, bytes) or (ledgers == 0) != (not data):
+        raise MetadataCodecError(at, "bucket: the entry-id lists are malformed")
+    if not ledgers:
+        return bitmaps_with_lists(rest, EntryLists(*(np.zeros(0, dtype=_U64),) * 3))
+    try:
+        lists = decode_lists(data, ledgers, count)  # type: ignore[arg-type]
+    except ListsError as exc:
+        raise MetadataCodecError(at, f"bucket: entry-id lists, at byte {exc.offset} of them: {exc.reason}") from None
+    if int(lists.ledgers[0]) < start or int(lists.ledgers[-1]) > end:
+        raise MetadataCodecError(at, f"bucket: a ledger of the entry-id lists is outside [{start}, {end}]")
+    if rest and np.isin(lists.ledgers, np.fromiter(rest, dtype=_U64, count=len(rest))).any():
+        raise MetadataCodecError(at, "bucket: a ledger has both a bitmap and an entry-id list")
+    # The arrays cost 8 to 16 bytes an index, the columns' bytes about 2: keep the bytes, decode again if asked.
+    return bitmaps_with_lists(rest, lists, lambda: decode_lists(data, ledgers, count))  # type: ignore[arg-type]
 
 
 def _unshuffled_bitmaps(table: object, stored: object, at: int) -> list[object]:

@@ -45,6 +45,16 @@ def test_dump_of_a_v3_bucket_with_shuffled_bitmaps(capsys) -> None:
     assert re.search(r"^ledgers     1000:10 1001:10 .* 1119:10$", out, re.M)
 
 
+def test_dump_of_a_v4_bucket_says_how_entry_0_stores_each_ledger(capsys) -> None:
+    code, out, err = run(capsys, "dump", os.path.join(GOLDEN, "v4_mixed_compression.ledger"))
+    assert code == 0 and err == ""
+    # Ledger 50 holds a run of 300 ids (a bitmap); ledger 51 three ids, an array: a list.
+    assert "snapshot v4" in out and "entry 0     1 ledgers as entry-id lists, 1 as bitmaps" in out
+    assert "50:300 51:3" in out
+    code, out, _ = run(capsys, "dump", "--json", os.path.join(GOLDEN, "v4_sparse_ledgers.ledger"))
+    assert code == 0 and json.loads(out)["bucket"]["listed_ledgers"] == 120
+
+
 def test_dump_json_is_one_object(capsys) -> None:
     code, out, _ = run(capsys, "dump", "--json", "--indexes", "1", os.path.join(GOLDEN, "wide_entry_ids.ledger"))
     doc = json.loads(out)

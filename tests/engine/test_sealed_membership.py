@@ -224,3 +224,32 @@ def test_a_compaction_that_fails_halfway_leaves_every_bucket_answering(monkeypat
         assert m.contains(3, 20, 9) and not m.contains(3, 20, 3) and m.contains(4, 30, 3) is None
     finally:
         m.close()
+
+
+def test_a_v4_entry0s_lists_are_spilled_without_making_bitmaps():
+    """A version-4 entry 0 holds a sparse bucket's ids as lists: the spill takes them as they are
+    (no roaring bitmap made, format/bucket_bitmaps.entry_columns) and answers as the bitmaps would,
+    a ledger of every other id included (listed: an array even run-optimised, so never smaller as
+    roaring than as its ids, which is what the spill decides from the bitmaps)."""
+    import numpy as np
+    from pyroaring import BitMap
+
+    from bucketstore.format.snapshot import build_bucket, decode_metadata, encode_metadata, sort_indexes
+    sets = {10: list(range(0, 400, 2)), 11: [3, 900, 9_999], 12: list(range(0, 3_000, 3))}
+    ledgers = np.concatenate([np.full(len(v), k, np.uint64) for k, v in sets.items()])
+    entries = np.concatenate([np.array(v, np.uint64) for v in sets.values()])
+    rows = sort_indexes(np.arange(len(ledgers), dtype=np.uint64) + np.uint64(1_000), ledgers, entries)
+    meta, _ = build_bucket(10, 12, *rows, time_step_ms=1 << 40, max_indexes_per_segment=-1)
+    positions = decode_metadata(encode_metadata(meta)).bitmaps
+    m = SpilledMembership(None, budget=10**9)
+    try:
+        assert m.add(1, 10, positions)
+        assert positions._loaded is None  # no bitmap was made
+        for ledger, ids in sets.items():
+            for entry in range(-1, 10_001):
+                assert m.contains(1, ledger, entry) == (entry in set(ids)), (ledger, entry)
+        assert m.add(2, 10, {k: BitMap(v) for k, v in sets.items()})
+        assert m._by_bucket[1].roaring is m._by_bucket[2].roaring is None  # the same choice from bitmaps
+        assert m.spill_bytes() == 2 * m._by_bucket[1].size
+    finally:
+        m.close()

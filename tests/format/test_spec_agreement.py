@@ -178,3 +178,63 @@ def _frame_extents(data: bytes) -> list[tuple[int, int]]:
         out.append((pos, end))
         pos = end
     return out
+
+
+def _spec_column(body: bytes, pos: int, n: int) -> tuple[list[int], int]:
+    """bucket_snapshot.md's column, decoded as the spec words it (kinds 0..4), one value at a time."""
+    kind = body[pos]
+    if kind == 0:
+        first, step = struct.unpack_from("<QQ", body, pos + 1)
+        return [(first + j * step) % (1 << 64) for j in range(n)], pos + 17
+    first, width = struct.unpack_from("<QB", body, pos + 1)
+    pos += 10
+    if kind == 4:
+        per, size = 8 // width, -(-n * width // 8)
+        raw = body[pos:pos + size]
+        return [first + ((raw[j // per] >> ((j % per) * width)) & ((1 << width) - 1)) for j in range(n)], pos + size
+    stored = n if kind == 3 else n - 1
+    planes = [body[pos + k * stored:pos + (k + 1) * stored] for k in range(width)]
+    values = [sum(planes[k][j] << (8 * k) for k in range(width)) for j in range(stored)]
+    pos += width * stored
+    if kind == 3:
+        return [(first + v) % (1 << 64) for v in values], pos
+    out = [first]
+    for z in values:
+        d = (z >> 1) ^ -(z & 1) if kind == 2 else z
+        out.append((out[-1] + d) % (1 << 64))
+    return out, pos
+
+
+def test_v4_entry0_lists_are_three_columns_of_ledgers_counts_and_gaps() -> None:
+    """bucket_snapshot.md, entry 0 (version 4): array-only ledgers leave the table; their ids are
+    the body's last element, columns of ledger ids, counts and gaps (first id, then each id minus
+    the one before it minus 1), each column's planes in zstd frames of their own."""
+    import msgpack
+
+    from bucketstore.format.ledger_file import LedgerReader
+    from repo_paths import GOLDEN
+
+    with LedgerReader(os.path.join(GOLDEN, "v4_sparse_ledgers.ledger")) as reader:
+        payload = bytes(reader.read_entry(0))
+    flags, body_len = struct.unpack_from("<BI", payload)
+    body = b"".join(zstandard.ZstdDecompressor().decompress(payload[5:][start:end])
+                    for start, end in _frame_extents(payload[5:]))
+    assert flags == 2 and len(body) == body_len and len(_frames(payload[5:])) >= 3  # the head, each gap plane
+    doc = msgpack.unpackb(body)
+    assert doc[0] == 4 and len(doc) == 9 and doc[5] == [] and doc[6] == b""
+    with open(os.path.join(GOLDEN, "v4_sparse_ledgers.json"), encoding="utf-8") as f:
+        expected = json.load(f)["metadata"]["bitmaps"]
+    lists = doc[8]
+    assert doc[7] == len(expected) and body.endswith(lists)
+    ledgers, pos = _spec_column(lists, 0, doc[7])
+    counts, pos = _spec_column(lists, pos, doc[7])
+    gaps, pos = _spec_column(lists, pos, sum(counts))
+    assert pos == len(lists)
+    got, at = [], 0
+    for ledger, count in zip(ledgers, counts):
+        ids = [gaps[at]]
+        for gap in gaps[at + 1:at + count]:
+            ids.append(ids[-1] + gap + 1)
+        got.append({"ledger_id": ledger, "width": 32, "entries": ids})
+        at += count
+    assert got == expected

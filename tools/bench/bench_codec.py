@@ -1,4 +1,4 @@
-"""Bytes per index and codec rates of bucket snapshots (v3, and v1 for comparison), against Pulsar's layout.
+"""Bytes per index and codec rates of bucket snapshots (the current version, and v1 for comparison), against Pulsar's layout.
 
 Workloads of 50,000 indexes, publish times rising 1 ms a message, cut 5,000
 indexes / 300,000 ms a segment:

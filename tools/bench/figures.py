@@ -215,6 +215,7 @@ def codec(run: Run) -> None:
     names = {"A": "A: fixed delay, 1 ms apart", "B": "B: random delay in a 10-minute window",
              "S": "S: 1 % of entries delayed U[0, 10 min), many ledgers", "Sf": "Sf: 1 % of entries, fixed delay"}
     rows, results = [], {}
+    v = bench_codec.SNAPSHOT_VERSION
     for name, label in names.items():
         r = results[name] = bench_codec.measure(name, n, 195, repeat)
         rows.append([label, f"**{r['file']:.3f}**", f"{r['v1_file']:.3f}", f"{r['p_total']:.2f}",
@@ -222,20 +223,20 @@ def codec(run: Run) -> None:
     run.sections["codec"] = (
         "## On-disk size and codec speed\n\n"
         f"One bucket of {n:,} indexes per workload, 5,000 per segment, written as a ledger file (bytes of the "
-        f"whole file per index) in the current format (v3) and the first (v1), against the same segments in "
+        f"whole file per index) in the current format (v{v}) and the first (v1), against the same segments in "
         f"Pulsar's protobuf layout; encode and decode in M indexes/s, best of {repeat}. "
         f"`python tools/bench/bench_codec.py` prints the same figures.\n\n"
-        + table(["workload", "v3 B/index", "v1 B/index", "Pulsar B/index", "encode M/s", "decode M/s"], rows))
+        + table(["workload", f"v{v} B/index", "v1 B/index", "Pulsar B/index", "encode M/s", "decode M/s"], rows))
     parts = [[label, f"{r['file']:.3f}", f"{r['seg']:.3f}", f"{r['entry0']:.3f}", f"{r['v1_file']:.3f}",
               f"{r['v1_seg']:.3f}", f"{r['v1_entry0']:.3f}", f"{r['p_total']:.2f}", f"{r['p_seg']:.2f}",
               f"{r['p_entry0']:.3f}", ratio(r['p_total'] / r['file'])]
              for label, r in ((names[k], results[k]) for k in names)]
     run.regions["codec-parts"] = (
         f"Buckets of {n:,} indexes, B/index by part: the whole ledger file, its segments and its entry 0, in the "
-        "current format (v3) and the first (v1), and Pulsar's protobuf layout (segments, then `SnapshotMetadata`), "
-        "with Pulsar's total over v3's file.\n\n"
-        + table(["workload", "v3 file", "v3 segments", "v3 entry 0", "v1 file", "v1 segments", "v1 entry 0",
-                 "Pulsar total", "Pulsar segments", "Pulsar entry 0", "Pulsar / v3"], parts) + "\n")
+        f"current format (v{v}) and the first (v1), and Pulsar's protobuf layout (segments, then `SnapshotMetadata`), "
+        f"with Pulsar's total over v{v}'s file.\n\n"
+        + table(["workload", f"v{v} file", f"v{v} segments", f"v{v} entry 0", "v1 file", "v1 segments", "v1 entry 0",
+                 "Pulsar total", "Pulsar segments", "Pulsar entry 0", f"Pulsar / v{v}"], parts) + "\n")
     run.headline["codec"] = (f"On disk: {results['A']['file']:.3f} B/index for a fixed delay and "
                              f"{results['B']['file']:.2f} B/index for random delays in a 10-minute window, against "
                              f"{results['A']['p_total']:.1f} and {results['B']['p_total']:.1f} B/index in Pulsar's "
