@@ -142,7 +142,7 @@ class DelayedIndexSet:
         """Note that a ledger changed, for :meth:`changes`. Past :data:`_DIRTY_MAX` ledgers, note
         that any may have instead: the set would otherwise hold every ledger a publishing run
         touches until delivery next asks (a Python int each, and, freed all at once, the
-        interpreter's memory left fragmented: 0.4 B/index at 100 M built live)."""
+        interpreter's memory left fragmented: 0.3 B/index at 100 M built live)."""
         if not self._all_dirty:
             dirty = self._dirty
             dirty.add(ledger_id)

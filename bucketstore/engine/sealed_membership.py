@@ -21,7 +21,8 @@ offsets from the bucket's first ledger, 4 bytes more) unless they are every ledg
 of their stretch, as in a sparse bucket. A question then costs a bisect in the
 directory (or none), one ``pread`` of that ledger's ids (served by the page cache,
 which the kernel may reclaim; it is not the process's memory) and a byte search
-in them.
+in them; questions on the same ledger in a row (a broker asks of the entries it
+reads, in order) read its ids once.
 
 The answers are exact because nothing changes an unopened bucket's positions:
 every operation that would opens the bucket first, and opening (or deleting)
@@ -117,6 +118,8 @@ class SpilledMembership:
         self._by_bucket: OrderedDict[int, _Spilled] = OrderedDict()  # least recently asked first
         self._resident = 0
         self._pinned = 0       # of which belong to pinned (paged-out) buckets, outside the budget
+        # The directory, ledger index and ids of the last ledger read by contains().
+        self._last: tuple[_Spilled, int, bytes] | None = None
         #: Counters for ``stats()``: entry 0 reads that spilled a bucket, questions answered,
         #: directories dropped under the budget, spill failures (the bucket was opened instead).
         self.spills = self.questions = self.evictions = self.failures = 0
@@ -146,10 +149,17 @@ class SpilledMembership:
             key, i = i, bisect_left(ledgers, i)
             if i == len(ledgers) or ledgers[i] != key:
                 return False
-        lo, hi = rec.offsets[i], rec.offsets[i + 1]
-        raw = os.pread(self._file.fileno(), hi - lo, rec.base + lo) if hi > lo else b""
-        if len(raw) != hi - lo:
-            raise OSError(f"spill file {self._file.name!r}: short read at {rec.base + lo}")
+        last = self._last
+        if last is not None and last[0] is rec and last[1] == i:
+            raw = last[2]  # the ledger asked last: a broker asks of the entries it reads, in order
+        else:
+            lo, hi = rec.offsets[i], rec.offsets[i + 1]
+            raw = os.pread(self._file.fileno(), hi - lo, rec.base + lo) if hi > lo else b""
+            if len(raw) != hi - lo:
+                raise OSError(f"spill file {self._file.name!r}: short read at {rec.base + lo}")
+            # (Held with its directory, which it is compared by: a directory forgotten and made
+            # again for the same bucket is another object, so this never answers for it.)
+            self._last = (rec, i, raw)
         if rec.roaring is not None and i in rec.roaring:
             held = rec.roaring[i]
             if held is None:
@@ -269,6 +279,8 @@ class SpilledMembership:
 
     def _drop(self, bucket_id: int) -> None:
         rec = self._by_bucket.pop(bucket_id)
+        if self._last is not None and self._last[0] is rec:
+            self._last = None
         self._resident -= rec.nbytes
         if rec.pinned:
             self._pinned -= rec.nbytes
@@ -329,6 +341,7 @@ class SpilledMembership:
 
     def close(self) -> None:
         self._by_bucket.clear()
+        self._last = None
         self._resident = self._pinned = self._end = self._live = 0
         if self._file is not None:
             self._file.close()

@@ -252,3 +252,26 @@ def test_a_spilled_ledger_is_searched_at_whole_ids_and_a_full_stretch_keeps_no_k
             {ledger: list(bm) for ledger, bm in stretch.items()}
     finally:
         m.close()
+
+
+def test_the_last_ledger_read_answers_again_until_its_bucket_is_spilled_anew(monkeypatch):
+    """Questions on one ledger in a row read its ids once; a bucket forgotten and spilled again
+    with other positions (opened, changed, paged out again) is answered from its new ids."""
+    from pyroaring import BitMap
+    reads, real = [], os.pread
+
+    def counted(fd, n, offset):
+        reads.append(offset)
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", counted)
+    m = SpilledMembership(None, budget=10**9)
+    try:
+        assert m.add(1, 0, {5: BitMap([1, 2]), 6: BitMap([4])})
+        assert m.contains(1, 6, 4) and len(reads) == 1
+        assert [m.contains(1, 5, e) for e in range(4)] == [False, True, True, False] and len(reads) == 2
+        m.forget(1)  # ledger 5 was the last read
+        assert m.add(1, 0, {5: BitMap([3]), 6: BitMap([4])})
+        assert [m.contains(1, 5, e) for e in range(4)] == [False, False, False, True] and len(reads) == 3
+    finally:
+        m.close()
