@@ -182,7 +182,8 @@ _AB_CHILD = _BUILD + r"""
 import json, random, sys, time
 import bucketstore
 from bucketstore import TrackerConfig
-path, shape, n, bucket, uses, budget, epoch, ledger_entries, rounds = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:10])
+path, shape = sys.argv[1], sys.argv[2]
+n, bucket, uses, budget, epoch, ledger_entries, rounds = map(int, sys.argv[3:10])
 trackers, last = {}, 0
 for name, resident in (("on", budget), ("off", 1 << 62)):
     store = bucketstore.open(f"{path}/{name}", durability="sealed")
@@ -324,7 +325,8 @@ def main() -> int:
           f"--shapes {args.shapes} --repeat {args.repeat}" + (f" --use {args.use}" if args.use else "")
           + (f" --baseline {args.baseline}" if args.baseline else "") + (" --live" if args.live else "")
           + (f" --budgets {args.budgets}" if args.live and args.budgets != p.get_default("budgets") else "")
-          + (" --no-off" if args.no_off else "") + (f" --questions-ab {args.questions_ab}" if args.questions_ab else ""))
+          + (" --no-off" if args.no_off else "")
+          + (f" --questions-ab {args.questions_ab}" if args.questions_ab else ""))
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu(s)")
     n = args.indexes
     if args.live and args.questions_ab:
@@ -333,7 +335,8 @@ def main() -> int:
                 ab = questions_ab(tmp, shape, n, args.bucket, args.use or 20_000, budgets[0], args.questions_ab)
             on, off = min(ab["on"]), min(ab["off"])
             print(f"{shape} % of entries delayed:" if shape != "dense" else "dense (every entry, fixed delay):")
-            print(f"  {args.use or 20_000:,} random contains_message, CPU time, best of {args.questions_ab} rounds: pager at "
+            print(f"  {args.use or 20_000:,} random contains_message, CPU time, best of {args.questions_ab} rounds: "
+                  f"pager at "
                   f"{budgets[0]:,} ledgers ({ab['paged_buckets']} buckets paged out) {on * 1e6:.2f} us a question, "
                   f"pager off {off * 1e6:.2f} us; on / off {on / off:.2f} (round by round: "
                   + ", ".join(f"{a / b:.2f}" for a, b in zip(ab["on"], ab["off"])) + ")  (target <= 2)")
