@@ -10,7 +10,7 @@ its backlog's ledgers.
 
 A *sweep* pages out every sealed bucket that delivery does not need now: its
 ledgers' bitmaps leave the index for the membership spill (the same anonymous
-file and per-ledger layout as an unopened bucket's, with a directory of about 8
+file and per-ledger layout as an unopened bucket's, with a directory of 4 to 8
 bytes a ledger in memory, *pinned*: it is the only copy, so never dropped under
 the directory budget), and the bucket counts as unopened again, holding
 :attr:`~bucketstore.engine.sealed_bucket.SealedBucket.paged` positions. What is

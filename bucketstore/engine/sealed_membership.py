@@ -16,10 +16,13 @@ ledger of long runs of consecutive ids (a dense one), as its serialized roaring
 bitmap when that is smaller — to one anonymous temporary file per tracker (a
 ledger of thousands of ids in a few runs stays in memory as such a bitmap: a few
 hundred bytes, under 0.2 byte an id). Memory keeps per bucket a directory only:
-its ledgers (as offsets from the bucket's first ledger) and where each one's ids
-start in the spill, 8 bytes a ledger. A question then costs a bisect in the
-directory, one ``pread`` of that ledger's ids (served by the page cache, which
-the kernel may reclaim; it is not the process's memory) and a bisect in them.
+where each ledger's ids start in the spill, 4 bytes a ledger, and its ledgers (as
+offsets from the bucket's first ledger, 4 bytes more) unless they are every ledger
+of their stretch, as in a sparse bucket. A question then costs a bisect in the
+directory (or none), one ``pread`` of that ledger's ids (served by the page cache,
+which the kernel may reclaim; it is not the process's memory) and a byte search
+in them; questions on the same ledger in a row (a broker asks of the entries it
+reads, in order) read its ids once.
 
 The answers are exact because nothing changes an unopened bucket's positions:
 every operation that would opens the bucket first, and opening (or deleting)
@@ -51,11 +54,12 @@ __all__ = ["SpilledMembership", "DIRECTORY_BUDGET"]
 
 log = logging.getLogger("bucketstore")
 
-#: Bytes of directories kept (about 8 a ledger: 16 MiB covers 2 million ledgers of spilled buckets).
+#: Bytes of directories kept (4 to 8 a ledger: 16 MiB covers 2 to 4 million ledgers of spilled buckets).
 DIRECTORY_BUDGET = 16 << 20
 #: The spill file is rewritten when its dropped regions exceed both its live bytes and this.
 _COMPACT_MIN = 16 << 20
 _U32 = 1 << 32
+_WIDTH = {"H": 2, "I": 4, "Q": 8}
 #: A ledger of at least this many ids may be kept as a roaring bitmap (when that is smaller).
 _ROARING_MIN = 64
 #: ... and kept in memory when it holds this many ids at least in at most this many bytes.
@@ -68,11 +72,13 @@ class _Spilled:
 
     __slots__ = ("start", "ledgers", "offsets", "code", "base", "size", "roaring", "pinned")
 
-    def __init__(self, start: int, ledgers: array, offsets: array, code: str, base: int, size: int,
+    def __init__(self, start: int, ledgers: array | None, offsets: array, code: str, base: int, size: int,
                  roaring: dict[int, BitMap | None] | None, pinned: bool = False) -> None:
         self.start = start
-        self.ledgers = ledgers   # sorted ledger - start
-        self.offsets = offsets   # len(ledgers) + 1 byte offsets, relative to base
+        # Sorted ledger - start; None when they are 0, 1, 2, ... (every ledger of the stretch from
+        # ``start`` holds positions, as in a sparse bucket): the ledger's index is its offset then.
+        self.ledgers = ledgers
+        self.offsets = offsets   # ledger count + 1 byte offsets, relative to base
         self.code = code         # the ids' array type code: 'H', 'I' or 'Q'
         self.base = base
         self.size = size
@@ -82,9 +88,14 @@ class _Spilled:
         # under the budget, only by forget().
         self.pinned = pinned
 
+    def keys(self) -> array | range:
+        """The ledgers, as offsets from ``start``."""
+        return range(len(self.offsets) - 1) if self.ledgers is None else self.ledgers
+
     @property
     def nbytes(self) -> int:
-        return (self.ledgers.itemsize * len(self.ledgers) + self.offsets.itemsize * len(self.offsets)
+        return ((0 if self.ledgers is None else self.ledgers.itemsize * len(self.ledgers))
+                + self.offsets.itemsize * len(self.offsets)
                 + sum(100 if bm is None else 200 + len(bm.serialize()) for bm in (self.roaring or {}).values())
                 + 200)  # the object and its arrays' headers
 
@@ -109,6 +120,8 @@ class SpilledMembership:
         self._by_bucket: OrderedDict[int, _Spilled] = OrderedDict()  # least recently asked first
         self._resident = 0
         self._pinned = 0       # of which belong to pinned (paged-out) buckets, outside the budget
+        # The directory, ledger index and ids of the last ledger read by contains().
+        self._last: tuple[_Spilled, int, bytes] | None = None
         #: Counters for ``stats()``: entry 0 reads that spilled a bucket, questions answered,
         #: directories dropped under the budget, spill failures (the bucket was opened instead).
         self.spills = self.questions = self.evictions = self.failures = 0
@@ -123,26 +136,44 @@ class SpilledMembership:
         rec = self._by_bucket.get(bucket_id)
         if rec is None:
             return None
-        self._by_bucket.move_to_end(bucket_id)
+        if not rec.pinned:  # (a pinned directory is never dropped: its place in the order is moot)
+            self._by_bucket.move_to_end(bucket_id)
         self.questions += 1
-        key = ledger_id - rec.start
+        width = _WIDTH[rec.code]
+        if entry_id >> (8 * width):
+            return False  # wider than every id of the bucket (its roaring-kept ledgers' too)
+        i = ledger_id - rec.start
         ledgers = rec.ledgers
-        i = bisect_left(ledgers, key)
-        if i == len(ledgers) or ledgers[i] != key:
-            return False
-        lo, hi = rec.offsets[i], rec.offsets[i + 1]
-        raw = os.pread(self._file.fileno(), hi - lo, rec.base + lo) if hi > lo else b""
-        if len(raw) != hi - lo:
-            raise OSError(f"spill file {self._file.name!r}: short read at {rec.base + lo}")
+        if ledgers is None:
+            if i < 0 or i >= len(rec.offsets) - 1:
+                return False
+        else:
+            key, i = i, bisect_left(ledgers, i)
+            if i == len(ledgers) or ledgers[i] != key:
+                return False
+        last = self._last
+        if last is not None and last[0] is rec and last[1] == i:
+            raw = last[2]  # the ledger asked last: a broker asks of the entries it reads, in order
+        else:
+            lo, hi = rec.offsets[i], rec.offsets[i + 1]
+            raw = os.pread(self._file.fileno(), hi - lo, rec.base + lo) if hi > lo else b""
+            if len(raw) != hi - lo:
+                raise OSError(f"spill file {self._file.name!r}: short read at {rec.base + lo}")
+            # (Held with its directory, which it is compared by: a directory forgotten and made
+            # again for the same bucket is another object, so this never answers for it.)
+            self._last = (rec, i, raw)
         if rec.roaring is not None and i in rec.roaring:
             held = rec.roaring[i]
             if held is None:
                 held = BitMap.deserialize(raw)
             return entry_id < _U32 and entry_id in held
-        ids = array(rec.code)
-        ids.frombytes(raw)
-        j = bisect_left(ids, entry_id)
-        return j < len(ids) and ids[j] == entry_id
+        # The ids are sorted fixed-width integers: a byte search for the entry's encoding, kept
+        # only at a multiple of the width, is exact, and cheaper in Python than decoding them.
+        key_bytes = entry_id.to_bytes(width, "little")
+        at = raw.find(key_bytes)
+        while at > 0 and at % width:
+            at = raw.find(key_bytes, at + 1)
+        return at >= 0
 
     def positions(self, bucket_id: int) -> dict[int, np.ndarray | BitMap]:
         """Every spilled position of a bucket, ``ledger -> entry ids`` (a uint64 column, or a
@@ -154,7 +185,7 @@ class SpilledMembership:
         dtype = {"H": "<u2", "I": "<u4", "Q": "<u8"}[rec.code]
         out: dict[int, np.ndarray | BitMap] = {}
         offsets, roaring = rec.offsets, rec.roaring or {}
-        for i, key in enumerate(rec.ledgers):
+        for i, key in enumerate(rec.keys()):
             lo, hi = offsets[i], offsets[i + 1]
             if i in roaring:
                 held = roaring[i]
@@ -223,7 +254,11 @@ class SpilledMembership:
             log.warning("membership spill file failed (%s): opening the bucket instead", exc)
             return False
         keys = [ledger - start for ledger in ledgers]
-        rec = _Spilled(start, array("I" if not keys or keys[-1] < _U32 else "Q", keys),
+        if keys and keys[-1] - keys[0] == len(keys) - 1:
+            start, keys_array = ledgers[0], None  # every ledger of the stretch: no keys to keep
+        else:
+            keys_array = array("I" if not keys or keys[-1] < _U32 else "Q", keys)
+        rec = _Spilled(start, keys_array,
                        array("I" if len(blob) < _U32 else "Q", offsets.tolist()), code, base, len(blob),
                        held or None, pinned)
         self._by_bucket[bucket_id] = rec
@@ -249,6 +284,8 @@ class SpilledMembership:
 
     def _drop(self, bucket_id: int) -> None:
         rec = self._by_bucket.pop(bucket_id)
+        if self._last is not None and self._last[0] is rec:
+            self._last = None
         self._resident -= rec.nbytes
         if rec.pinned:
             self._pinned -= rec.nbytes
@@ -309,6 +346,7 @@ class SpilledMembership:
 
     def close(self) -> None:
         self._by_bucket.clear()
+        self._last = None
         self._resident = self._pinned = self._end = self._live = 0
         if self._file is not None:
             self._file.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from pyroaring import BitMap
 
+from bucketstore.engine import index_set
 from bucketstore.engine.index_set import DelayedIndexSet
 
 U = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
@@ -64,3 +66,40 @@ def test_all_claimable_only_when_every_row_would_deliver_its_position():
     assert s.expire(3, 1) and s.add(3, 1, 50) is True
     s.add_ghosts(3, s._ghosts[3])  # (expire already made it a ghost: re-added, it is retimed)
     assert not agrees([_slice(3, [1, 2], [100, 100])])  # its old row is not at its live time
+
+
+def test_changed_ledgers_are_named_up_to_a_bound_then_any_may_have(monkeypatch) -> None:
+    """A publishing run between deliveries touches ledger after ledger: past the bound, the
+    index stops naming them (and holds none) and says any may have changed."""
+    monkeypatch.setattr(index_set, "_DIRTY_MAX", 3)
+    index = DelayedIndexSet()
+    index.changes()
+    index.add(1, 0)
+    index.add(2, 0)
+    index.discard(1, 0)
+    assert index.changes() == {1, 2}
+    for ledger in range(10, 20):
+        index.add_bitmap(ledger, BitMap([1, 2]))
+    assert len(index._dirty) == 0 and index.changes() is None
+    index.take(10, U(1))
+    assert index.changes() == {10}
+
+
+def test_delivery_stays_exact_when_more_ledgers_change_than_are_named(tmp_path, monkeypatch) -> None:
+    """Expiries on many ledgers between two delivery calls, past the bound: the frontier checks
+    all its rows again and delivers none of the expired positions."""
+    import bucketstore
+    from bucketstore import TrackerConfig
+    monkeypatch.setattr(index_set, "_DIRTY_MAX", 3)
+    now = [0]
+    with bucketstore.open(tmp_path / "s", "sealed", background=False) as store:
+        t = store.tracker("t", TrackerConfig(tick_time_ms=0), lambda: now[0])
+        t.add_messages([(ledger, entry, 100 + 10 * ledger + entry) for ledger in range(1, 9) for entry in range(4)])
+        now[0] = 1_000
+        first = t.get_scheduled_messages(3)
+        expired = [(ledger, 3) for ledger in range(2, 9)]  # re-added already due: untracked
+        for ledger, entry in expired:
+            assert not t.add_message(ledger, entry, 500)
+        rest = t.get_scheduled_messages(1_000)
+        assert not set(rest) & set(expired) and not set(rest) & set(first)
+        assert len(first) + len(rest) == 32 - len(expired) and t.number_of_delayed_messages == 0

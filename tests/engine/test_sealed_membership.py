@@ -253,3 +253,54 @@ def test_a_v4_entry0s_lists_are_spilled_without_making_bitmaps():
         assert m.spill_bytes() == 2 * m._by_bucket[1].size
     finally:
         m.close()
+
+
+def test_a_spilled_ledger_is_searched_at_whole_ids_and_a_full_stretch_keeps_no_keys():
+    """The ids are searched as bytes: an entry whose encoding straddles two ids is not there,
+    and one found past such a straddle is. A bucket whose ledgers are every ledger of their
+    stretch keeps offsets only (half the directory) and still answers every ledger exactly."""
+    from pyroaring import BitMap
+    m = SpilledMembership(None, budget=10**9)
+    try:
+        # u16 ids 0x0102, 0x0304 are the bytes 02 01 04 03: 0x0401 straddles them.
+        assert m.add(1, 0, {0: BitMap([0x0102, 0x0304]), 1: BitMap([0x0102, 0x0304, 0x0401]), 3: BitMap([9])})
+        assert not m.contains(1, 0, 0x0401) and m.contains(1, 0, 0x0304) and m.contains(1, 0, 0x0102)
+        assert m.contains(1, 1, 0x0401) and not m.contains(1, 1, 0x0403)
+        assert m._by_bucket[1].ledgers is not None  # ledger 2 missing: keys kept
+        assert not m.contains(1, 2, 9) and m.contains(1, 3, 9)
+        stretch = {ledger: BitMap([ledger % 7, 100 + ledger]) for ledger in range(103, 160)}
+        assert m.add(2, 100, stretch)
+        rec = m._by_bucket[2]
+        assert rec.ledgers is None and rec.start == 103
+        assert rec.nbytes == 4 * (len(stretch) + 1) + 200  # offsets only
+        for ledger in range(95, 165):
+            for entry in (0, 3, 6, 203, 259, 1 << 20):
+                want = ledger in stretch and entry in stretch[ledger]
+                assert m.contains(2, ledger, entry) == want, (ledger, entry)
+        assert {ledger: list(ids) for ledger, ids in m.positions(2).items()} == \
+            {ledger: list(bm) for ledger, bm in stretch.items()}
+    finally:
+        m.close()
+
+
+def test_the_last_ledger_read_answers_again_until_its_bucket_is_spilled_anew(monkeypatch):
+    """Questions on one ledger in a row read its ids once; a bucket forgotten and spilled again
+    with other positions (opened, changed, paged out again) is answered from its new ids."""
+    from pyroaring import BitMap
+    reads, real = [], os.pread
+
+    def counted(fd, n, offset):
+        reads.append(offset)
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", counted)
+    m = SpilledMembership(None, budget=10**9)
+    try:
+        assert m.add(1, 0, {5: BitMap([1, 2]), 6: BitMap([4])})
+        assert m.contains(1, 6, 4) and len(reads) == 1
+        assert [m.contains(1, 5, e) for e in range(4)] == [False, True, True, False] and len(reads) == 2
+        m.forget(1)  # ledger 5 was the last read
+        assert m.add(1, 0, {5: BitMap([3]), 6: BitMap([4])})
+        assert [m.contains(1, 5, e) for e in range(4)] == [False, False, False, True] and len(reads) == 3
+    finally:
+        m.close()

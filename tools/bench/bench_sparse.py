@@ -12,8 +12,10 @@ scan the mutable bucket: issue 13 item 7).
 Recovery is measured from outside, as a user sees it: a fresh Python process
 imports bucketstore, notes its RSS, opens the store and the tracker, asks
 ``next_delivery_time()`` and notes the elapsed time and RSS again. Resident
-bytes per index = (RSS after - RSS before) / N. The dense case (every entry
-delayed, fixed delay) is measured the same way for comparison.
+bytes per index = (RSS after - RSS before) / N; with ``--use``, the whole process's
+RSS over N is printed too (the interpreter with its libraries is a fixed floor of
+about 40 MiB, so it meets 1 B/index only from about 100 M held). The dense case
+(every entry delayed, fixed delay) is measured the same way for comparison.
 
     PYTHONPATH=. python tools/bench/bench_sparse.py [--indexes 10000000] [--shapes 1,10,dense] [--repeat 3]
                                                     [--use 20000] [--baseline /path/to/other/checkout]
@@ -31,7 +33,12 @@ returned first with ``malloc_trim``), its anonymous part (RSS also counts librar
 touched by the build) and the tracker's own ``stats()['memory_bytes']``; each run
 is made back to back with the index pager on and off (``engine/index_pager.py``), so the two
 are compared within one run; ``--budgets 8192,2048`` runs the pager at each of these budgets
-(``TrackerConfig.max_resident_ledgers``) too, ratios to the first.
+(``TrackerConfig.max_resident_ledgers``) too, ratios to the first; ``--no-off`` leaves the pager-off
+run out (at 100 M it would hold ~7 B/index). ``--live --questions-ab ROUNDS`` compares the questions'
+time alone, pager on and off, within one process: it builds the indexes into two trackers, then
+asks both the same questions in alternating rounds, timed in the asking thread's CPU time (a
+spilled answer against the index's under the same load; separate processes on a shared machine,
+and wall clocks, differ by more than that).
 """
 
 from __future__ import annotations
@@ -72,7 +79,8 @@ store = bucketstore.open(sys.argv[1], durability="sealed")
 t = store.tracker("t", TrackerConfig(), lambda: now[0])
 first = t.next_delivery_time()
 elapsed = time.perf_counter() - start
-out = {"seconds": elapsed, "rss_growth": rss() - before, "held": t.number_of_delayed_messages, "first": first}
+out = {"seconds": elapsed, "rss_growth": rss() - before, "held": t.number_of_delayed_messages, "first": first,
+       "rss_imported": before}
 uses, ledgers = int(sys.argv[3]), int(sys.argv[4])
 if uses:
     # Used as a broker would: membership questions on random positions of every ledger (so every
@@ -92,13 +100,39 @@ if uses:
     out["batch_seconds"] = time.perf_counter() - started
     out["hits"] = hits
     out["used_rss_growth"] = rss() - before
+out["rss_whole"] = rss()
 print(json.dumps(out))
 """
 
 
-_LIVE_CHILD = r"""
-import ctypes, json, os, sys, time
+_BUILD = r"""
 import numpy as np
+def build(t, shape, n, bucket, epoch, ledger_entries):
+    # The same indexes as generate(), added through add_messages in publish order; returns the
+    # last ledger. (A function: the last publish batch's columns go when it returns, as a
+    # broker lets them go.)
+    rng = np.random.default_rng(0)
+    done, next_entry, last_ledger = 0, 0, 0
+    while done < n:
+        k = min(bucket, n - done)
+        if shape == "dense":
+            chosen = np.arange(next_entry, next_entry + k, dtype=np.uint64)
+            delay = np.full(k, 60_000, np.uint64)
+        else:
+            span = int(k / (int(shape) / 100) * 1.2) + ledger_entries
+            chosen = (next_entry + np.flatnonzero(rng.random(span) < int(shape) / 100)[:k]).astype(np.uint64)
+            delay = rng.integers(0, 600_000, len(chosen)).astype(np.uint64)
+        ledgers = np.uint64(1) + chosen // np.uint64(ledger_entries)
+        t.add_messages((ledgers, chosen % np.uint64(ledger_entries), np.uint64(epoch + 1_000) + chosen + delay))
+        done += len(chosen)
+        last_ledger = int(ledgers.max())
+        next_entry = last_ledger * ledger_entries
+    t.flush()
+    return last_ledger
+"""
+
+_LIVE_CHILD = _BUILD + r"""
+import ctypes, json, os, sys, time
 import bucketstore
 from bucketstore import TrackerConfig
 path, shape, n, bucket, uses, budget, epoch, ledger_entries = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
@@ -118,24 +152,8 @@ store = bucketstore.open(path, durability="sealed")
 t = store.tracker("t", config, lambda: now[0])
 before = rss()
 before_anon = anon()
-rng = np.random.default_rng(0)
-done, next_entry, last_ledger, started = 0, 0, 0, time.perf_counter()
-while done < n:  # the same indexes as generate(), added in publish order
-    k = min(bucket, n - done)
-    if shape == "dense":
-        chosen = np.arange(next_entry, next_entry + k, dtype=np.uint64)
-        delay = np.full(k, 60_000, np.uint64)
-    else:
-        span = int(k / (int(shape) / 100) * 1.2) + ledger_entries
-        chosen = (next_entry + np.flatnonzero(rng.random(span) < int(shape) / 100)[:k]).astype(np.uint64)
-        delay = rng.integers(0, 600_000, len(chosen)).astype(np.uint64)
-    ledgers = np.uint64(1) + chosen // np.uint64(ledger_entries)
-    t.add_messages((ledgers, chosen % np.uint64(ledger_entries), np.uint64(epoch + 1_000) + chosen + delay))
-    done += len(chosen)
-    last_ledger = int(ledgers.max())
-    next_entry = last_ledger * ledger_entries
-t.flush()
-del chosen, delay, ledgers  # the last publish batch's columns (~1 B/index at 10 M): a broker lets them go
+started = time.perf_counter()
+last_ledger = build(t, shape, n, bucket, epoch, ledger_entries)
 out = {"build_seconds": time.perf_counter() - started, "held": t.number_of_delayed_messages,
        "buckets": t.stats()["immutable_buckets"], "built_rss": rss() - before, "built_anon": anon() - before_anon,
        "built_memory_bytes": t.stats()["memory_bytes"]}
@@ -153,9 +171,37 @@ out["batch"] = len(t.get_scheduled_messages(10_000))
 out["batch_seconds"] = time.perf_counter() - started
 out["used_rss"] = rss() - before
 out["used_anon"] = anon() - before_anon
+out["whole_rss"] = rss()
 stats = t.stats()
 out["used_memory_bytes"] = stats["memory_bytes"]
 out["paged_buckets"] = stats["membership"].get("paged_buckets", 0)
+print(json.dumps(out))
+"""
+
+_AB_CHILD = _BUILD + r"""
+import json, random, sys, time
+import bucketstore
+from bucketstore import TrackerConfig
+path, shape = sys.argv[1], sys.argv[2]
+n, bucket, uses, budget, epoch, ledger_entries, rounds = map(int, sys.argv[3:10])
+trackers, last = {}, 0
+for name, resident in (("on", budget), ("off", 1 << 62)):
+    store = bucketstore.open(f"{path}/{name}", durability="sealed")
+    trackers[name] = store.tracker("t", TrackerConfig(max_resident_ledgers=resident), lambda: epoch)
+    last = build(trackers[name], shape, n, bucket, epoch, ledger_entries)
+r = random.Random(1)
+asked = [(r.randrange(1, last + 1), r.randrange(ledger_entries)) for _ in range(uses)]
+out = {name: [] for name in trackers}
+for _ in range(rounds):  # alternating: a shared machine's load hits both alike
+    for name, t in trackers.items():
+        ask = t.contains_message
+        # This thread's CPU time (user and system: the spill's reads are system time), not the
+        # wall clock, which a loaded machine stretches by whatever else it runs meanwhile.
+        started = time.thread_time()
+        for l, e in asked:
+            ask(l, e)
+        out[name].append((time.thread_time() - started) / uses)
+out["paged_buckets"] = trackers["on"].stats()["membership"].get("paged_buckets", 0)
 print(json.dumps(out))
 """
 
@@ -173,6 +219,19 @@ def live(tmp: str, shape: str, n: int, bucket: int, uses: int, budget: int, tree
     return json.loads(out.stdout)
 
 
+def questions_ab(tmp: str, shape: str, n: int, bucket: int, uses: int, budget: int, rounds: int) -> dict:
+    """Build the same indexes into two trackers of one fresh process, the pager at ``budget`` and
+    off, then time ``rounds`` alternating rounds of the same ``uses`` questions on each (see
+    ``--questions-ab``): the answer from the spill against the index's, under the same load."""
+    path = tempfile.mkdtemp(dir=tmp)
+    out = subprocess.run([sys.executable, "-c", _AB_CHILD, path, shape, str(n), str(bucket), str(uses),
+                          str(budget), str(EPOCH), str(LEDGER_ENTRIES), str(rounds)], capture_output=True,
+                         text=True, cwd=HERE, env={**os.environ, "PYTHONPATH": HERE})
+    if out.returncode:
+        raise SystemExit(f"questions A/B failed:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
 def _print_live(label: str, runs: list[dict]) -> None:
     held = runs[0]["held"]
     med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
@@ -181,7 +240,8 @@ def _print_live(label: str, runs: list[dict]) -> None:
           f"stats {med('built_memory_bytes') / held:.2f}), after {runs[0]['hits']} of the questions tracked + "
           f"first batch {med('used_rss') / held:.2f} B/index (anonymous {med('used_anon') / held:.2f}, "
           f"stats {med('used_memory_bytes') / held:.2f}); questions {med('contains_seconds'):.2f} s, "
-          f"batch {med('batch_seconds'):.3f} s; paged-out buckets {runs[0]['paged_buckets']}")
+          f"batch {med('batch_seconds'):.3f} s; paged-out buckets {runs[0]['paged_buckets']}; whole process "
+          f"after use {med('whole_rss') / held:.2f} B/index")
 
 
 def generate(path: str, shape: str, n: int, bucket: int, seed: int) -> tuple[int, int]:
@@ -252,6 +312,11 @@ def main() -> int:
     p.add_argument("--budgets", default=str(TrackerConfig().max_resident_ledgers), metavar="N[,N...]",
                    help="--live: the pager budgets (TrackerConfig.max_resident_ledgers) to run, each "
                         "back to back with the others and with the pager off; ratios are to the first")
+    p.add_argument("--no-off", action="store_true",
+                   help="--live: leave out the run with the pager off (at 100 M it holds ~7 B/index)")
+    p.add_argument("--questions-ab", type=int, default=0, metavar="ROUNDS",
+                   help="--live: instead, one process builds the indexes into two trackers, the pager at the "
+                        "first budget and off, and times ROUNDS alternating rounds of the same questions on each")
     args = p.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     if any(b < 0 for b in budgets):
@@ -259,12 +324,26 @@ def main() -> int:
     print(f"$ PYTHONPATH=. python tools/bench/bench_sparse.py --indexes {args.indexes} --bucket {args.bucket} "
           f"--shapes {args.shapes} --repeat {args.repeat}" + (f" --use {args.use}" if args.use else "")
           + (f" --baseline {args.baseline}" if args.baseline else "") + (" --live" if args.live else "")
-          + (f" --budgets {args.budgets}" if args.live and args.budgets != p.get_default("budgets") else ""))
+          + (f" --budgets {args.budgets}" if args.live and args.budgets != p.get_default("budgets") else "")
+          + (" --no-off" if args.no_off else "")
+          + (f" --questions-ab {args.questions_ab}" if args.questions_ab else ""))
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpu(s)")
     n = args.indexes
+    if args.live and args.questions_ab:
+        for shape in args.shapes.split(","):
+            with tempfile.TemporaryDirectory(dir=os.environ.get("BUCKETSTORE_BENCH_DIR")) as tmp:
+                ab = questions_ab(tmp, shape, n, args.bucket, args.use or 20_000, budgets[0], args.questions_ab)
+            on, off = min(ab["on"]), min(ab["off"])
+            print(f"{shape} % of entries delayed:" if shape != "dense" else "dense (every entry, fixed delay):")
+            print(f"  {args.use or 20_000:,} random contains_message, CPU time, best of {args.questions_ab} rounds: "
+                  f"pager at "
+                  f"{budgets[0]:,} ledgers ({ab['paged_buckets']} buckets paged out) {on * 1e6:.2f} us a question, "
+                  f"pager off {off * 1e6:.2f} us; on / off {on / off:.2f} (round by round: "
+                  + ", ".join(f"{a / b:.2f}" for a, b in zip(ab["on"], ab["off"])) + ")  (target <= 2)")
+        return 0
     if args.live:
         for shape in args.shapes.split(","):
-            runs: dict[int, list[dict]] = {b: [] for b in budgets + [-1]}
+            runs: dict[int, list[dict]] = {b: [] for b in budgets + ([] if args.no_off else [-1])}
             with tempfile.TemporaryDirectory(dir=os.environ.get("BUCKETSTORE_BENCH_DIR")) as tmp:
                 for _ in range(args.repeat):  # back to back: a shared machine's load hits all alike
                     for budget in runs:
@@ -322,10 +401,14 @@ def _print_use(uses: int, runs: list[dict], held: int, ours: list[dict] | None) 
     used = statistics.median(r["used_rss_growth"] for r in runs) / held
     asked = statistics.median(r["contains_seconds"] for r in runs)
     batch = statistics.median(r["batch_seconds"] for r in runs)
+    whole = statistics.median(r["rss_whole"] for r in runs) / held
+    floor = statistics.median(r["rss_imported"] for r in runs) / 2**20
     line = (f"  used: {uses:,} contains_message {asked:.2f} s ({runs[0]['hits']} tracked), first due batch of "
             f"{runs[0]['batch']} {batch:.3f} s; resident after {used:.2f} B/index")
     if ours is None:
         line += f"  (target <= {TARGETS['resident']}) {'ok' if used <= TARGETS['resident'] else 'MISSED'}"
+        line += (f"\n  whole process after use {whole:.2f} B/index, of which {floor:.0f} MiB before the open "
+                 f"(the interpreter with bucketstore, numpy, pyroaring and lmdb imported)")
     else:  # the baseline's line: this checkout's time over the baseline's, run by run
         ratios = [(o["contains_seconds"] + o["batch_seconds"]) / (b["contains_seconds"] + b["batch_seconds"])
                   for o, b in zip(ours, runs)]

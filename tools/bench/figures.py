@@ -564,6 +564,7 @@ def sparse(run: Run) -> None:
                      f"{shape} % of entries, {held * 100 // int(shape) // bench_sparse.LEDGER_ENTRIES:,} ledgers")
             rows.append([f"{held:,} ({-(-n // bucket)} × {bucket:,})", label, f"{med('seconds') * 1000:.1f}",
                          f"{med('rss_growth') / held:.2f}", f"**{med('used_rss_growth') / held:.2f}**",
+                         f"{med('rss_whole') / held:.2f} ({med('rss_imported') / 2**20:.0f} MiB)",
                          f"{med('contains_seconds') / uses * 1e6:.1f}", f"{med('batch_seconds') * 1000:.1f}",
                          f"{disk / held:.2f}"])
     text = (
@@ -571,21 +572,26 @@ def sparse(run: Run) -> None:
         "share of their entries delayed U[0, 10 min), or every entry at a fixed delay). A fresh process opens the "
         "store and the tracker and asks `next_delivery_time()` (*open*, and the RSS growth after it), then is "
         f"used as a broker would: `contains_message` of {uses:,} random positions (random ledgers, so every "
-        "bucket) and the first batch due a minute after the first index; *after use* is the RSS growth then. "
+        "bucket) and the first batch due a minute after the first index; *after use* is the RSS growth then, "
+        "over the interpreter that had imported bucketstore (and numpy, pyroaring, lmdb); *whole process* is "
+        "the process's whole RSS after use over the indexes held, with the RSS of that interpreter before the "
+        "open in brackets (a floor no store size changes). "
         f"Medians over fresh processes. " + "; ".join(commands)
         + (" print" if len(commands) > 1 else " prints") + " the same figures. (Its `--baseline "
         "CHECKOUT` also opens each store with another checkout's bucketstore, alternating, for before/after "
         "ratios; that needs a second checkout, so this table does not run it.)\n\n"
         + table(["held (buckets × size)", "shape", "open ms", "resident after open B/index",
-                 "resident after use B/index", "µs per question", "first batch ms", "disk B/index"], rows,
-                right={2, 3, 4, 5, 6, 7}))
+                 "resident after use B/index", "whole process after use B/index (before open)", "µs per question",
+                 "first batch ms", "disk B/index"], rows, right={2, 3, 4, 5, 6, 7, 8}))
     sparse_rows = [r for r in rows if "ledgers" in r[1]]
     if sparse_rows:
         last = sparse_rows[-1]
         run.headline["sparse"] = (f"Resident memory of a sparse store of {last[0].split(' (')[0]} held indexes "
                                   f"({last[1].split(', ')[1]}) after a broker's use ({uses:,} `contains_message` "
                                   f"questions on random ledgers and the first due batch): {last[4].strip('*')} "
-                                  f"B/index.")
+                                  f"B/index over the interpreter that imported bucketstore; the whole process "
+                                  f"{last[5].split(' (')[0]} B/index, {last[5].split('(')[1].rstrip(')')} of it "
+                                  f"before the open.")
     run.regions["memory-sparse"] = text + "\n"
     run.sections["sparse"] = "## Sparse stores: open, resident memory after use, disk\n\n" + text
 
