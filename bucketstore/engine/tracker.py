@@ -40,7 +40,7 @@ from .handoff import DeliveryHandoff
 from .index_pager import IndexPager
 from .index_set import DelayedIndexSet
 from .job_runner import JobRunning
-from .journal import CheckpointWrite, Journal, journal_directory
+from .journal import Journal, journal_directory
 from .lazy_open import LazyOpening
 from .maintenance import MaintenanceCounters, close_on_exit
 from .merge_pipeline import MergeJob
@@ -352,9 +352,7 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             return empty, empty, empty
         return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
 
-    def _checkpoint(self, begin: bool = False) -> CheckpointWrite | None:
-        """Checkpoint the journal now; with ``begin``, only take the state and return it to be
-        written without the lock (``Journal.begin_checkpoint``: a seal's install)."""
+    def _checkpoint(self) -> None:
         self._index.settle()  # the ghosts are read directly below
         ledgers, entries, ts = self._memory_only_rows()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
@@ -387,24 +385,18 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
                     untracked.append((ledger, entry))
         # The confirmed frontier, never the delivered one: what the embedder has not
         # confirmed is carried as rows to deliver again.
-        begun = None
-        if begin:
-            begun = self._journal.begin_checkpoint(ledgers, entries, ts, handoff.confirmed, untracked,
-                                                   handoff.carry_rows())
-        else:
-            self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
+        self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
         self._last_sync = time.monotonic()
         handoff.release(self._journal.durable_frontier)
-        return begun
 
     def clear(self) -> None:
         """Forget every index and delete every bucket (files and keys), durably."""
         with self._lock:
             self._check_open()
             buckets = self._buckets.values()
-            with self._job_commits:  # a job committing off the lock: before this, or cancelled
-                # Keys seals and merges committed but did not install yet go too.
-                keys = [b.key for b in buckets] + self._committed_job_keys()
+            with self._job_commits:  # a seal committing its key off the lock: before this, or cancelled
+                # Seals whose keys are committed but not installed yet go too.
+                keys = [b.key for b in buckets] + self._committed_seal_keys()
                 if keys:
                     # The keys go first, and a failed commit raises before anything changed: a
                     # clear that dropped only its memory would see its buckets come back at the
@@ -434,8 +426,8 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             for job in (*self._sealing, *self._merging):
                 job.cancelled = True
             if keys_removed:
-                for job in (*self._sealing, *self._merging):
-                    job.uncommit()
+                for job in self._sealing:
+                    job.committed_key = None
         self._sealing_end = -1
 
     def close(self, timeout: float | None = None) -> bool:
