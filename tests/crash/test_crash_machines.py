@@ -13,52 +13,36 @@ from bucketstore.testing.state_machine import (BackgroundCrashMachine, Backgroun
                                                JournalGroupedConfirmCrashMachine, JournalPrecisionCrashMachine)
 from helpers import example_count
 
-CrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40, deadline=None,
-                                          suppress_health_check=[HealthCheck.too_slow])
-TestCrashMachine = CrashMachine.TestCase
 
-JournalCrashMachine.TestCase.settings = settings(max_examples=example_count(200), stateful_step_count=40,
-                                                 deadline=None, suppress_health_check=[HealthCheck.too_slow])
-TestJournalCrashMachine = JournalCrashMachine.TestCase
+def _case(machine: type, examples: int) -> type:
+    """The machine's test case with ``examples`` examples (scaled by ``BUCKETSTORE_EXAMPLES``) of 40 steps."""
+    machine.TestCase.settings = settings(max_examples=example_count(examples), stateful_step_count=40,
+                                         deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    return machine.TestCase
+
+
+TestCrashMachine = _case(CrashMachine, 200)
+
+TestJournalCrashMachine = _case(JournalCrashMachine, 200)
 
 # precision_bits=5: trimmed times, and adds due within a step kept exact behind the frontier.
-JournalPrecisionCrashMachine.TestCase.settings = settings(
-    max_examples=example_count(100), stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
-TestJournalPrecisionCrashMachine = JournalPrecisionCrashMachine.TestCase
+TestJournalPrecisionCrashMachine = _case(JournalPrecisionCrashMachine, 100)
 
-JournalAtMostOnceCrashMachine.TestCase.settings = settings(
-    max_examples=example_count(100), stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
-TestJournalAtMostOnceCrashMachine = JournalAtMostOnceCrashMachine.TestCase
+TestJournalAtMostOnceCrashMachine = _case(JournalAtMostOnceCrashMachine, 100)
 
 # Confirmations group-committed (confirm_sync_ms longer than the run): the oracle is the window
 # of model states since the last journal commit.
-JournalGroupedConfirmCrashMachine.TestCase.settings = settings(
-    max_examples=example_count(100), stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
-TestJournalGroupedConfirmCrashMachine = JournalGroupedConfirmCrashMachine.TestCase
+TestJournalGroupedConfirmCrashMachine = _case(JournalGroupedConfirmCrashMachine, 100)
 
 # Seals and merges in the background, on a worker the machine steps: the background_work
 # rule runs the next job's write, its install, everything, or nothing, between adds,
 # deliveries, trims, flushes, clears and crashes.
-BackgroundCrashMachine.TestCase.settings = settings(max_examples=example_count(150), stateful_step_count=40,
-                                                    deadline=None, suppress_health_check=[HealthCheck.too_slow])
-TestBackgroundCrashMachine = BackgroundCrashMachine.TestCase
+TestBackgroundCrashMachine = _case(BackgroundCrashMachine, 150)
 
-BackgroundJournalCrashMachine.TestCase.settings = settings(
-    max_examples=example_count(150), stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
-TestBackgroundJournalCrashMachine = BackgroundJournalCrashMachine.TestCase
+TestBackgroundJournalCrashMachine = _case(BackgroundJournalCrashMachine, 150)
 
 # With merges (max_num_buckets=2): seals and merges pending together, the second one's write
 # run first at random points (background_work_second), between the other rules and crashes.
-BackgroundMergingCrashMachine.TestCase.settings = settings(
-    max_examples=example_count(100), stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
-TestBackgroundMergingCrashMachine = BackgroundMergingCrashMachine.TestCase
+TestBackgroundMergingCrashMachine = _case(BackgroundMergingCrashMachine, 100)
 
-BackgroundMergingJournalCrashMachine.TestCase.settings = settings(
-    max_examples=example_count(50), stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
-TestBackgroundMergingJournalCrashMachine = BackgroundMergingJournalCrashMachine.TestCase
+TestBackgroundMergingJournalCrashMachine = _case(BackgroundMergingJournalCrashMachine, 50)
