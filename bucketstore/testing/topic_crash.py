@@ -306,13 +306,11 @@ def _history_before(history: list[TopicModel], states: list[TopicModel], now: in
     return [_recovered(h, now) for h in reversed(history[:end + 1])]
 
 
-def _rolled_back(base: TopicModel, got: dict[str, Any], history: list[TopicModel], states: list[TopicModel],
-                 now: int) -> TopicModel | None:
+def _rolled_back(base: TopicModel, got: dict[str, Any], earlier: list[TopicModel]) -> TopicModel | None:
     """``base`` with each subscription it does not match replaced by the latest of its earlier
     states that matches ``got`` (a group-committed delivery not written yet), or None."""
     if set(base.subs) != set(got):
         return None
-    earlier = _history_before(history, states, now)
     out = base.copy()
     for n, want in got.items():
         s = out.subs[n]
@@ -353,6 +351,7 @@ def check_killed_store(path: str | os.PathLike[str], *, durability: str, config:
     problems = verify_topics(os.fspath(path))
     assert not problems, f"{context}: verify: {problems}"
     recovered = [_recovered(m, now) for m in states]
+    earlier = _history_before(history, states, now) if history else []
     clock = FakeClock(now)
     store = Store(path, durability=durability, confirm_sync_ms=0, read_ahead=False, delivery=delivery)
     try:
@@ -365,15 +364,14 @@ def check_killed_store(path: str | os.PathLike[str], *, durability: str, config:
             theirs = [m.subs[n].recoverable for m in recovered if n in m.subs]
             assert theirs, f"{context}: subscription {n!r} is back, no state around the kill has it"
             # Grouped deliveries and confirmations not written yet come back (never lost).
-            maybe = theirs + ([m.subs[n].recoverable for m in _history_before(history, states, now) if n in m.subs]
-                              if history else [])
+            maybe = theirs + [m.subs[n].recoverable for m in earlier if n in m.subs]
             lost, back = set.intersection(*theirs) - held, held - set.union(*maybe)
             assert not lost, f"{context}: {n!r} lost {sorted(lost)}"
             assert not back, f"{context}: {n!r} holds {sorted(back)}: delivered and confirmed, acknowledged or never added"
         matching = [m for m in recovered if set(m.subs) == names and all(
             (m.subs[n].recoverable, m.subs[n].count, m.subs[n].next_time()) == got[n] for n in names)]
         if not matching and history:
-            matching = [_rolled_back(m, got, history, states, now) for m in recovered]
+            matching = [_rolled_back(m, got, earlier) for m in recovered]
             matching = [m for m in matching if m is not None]
         assert matching, (f"{context}: the store matches no state around the kill: got {got}; candidates "
                           + "; ".join(str({n: (sorted(s.recoverable), s.count, s.next_time())
