@@ -19,8 +19,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from ..engine.checkpoint import check_destination, make_checkpoint
-from ..engine.upgrade import upgrade_store
+from ..engine.store.checkpoint import check_destination, make_checkpoint
+from ..engine.store.upgrade import upgrade_store
 from .. import __version__, metrics
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
 from . import plot, repair

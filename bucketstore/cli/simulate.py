@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..config import TrackerConfig
-from ..engine.catalog import read_catalog_snapshot
-from ..engine.store import open_store
-from ..engine.tracker import BucketTracker
+from ..engine.catalog.catalog import read_catalog_snapshot
+from ..engine.store.store import open_store
+from ..engine.tracker.tracker import BucketTracker
 from .progress import Progress
 from ..checking.store_check import NOT_A_STORE, is_store
 from .simulate_journal import JournalSimulationConfig, format_journal_report, run_journal_simulation
