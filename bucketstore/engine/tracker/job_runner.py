@@ -17,13 +17,12 @@ from ...errors import BucketStoreError
 from ...format.snapshot import BucketMetadata
 from ..buckets.sealed_bucket import SealedBucket
 from ..durability.handoff import HeldRows
-from ..maintenance.bucket_job import BucketJob
+from ..maintenance.bucket_job import BucketJob, JobStore
 from ..maintenance.merge import choose_merge_window
 from ..maintenance.merge_pipeline import MergeJob
 from ..maintenance.seal_pipeline import SealJob
 from ..queue.index_set import DelayedIndexSet
 from ..queue.shared_queue import Run, Slot
-from .store_services import StoreServices
 
 __all__ = ["JobRunning"]
 
@@ -186,7 +185,7 @@ class JobRunning:
         return [job.committed_key for job in self._sealing if job.committed_key is not None]
 
     @property
-    def store_services(self) -> StoreServices:
+    def store_services(self) -> JobStore:
         return self._store
 
     @property
