@@ -28,7 +28,7 @@ TRACKER = "sub-\u00e9"
 
 def journal_bytes(version: int) -> bytes:
     """The golden content of a version-``version`` journal file, freshly written."""
-    from bucketstore.engine.journal import Journal
+    from bucketstore.engine.durability.journal import Journal
 
     directory = tempfile.mkdtemp()
     try:
