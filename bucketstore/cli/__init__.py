@@ -2,7 +2,7 @@
 
 ``commands`` parses arguments and maps errors to exit codes (0 ok, 1 damage, 2 usage), ``dump`` and
 ``verify`` print what ``bucketstore.checking`` finds in files and stores, ``repair`` rebuilds a lost
-catalog (through ``engine.rebuild``), ``simulate`` is the main job (``simulate_journal`` its
+catalog (through ``engine.store.rebuild``), ``simulate`` is the main job (``simulate_journal`` its
 journal mode, a broker process SIGKILLed and checked against a ``side_log`` it fsyncs), ``plot`` draws ``stats --plot`` and
 ``progress`` is the one place that shows progress (on stderr: a tqdm bar on a terminal, one
 line or nothing in a pipe).

@@ -1,4 +1,4 @@
-"""``engine.lmdb_file.check_data_file`` on real LMDB files: every file LMDB writes is accepted,
+"""``engine.catalog.lmdb_file.check_data_file`` on real LMDB files: every file LMDB writes is accepted,
 a page the trees reference past the end is a CatalogError (never SIGBUS), hostile bytes end in
 a CatalogError or an accepted file, quickly.
 
