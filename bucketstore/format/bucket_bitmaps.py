@@ -20,7 +20,7 @@ from .entry_lists import EntryLists
 from .segment_codec import _BLOCK_ROWS
 
 __all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "EntryLists", "LedgerBitmaps", "bitmaps_with_lists",
-           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_lists"]
+           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_counts", "split_lists"]
 
 #: Entry 0's width tags: the bitmap after the tag is a ``BitMap`` (32) or a ``BitMap64`` (64).
 BITMAP32 = 32
@@ -162,11 +162,12 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
     if someone reads this mapping.
     """
 
-    __slots__ = ("_ledgers", "_flat", "_made", "_rest", "_lists", "_unpack", "_loaded", "cardinality")
+    __slots__ = ("_ledgers", "_flat", "_made", "_rest", "_lists", "_unpack", "_loaded", "_counts", "cardinality")
 
     def __init__(self, flat: list[object] | None, cardinality: int, lists: EntryLists | None = None,
                  rest: Mapping[int, EntryBitmap] | list[object] | None = None, *,
-                 unpack: Callable[[], EntryLists] | None = None, listed: list[int] | None = None) -> None:
+                 unpack: Callable[[], EntryLists] | None = None, listed: list[int] | None = None,
+                 counts: np.ndarray | None = None) -> None:
         #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list. None:
         #: not made yet, from ``rest`` (ledger -> bitmap, or a bitmap list of the unlisted ledgers)
         #: and the lists (see :func:`bitmaps_with_lists`).
@@ -185,6 +186,8 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
             rest_ids = rest[0::3] if isinstance(rest, list) else list(rest)
             self._ledgers = sorted([*rest_ids, *ids]) if rest_ids else ids
         self._loaded: dict[int, EntryBitmap] | None = None
+        #: A version-5 entry 0's: the listed ledgers' counts (``listed``'s order), all it stores of them.
+        self._counts = counts
         #: The number of positions, the sum of the bitmaps' cardinalities.
         self.cardinality = cardinality
 
@@ -217,7 +220,7 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
             if self._made:
                 # Held now as bitmaps (about 1.3 bytes an index for a sparse bucket): let the
                 # serializations and the lists' bytes go.
-                self._flat = self._rest = self._lists = self._unpack = None
+                self._flat = self._rest = self._lists = self._unpack = self._counts = None
         return self._loaded
 
     def __getitem__(self, ledger: int) -> EntryBitmap:
@@ -463,6 +466,18 @@ def split_lists(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], Entry
     lists = EntryLists(np.array(ledgers, dtype=_U64), np.array(counts, dtype=_U64),
                        np.concatenate(ids) if ids else np.zeros(0, dtype=_U64))
     return rest, lists
+
+
+def split_counts(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], np.ndarray, np.ndarray]:
+    """What a version-5 entry 0 stores of ``bitmaps``: :func:`split_lists`' bitmaps, then the listed
+    ledgers and their counts. A decoded version-5 entry 0's are known: no entry id is read."""
+    if isinstance(bitmaps, LedgerBitmaps) and bitmaps._counts is not None and bitmaps._rest is not None:
+        rest = bitmaps._rest if isinstance(bitmaps._rest, list) else flat_bitmaps(bitmaps._rest)
+        listed = set(rest[0::3])
+        ledgers = np.array([k for k in bitmaps._ledgers if k not in listed], dtype=_U64)
+        return rest, ledgers, bitmaps._counts
+    rest, lists = split_lists(bitmaps)
+    return rest, lists.ledgers, lists.counts
 
 
 _PREAMBLE = struct.Struct("<II")  # cookie, container count

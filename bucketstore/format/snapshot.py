@@ -43,7 +43,8 @@ from ..errors import CorruptLedgerError
 from .compression import ZLIB, ZSTD, CompressionError, Compressor, compress as _compress, decompress_exact
 from .fs import REAL_FS, FileSystem
 from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, bitmaps_with_lists, flat_bitmaps,
-                             ledger_bitmaps, segment_bitmaps, serialized_bitmaps, split_lists)
+                             ledger_bitmaps, segment_bitmaps, serialized_bitmaps, split_counts,
+                             split_lists)
 from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _shuffle, unshuffle as _unshuffle
 from .entry_lists import EntryLists, ListsError, decode_counts, decode_lists, encode_lists, lists_from_rows
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
@@ -252,7 +253,11 @@ def _encode_metadata_v4(meta: BucketMetadata, segments: list[int], *, compress: 
 
     Version 5's is the same array with ``5`` first and the lists' first two columns only (ledger
     ids and counts): the listed ledgers' entry ids are those of the segments' rows."""
-    rest, lists = split_lists(meta.bitmaps)
+    if meta.version == 5:
+        rest, ledgers, counts = split_counts(meta.bitmaps)
+        lists = EntryLists(ledgers, counts, np.zeros(0, dtype=_U64))
+    else:
+        rest, lists = split_lists(meta.bitmaps)
     table: list[object] = []
     for ledger, width, blob in zip(rest[0::3], rest[1::3], rest[2::3]):
         table += [ledger, width, len(blob)]  # type: ignore[arg-type]
@@ -412,7 +417,7 @@ def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at
     if doc[0] == 5:
         total = sum(len(bm) for bm in rest.values()) + int(counts.sum())
         return LedgerBitmaps(None, total, None, rest, unpack=partial(_listed_rows, rows, ids, counts),
-                             listed=ids.tolist())
+                             listed=ids.tolist(), counts=counts)
     # The arrays cost 8 to 16 bytes an index, the columns' bytes about 2: keep the bytes, decode again if asked.
     return bitmaps_with_lists(rest, lists, lambda: decode_lists(data, ledgers, count))  # type: ignore[arg-type]
 
