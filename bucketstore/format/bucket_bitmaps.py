@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable, ItemsView, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from typing import Union
 
 import numpy as np
@@ -20,7 +20,8 @@ from .entry_lists import EntryLists
 from .segment_codec import _BLOCK_ROWS
 
 __all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "EntryLists", "LedgerBitmaps", "bitmaps_with_lists",
-           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_counts", "split_lists"]
+           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_counts", "split_lists",
+           "union_bitmaps"]
 
 #: Entry 0's width tags: the bitmap after the tag is a ``BitMap`` (32) or a ``BitMap64`` (64).
 BITMAP32 = 32
@@ -408,6 +409,22 @@ def _array_only_blobs(blobs: list[bytes], fast: np.ndarray, se: np.ndarray, firs
         blobs[j] = blob[a:b]
 
 
+def union_bitmaps(parts: Iterable[Mapping[int, EntryBitmap]]) -> dict[int, EntryBitmap]:
+    """The per-ledger union of several ``ledger -> bitmap`` maps (new bitmaps; 64-bit where
+    any part is)."""
+    union: dict[int, EntryBitmap] = {}
+    for bitmaps in parts:
+        for ledger, bm in bitmaps.items():
+            have = union.get(ledger)
+            if have is None:
+                union[ledger] = bm.copy()
+            elif type(have) is type(bm):
+                have |= bm
+            else:
+                union[ledger] = BitMap64(have) | BitMap64(bm)
+    return union
+
+
 def flat_bitmaps(bitmaps: Mapping[int, EntryBitmap]) -> list[object]:
     if isinstance(bitmaps, LedgerBitmaps):
         return bitmaps.flat()
@@ -468,16 +485,16 @@ def split_lists(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], Entry
     return rest, lists
 
 
-def split_counts(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], np.ndarray, np.ndarray]:
-    """What a version-5 entry 0 stores of ``bitmaps``: :func:`split_lists`' bitmaps, then the listed
-    ledgers and their counts. A decoded version-5 entry 0's are known: no entry id is read."""
+def split_counts(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], EntryLists]:
+    """What a version-5 entry 0 stores of ``bitmaps``: :func:`split_lists`' bitmaps, and the listed
+    ledgers with their counts (no ids). A decoded version-5 entry 0's are known: no id is read."""
     if isinstance(bitmaps, LedgerBitmaps) and bitmaps._counts is not None and bitmaps._rest is not None:
         rest = bitmaps._rest if isinstance(bitmaps._rest, list) else flat_bitmaps(bitmaps._rest)
-        listed = set(rest[0::3])
-        ledgers = np.array([k for k in bitmaps._ledgers if k not in listed], dtype=_U64)
-        return rest, ledgers, bitmaps._counts
+        mapped = set(rest[0::3])
+        ledgers = np.array([k for k in bitmaps._ledgers if k not in mapped], dtype=_U64)
+        return rest, EntryLists(ledgers, bitmaps._counts, np.zeros(0, dtype=_U64))
     rest, lists = split_lists(bitmaps)
-    return rest, lists.ledgers, lists.counts
+    return rest, EntryLists(lists.ledgers, lists.counts, np.zeros(0, dtype=_U64))
 
 
 _PREAMBLE = struct.Struct("<II")  # cookie, container count

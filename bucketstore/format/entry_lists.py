@@ -18,13 +18,14 @@ The byte-level specification is ``formats/bucket_snapshot.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from .segment_codec import SegmentCodecError, decode_column, encode_column
 
-__all__ = ["EntryLists", "ListsError", "decode_counts", "decode_lists", "encode_lists", "lists_from_rows"]
+__all__ = ["EntryLists", "ListedRows", "ListsError", "decode_counts", "decode_lists", "encode_lists", "lists_from_rows"]
 
 _U64 = np.dtype("<u8")
 _ID_LIMIT = np.uint64(1 << 32)
@@ -40,6 +41,10 @@ class EntryLists(NamedTuple):
     ledgers: np.ndarray
     counts: np.ndarray
     entries: np.ndarray
+
+
+#: Version 5: given the listed ledgers' ids and counts, their entry ids from the segments' rows.
+ListedRows = Callable[[np.ndarray, np.ndarray], EntryLists]
 
 
 class ListsError(ValueError):

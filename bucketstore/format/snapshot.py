@@ -9,10 +9,9 @@ ledger id). Entries 1..N hold the segments in the compact encoding of
 Version 2 keeps *one* bitmap per ledger for the whole bucket: the segments
 already say which segment holds which position, so version 1's per-segment
 bitmaps (PIP-195's layout, still read) stored every position twice. Version 3
-(what this module writes) stores the same bitmaps, portable roaring still, but
-laid end to end and, from 4 KiB, byte-shuffled (every even byte, then every odd
-byte), so the compressor sees the low and the high bytes of the array containers'
-16-bit entry ids apart: a sparse bucket's entry 0 is 29 % smaller (issue 28 item 2).
+lays the same bitmaps end to end, byte-shuffled from 4 KiB; version 4 stores a
+sparse bucket's ledgers as entry-id lists instead; version 5 (what this module
+writes) keeps only their counts, the ids being the segments' rows (issue 28 item 2).
 The engine needs only bucket-wide membership at recovery; the positions of one
 segment, when needed, come from decoding it
 (:meth:`BucketFile.segment_positions`). The bitmaps are built and serialized in
@@ -30,7 +29,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate
@@ -43,10 +42,12 @@ from ..errors import CorruptLedgerError
 from .compression import ZLIB, ZSTD, CompressionError, Compressor, compress as _compress, decompress_exact
 from .fs import REAL_FS, FileSystem
 from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, bitmaps_with_lists, flat_bitmaps,
-                             ledger_bitmaps, segment_bitmaps, serialized_bitmaps, split_counts,
-                             split_lists)
+                             ledger_bitmaps, segment_bitmaps, serialized_bitmaps, split_counts, split_lists,
+                             union_bitmaps)
+from .bucket_key import BUCKET_KEY_PREFIX, bucket_key, parse_bucket_key
 from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _shuffle, unshuffle as _unshuffle
-from .entry_lists import EntryLists, ListsError, decode_counts, decode_lists, encode_lists, lists_from_rows
+from .entry_lists import (EntryLists, ListedRows, ListsError, decode_counts, decode_lists, encode_lists,
+                          lists_from_rows)
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
@@ -85,7 +86,6 @@ SNAPSHOT_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: Entry 0's msgpack array length in each version.
 _BODY_LENGTH = {1: 5, 2: 6, 3: 7, 4: 9, 5: 9}
-BUCKET_KEY_PREFIX = "#pulsar.internal.delayed.bucket"
 _U64 = np.dtype("<u8")
 _FLAG_ZLIB = 0x01
 _FLAG_ZSTD = 0x02  # from version 2
@@ -100,25 +100,6 @@ class MetadataCodecError(ValueError):
         self.offset = offset
         self.reason = reason
         super().__init__(f"offset {offset}: {reason}")
-
-
-def bucket_key(start_ledger: int, end_ledger: int) -> str:
-    """The cursor-property key of a bucket covering ledgers ``[start, end]`` (Pulsar's spelling)."""
-    return f"{BUCKET_KEY_PREFIX}_{start_ledger}_{end_ledger}"
-
-
-def parse_bucket_key(key: str) -> tuple[int, int]:
-    """Return ``(start, end)`` of a bucket key; :class:`ValueError` if it is not one."""
-    prefix = BUCKET_KEY_PREFIX + "_"
-    if not key.startswith(prefix):
-        raise ValueError(f"{key!r} is not a bucket key")
-    parts = key[len(prefix):].split("_")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"{key!r} is not a bucket key")
-    start, end = int(parts[0]), int(parts[1])
-    if start > end or end >= 1 << 64:
-        raise ValueError(f"{key!r} has an invalid ledger range")
-    return start, end
 
 
 @dataclass(slots=True)
@@ -253,11 +234,7 @@ def _encode_metadata_v4(meta: BucketMetadata, segments: list[int], *, compress: 
 
     Version 5's is the same array with ``5`` first and the lists' first two columns only (ledger
     ids and counts): the listed ledgers' entry ids are those of the segments' rows."""
-    if meta.version == 5:
-        rest, ledgers, counts = split_counts(meta.bitmaps)
-        lists = EntryLists(ledgers, counts, np.zeros(0, dtype=_U64))
-    else:
-        rest, lists = split_lists(meta.bitmaps)
+    rest, lists = split_counts(meta.bitmaps) if meta.version == 5 else split_lists(meta.bitmaps)
     table: list[object] = []
     for ledger, width, blob in zip(rest[0::3], rest[1::3], rest[2::3]):
         table += [ledger, width, len(blob)]  # type: ignore[arg-type]
@@ -303,17 +280,12 @@ def _is_u64(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
 
 
-#: Version 5: given the listed ledgers' ids and counts, their entry ids from the segments' rows.
-ListedRows = Callable[[np.ndarray, np.ndarray], EntryLists]
-
-
 def decode_metadata(payload: bytes | memoryview, rows: ListedRows | None = None) -> BucketMetadata:
     """Decode and validate entry 0. Raises :class:`MetadataCodecError` on any damage.
 
-    ``rows`` (version 5) gathers the listed ledgers' entry ids from the bucket's segments when
-    its bitmaps are read (:meth:`BucketFile` passes one that reads the file's segments); without
-    it, reading those ledgers' bitmaps raises :class:`ValueError`: entry 0 alone does not hold
-    them. The ledgers and their counts are known either way."""
+    ``rows`` (version 5) gathers the listed ledgers' entry ids from the segments when the bitmaps
+    are read (:class:`BucketFile` passes one); without it, reading them raises :class:`ValueError`:
+    entry 0 alone holds the ledgers and their counts only."""
     view = memoryview(payload)
     if len(view) < _PREFIX.size:
         raise MetadataCodecError(0, "metadata payload is shorter than its 5-byte prefix")
@@ -416,17 +388,15 @@ def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at
         raise MetadataCodecError(at, "bucket: a ledger has both a bitmap and an entry-id list")
     if doc[0] == 5:
         total = sum(len(bm) for bm in rest.values()) + int(counts.sum())
-        return LedgerBitmaps(None, total, None, rest, unpack=partial(_listed_rows, rows, ids, counts),
+        return LedgerBitmaps(None, total, None, rest, unpack=partial(rows or _no_rows, ids, counts),
                              listed=ids.tolist(), counts=counts)
     # The arrays cost 8 to 16 bytes an index, the columns' bytes about 2: keep the bytes, decode again if asked.
     return bitmaps_with_lists(rest, lists, lambda: decode_lists(data, ledgers, count))  # type: ignore[arg-type]
 
 
-def _listed_rows(rows: ListedRows | None, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
-    if rows is None:
-        raise ValueError("a version-5 entry 0 decoded alone: its listed ledgers' entry ids are the segments' "
-                         "rows (open the file with BucketFile, or pass decode_metadata the rows)")
-    return rows(ledgers, counts)
+def _no_rows(ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
+    raise ValueError("a version-5 entry 0 decoded alone: its listed ledgers' entry ids are the segments' "
+                     "rows (open the file with BucketFile, or pass decode_metadata the rows)")
 
 
 def _unshuffled_bitmaps(table: object, stored: object, at: int) -> list[object]:
@@ -506,22 +476,6 @@ def _sorted_flat(flat: list[object]) -> list[object]:
         if len(set(ledgers)) == len(ledgers):
             triples.sort(key=lambda t: t[0])
     return [v for t in triples for v in t]
-
-
-def union_bitmaps(parts: Iterable[Mapping[int, EntryBitmap]]) -> dict[int, EntryBitmap]:
-    """The per-ledger union of several ``ledger -> bitmap`` maps (new bitmaps; 64-bit where
-    any part is)."""
-    union: dict[int, EntryBitmap] = {}
-    for bitmaps in parts:
-        for ledger, bm in bitmaps.items():
-            have = union.get(ledger)
-            if have is None:
-                union[ledger] = bm.copy()
-            elif type(have) is type(bm):
-                have |= bm
-            else:
-                union[ledger] = BitMap64(have) | BitMap64(bm)
-    return union
 
 
 #: Rows from which :func:`build_bucket` given ``run_beside`` encodes its first half of segments
@@ -692,26 +646,22 @@ class BucketFile:
         return len(self.metadata.segments)
 
     def _listed_rows(self, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
-        """Version 5: the listed ledgers' entry ids, from every segment's rows (the file reopened
-        when this reader is closed: the bucket's bitmaps are read when first needed, which may
-        be after the open that read entry 0).
+        """Version 5: the listed ledgers' entry ids, from every segment's rows (the file opened again
+        once this reader is closed: the bitmaps are read when first needed, maybe after the open).
 
-        :raises CorruptLedgerError: a segment is damaged, or the rows disagree with entry 0's counts.
-        """
+        :raises CorruptLedgerError: a segment is damaged, or the rows disagree with entry 0's counts."""
         reader = self.ledger if not self.ledger.closed else LedgerReader(self.path, fs=self._fs)
         try:
             at = reader.entry_payload_offset(0)
-            ledger_columns, entry_columns = [], []
-            for number, meta in enumerate(self.metadata.segments, start=1):
-                seg = read_segment_entry(reader, number, meta.count, meta.min_timestamp, meta.max_timestamp,
-                                         snapshot_version=self.metadata.version)
-                ledger_columns.append(seg.ledger_ids)
-                entry_columns.append(seg.entry_ids)
+            segs = [read_segment_entry(reader, number, m.count, m.min_timestamp, m.max_timestamp,
+                                       snapshot_version=self.metadata.version)
+                    for number, m in enumerate(self.metadata.segments, start=1)]
         finally:
             if reader is not self.ledger:
                 reader.close()
         try:
-            return lists_from_rows(np.concatenate(ledger_columns), np.concatenate(entry_columns), ledgers, counts)
+            return lists_from_rows(np.concatenate([seg.ledger_ids for seg in segs]),
+                                   np.concatenate([seg.entry_ids for seg in segs]), ledgers, counts)
         except ListsError as exc:
             raise CorruptLedgerError(self.path, at, f"entry 0's listed ledgers and the segments disagree: "
                                                     f"{exc.reason}") from None
