@@ -20,8 +20,8 @@ from .entry_lists import EntryLists
 from .segment_codec import _BLOCK_ROWS
 
 __all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "EntryLists", "LedgerBitmaps", "bitmaps_with_lists",
-           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_counts", "split_lists",
-           "union_bitmaps"]
+           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_counts",
+           "split_lists", "union_bitmaps"]
 
 #: Entry 0's width tags: the bitmap after the tag is a ``BitMap`` (32) or a ``BitMap64`` (64).
 BITMAP32 = 32

@@ -646,22 +646,23 @@ class BucketFile:
         return len(self.metadata.segments)
 
     def _listed_rows(self, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
-        """Version 5: the listed ledgers' entry ids, from every segment's rows (the file opened again
-        once this reader is closed: the bitmaps are read when first needed, maybe after the open).
+        """Version 5: the listed ledgers' entry ids, from the segments' ledger and entry columns (the file
+        opened again once this reader is closed: the bitmaps are read when first needed).
 
         :raises CorruptLedgerError: a segment is damaged, or the rows disagree with entry 0's counts."""
         reader = self.ledger if not self.ledger.closed else LedgerReader(self.path, fs=self._fs)
         try:
             at = reader.entry_payload_offset(0)
-            segs = [read_segment_entry(reader, number, m.count, m.min_timestamp, m.max_timestamp,
-                                       snapshot_version=self.metadata.version)
-                    for number, m in enumerate(self.metadata.segments, start=1)]
+            cols = [(seg.ledger_ids, seg.entry_ids) for seg in (
+                read_segment_entry(reader, number, m.count, m.min_timestamp, m.max_timestamp,
+                                   snapshot_version=self.metadata.version)
+                for number, m in enumerate(self.metadata.segments, start=1))]
         finally:
             if reader is not self.ledger:
                 reader.close()
         try:
-            return lists_from_rows(np.concatenate([seg.ledger_ids for seg in segs]),
-                                   np.concatenate([seg.entry_ids for seg in segs]), ledgers, counts)
+            return lists_from_rows(np.concatenate([c[0] for c in cols]), np.concatenate([c[1] for c in cols]),
+                                   ledgers, counts)
         except ListsError as exc:
             raise CorruptLedgerError(self.path, at, f"entry 0's listed ledgers and the segments disagree: "
                                                     f"{exc.reason}") from None
