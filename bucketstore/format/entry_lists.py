@@ -18,8 +18,8 @@ The byte-level specification is ``formats/bucket_snapshot.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,8 +43,9 @@ class EntryLists(NamedTuple):
     entries: np.ndarray
 
 
-#: Version 5: given the listed ledgers' ids and counts, their entry ids from the segments' rows.
-ListedRows = Callable[[np.ndarray, np.ndarray], EntryLists]
+#: Version 5: given entry 0's segment table (its ``SegmentMetadata`` list), the listed ledgers' ids
+#: and their counts, those ledgers' entry ids from the segments' rows.
+ListedRows = Callable[[Sequence[Any], np.ndarray, np.ndarray], EntryLists]
 
 
 class ListsError(ValueError):

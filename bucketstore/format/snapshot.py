@@ -347,7 +347,7 @@ def _validate_metadata(doc: object, rows: ListedRows | None = None) -> BucketMet
         if sum(seg.count for seg in out) != count:  # (before the lists are allocated by count)
             raise MetadataCodecError(at, f"segments hold {sum(seg.count for seg in out)} indexes but the "
                                          f"bucket count is {count}")
-        bitmaps = _validate_v4_bitmaps(doc, start, end, count, at, rows)
+        bitmaps = _validate_v4_bitmaps(doc, start, end, count, at, rows, out)
         card = bitmaps.cardinality
     else:
         out = _validate_segments_v2(segments, at)
@@ -364,7 +364,8 @@ def _validate_metadata(doc: object, rows: ListedRows | None = None) -> BucketMet
 
 
 def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at: int,
-                         rows: ListedRows | None = None) -> LedgerBitmaps:
+                         rows: ListedRows | None = None, segments: list[SegmentMetadata] | None = None
+                         ) -> LedgerBitmaps:
     """Version 4's bitmaps: version 3's table and data, then the entry-id lists (checked as the
     spec says: ledgers in range, apart from the table's; the total is the caller's check).
     Version 5's: the same, the lists without their ids (``rows`` gathers them when asked)."""
@@ -388,13 +389,13 @@ def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at
         raise MetadataCodecError(at, "bucket: a ledger has both a bitmap and an entry-id list")
     if doc[0] == 5:
         total = sum(len(bm) for bm in rest.values()) + int(counts.sum())
-        return LedgerBitmaps(None, total, None, rest, unpack=partial(rows or _no_rows, ids, counts),
+        return LedgerBitmaps(None, total, None, rest, unpack=partial(rows or _no_rows, segments, ids, counts),
                              listed=ids.tolist(), counts=counts)
     # The arrays cost 8 to 16 bytes an index, the columns' bytes about 2: keep the bytes, decode again if asked.
     return bitmaps_with_lists(rest, lists, lambda: decode_lists(data, ledgers, count))  # type: ignore[arg-type]
 
 
-def _no_rows(ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
+def _no_rows(segments: object, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
     raise ValueError("a version-5 entry 0 decoded alone: its listed ledgers' entry ids are the segments' "
                      "rows (open the file with BucketFile, or pass decode_metadata the rows)")
 
@@ -600,6 +601,28 @@ def read_segment_entry(reader: LedgerReader, number: int, count: int, min_timest
     return seg
 
 
+def _segment_rows(reader: LedgerReader, fs: FileSystem, segments: list[SegmentMetadata], ledgers: np.ndarray,
+                  counts: np.ndarray) -> EntryLists:
+    """Version 5: the listed ledgers' entry ids from the segments' rows, the file opened again once
+    ``reader`` is closed; raises :class:`CorruptLedgerError` for a damaged segment or rows that disagree
+    with entry 0's counts. (Not a BucketFile method: the metadata holding this would make a cycle.)"""
+    opened = reader if not reader.closed else LedgerReader(reader.path, fs=fs)
+    try:
+        at = opened.entry_payload_offset(0)
+        cols = [(seg.ledger_ids, seg.entry_ids) for seg in (
+            read_segment_entry(opened, number, m.count, m.min_timestamp, m.max_timestamp, snapshot_version=5)
+            for number, m in enumerate(segments, start=1))]
+    finally:
+        if opened is not reader:
+            opened.close()
+    try:
+        return lists_from_rows(np.concatenate([c[0] for c in cols]), np.concatenate([c[1] for c in cols]),
+                               ledgers, counts)
+    except ListsError as exc:
+        raise CorruptLedgerError(reader.path, at, f"entry 0's listed ledgers and the segments disagree: "
+                                                  f"{exc.reason}") from None
+
+
 class BucketFile:
     """A sealed bucket snapshot opened for reading.
 
@@ -610,7 +633,6 @@ class BucketFile:
 
     def __init__(self, path: str | os.PathLike[str], *, fs: FileSystem = REAL_FS) -> None:
         self.ledger = LedgerReader(path, fs=fs)
-        self._fs = fs
         try:
             self.path = self.ledger.path
             self.ledger_id = self.ledger.ledger_id
@@ -621,7 +643,7 @@ class BucketFile:
                 raise CorruptLedgerError(self.path, self.ledger.trailer_offset, "bucket ledger has no metadata entry")
             payload = self.ledger.read_entry(0)
             try:
-                self.metadata = decode_metadata(payload, self._listed_rows)
+                self.metadata = decode_metadata(payload, partial(_segment_rows, self.ledger, fs))
             except MetadataCodecError as exc:
                 raise CorruptLedgerError(self.path, self.ledger.entry_payload_offset(0) + exc.offset,
                                          f"entry 0: {exc.reason}") from None
@@ -644,28 +666,6 @@ class BucketFile:
     @property
     def segment_count(self) -> int:
         return len(self.metadata.segments)
-
-    def _listed_rows(self, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
-        """Version 5: the listed ledgers' entry ids, from the segments' ledger and entry columns (the file
-        opened again once this reader is closed: the bitmaps are read when first needed).
-
-        :raises CorruptLedgerError: a segment is damaged, or the rows disagree with entry 0's counts."""
-        reader = self.ledger if not self.ledger.closed else LedgerReader(self.path, fs=self._fs)
-        try:
-            at = reader.entry_payload_offset(0)
-            cols = [(seg.ledger_ids, seg.entry_ids) for seg in (
-                read_segment_entry(reader, number, m.count, m.min_timestamp, m.max_timestamp,
-                                   snapshot_version=self.metadata.version)
-                for number, m in enumerate(self.metadata.segments, start=1))]
-        finally:
-            if reader is not self.ledger:
-                reader.close()
-        try:
-            return lists_from_rows(np.concatenate([c[0] for c in cols]), np.concatenate([c[1] for c in cols]),
-                                   ledgers, counts)
-        except ListsError as exc:
-            raise CorruptLedgerError(self.path, at, f"entry 0's listed ledgers and the segments disagree: "
-                                                    f"{exc.reason}") from None
 
     @property
     def size(self) -> int:

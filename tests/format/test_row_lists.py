@@ -3,7 +3,9 @@ being the segments' rows (``format/entry_lists.py``: ``decode_counts``, ``lists_
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 
 import msgpack
 import numpy as np
@@ -51,6 +53,22 @@ def test_a_sparse_bucket_in_v5_drops_entry_0s_ids_and_reads_them_from_the_segmen
     closed = BucketFile(v5)
     closed.close()
     assert _as_lists(closed.metadata.bitmaps) == want
+
+
+def test_the_metadata_does_not_keep_its_bucket_file_alive(tmp_path) -> None:
+    """The metadata's way to its segments holds the reader, not the BucketFile (which holds the
+    metadata): a dropped BucketFile goes at once, not at the next cycle collection (a spill reads
+    every bucket's entry 0 once and drops it)."""
+    path = _write(str(tmp_path), 1, *_sparse(3, seed=4), version=5, start=0, end=2)
+    gc.disable()
+    try:
+        with BucketFile(path) as bf:
+            meta, ref = bf.metadata, weakref.ref(bf)
+        del bf
+        assert ref() is None
+    finally:
+        gc.enable()
+    assert sum(map(len, _as_lists(meta.bitmaps).values())) == meta.bitmaps.cardinality  # read after all
 
 
 def test_a_mixed_bucket_keeps_its_bitmaps_and_lists_the_rest(tmp_path) -> None:
