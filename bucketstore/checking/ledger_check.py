@@ -233,8 +233,8 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
             report.add(meta_at, f"entry 0's listed ledgers and the segments disagree: {exc.reason}")
 
 
-def _listed_rows(positions: list[np.ndarray], segments: object, ledgers: np.ndarray, counts: np.ndarray
-                 ) -> EntryLists:
+def _listed_rows(positions: list[np.ndarray], version: int, segments: object, ledgers: np.ndarray,
+                 counts: np.ndarray) -> EntryLists:
     """Version 5's listed ledgers' entry ids, from the rows of the segments read (``positions``)."""
     pairs = np.concatenate(positions) if positions else np.zeros((0, 2), dtype=np.uint64)
     return lists_from_rows(pairs[:, 0], pairs[:, 1], ledgers, counts)

@@ -43,9 +43,9 @@ class EntryLists(NamedTuple):
     entries: np.ndarray
 
 
-#: Version 5: given entry 0's segment table (its ``SegmentMetadata`` list), the listed ledgers' ids
-#: and their counts, those ledgers' entry ids from the segments' rows.
-ListedRows = Callable[[Sequence[Any], np.ndarray, np.ndarray], EntryLists]
+#: Version 5: given entry 0's version and segment table (its ``SegmentMetadata`` list), the listed
+#: ledgers' ids and their counts, those ledgers' entry ids from the segments' rows.
+ListedRows = Callable[[int, Sequence[Any], np.ndarray, np.ndarray], EntryLists]
 
 
 class ListsError(ValueError):

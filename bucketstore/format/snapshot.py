@@ -389,13 +389,13 @@ def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at
         raise MetadataCodecError(at, "bucket: a ledger has both a bitmap and an entry-id list")
     if doc[0] == 5:
         total = sum(len(bm) for bm in rest.values()) + int(counts.sum())
-        return LedgerBitmaps(None, total, None, rest, unpack=partial(rows or _no_rows, segments, ids, counts),
+        return LedgerBitmaps(None, total, None, rest, unpack=partial(rows or _no_rows, doc[0], segments, ids, counts),
                              listed=ids.tolist(), counts=counts)
     # The arrays cost 8 to 16 bytes an index, the columns' bytes about 2: keep the bytes, decode again if asked.
     return bitmaps_with_lists(rest, lists, lambda: decode_lists(data, ledgers, count))  # type: ignore[arg-type]
 
 
-def _no_rows(segments: object, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
+def _no_rows(version: int, segments: object, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
     raise ValueError("a version-5 entry 0 decoded alone: its listed ledgers' entry ids are the segments' "
                      "rows (open the file with BucketFile, or pass decode_metadata the rows)")
 
@@ -601,8 +601,8 @@ def read_segment_entry(reader: LedgerReader, number: int, count: int, min_timest
     return seg
 
 
-def _segment_rows(reader: LedgerReader, fs: FileSystem, segments: list[SegmentMetadata], ledgers: np.ndarray,
-                  counts: np.ndarray) -> EntryLists:
+def _segment_rows(reader: LedgerReader, fs: FileSystem, version: int, segments: list[SegmentMetadata],
+                  ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
     """Version 5: the listed ledgers' entry ids from the segments' rows, the file opened again once
     ``reader`` is closed; raises :class:`CorruptLedgerError` for a damaged segment or rows that disagree
     with entry 0's counts. (Not a BucketFile method: the metadata holding this would make a cycle.)"""
@@ -610,7 +610,7 @@ def _segment_rows(reader: LedgerReader, fs: FileSystem, segments: list[SegmentMe
     try:
         at = opened.entry_payload_offset(0)
         cols = [(seg.ledger_ids, seg.entry_ids) for seg in (
-            read_segment_entry(opened, number, m.count, m.min_timestamp, m.max_timestamp, snapshot_version=5)
+            read_segment_entry(opened, number, m.count, m.min_timestamp, m.max_timestamp, snapshot_version=version)
             for number, m in enumerate(segments, start=1))]
     finally:
         if opened is not reader:
