@@ -15,6 +15,7 @@ from typing import Any
 from pyroaring import BitMap64
 
 from ..errors import CorruptLedgerError
+from ..format.entry_lists import COUNTS_ONLY_VERSION
 from ..format.ledger_file import END_MAGIC, MAGIC, LedgerReader
 from ..format.segment_codec import FLAG_ZLIB, FLAG_ZSTD
 from ..format.snapshot import BucketFile
@@ -139,7 +140,8 @@ def render_text(doc: dict[str, Any]) -> str:
                      f"entry 0 {b['metadata_size']} bytes")
         if "listed_ledgers" in b:
             # Version 5 lists the ledgers and their counts; their entry ids are the segments' rows.
-            listed = "entry-id lists" if b["snapshot_version"] == 4 else "counts (ids: the segments' rows)"
+            listed = ("entry-id lists" if b["snapshot_version"] < COUNTS_ONLY_VERSION
+                      else "counts (ids: the segments' rows)")
             lines.append(f"entry 0     {b['listed_ledgers']} ledgers as {listed}, "
                          f"{len(b['ledgers']) - b['listed_ledgers']} as bitmaps")
         if b["snapshot_version"] >= 2:

@@ -25,7 +25,11 @@ import numpy as np
 
 from .segment_codec import SegmentCodecError, decode_column, encode_column
 
-__all__ = ["EntryLists", "ListedRows", "ListsError", "decode_counts", "decode_lists", "encode_lists", "lists_from_rows"]
+__all__ = ["COUNTS_ONLY_VERSION", "EntryLists", "ListedRows", "ListsError", "decode_counts", "decode_lists",
+           "encode_lists", "lists_from_rows"]
+
+#: The snapshot version from which entry 0's lists hold the listed ledgers' counts only (no gaps).
+COUNTS_ONLY_VERSION = 5
 
 _U64 = np.dtype("<u8")
 _ID_LIMIT = np.uint64(1 << 32)

@@ -46,8 +46,8 @@ from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, bit
                              union_bitmaps)
 from .bucket_key import BUCKET_KEY_PREFIX, bucket_key, parse_bucket_key
 from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _shuffle, unshuffle as _unshuffle
-from .entry_lists import (EntryLists, ListedRows, ListsError, decode_counts, decode_lists, encode_lists,
-                          lists_from_rows)
+from .entry_lists import (COUNTS_ONLY_VERSION, EntryLists, ListedRows, ListsError, decode_counts, decode_lists,
+                          encode_lists, lists_from_rows)
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
@@ -234,13 +234,14 @@ def _encode_metadata_v4(meta: BucketMetadata, segments: list[int], *, compress: 
 
     Version 5's is the same array with ``5`` first and the lists' first two columns only (ledger
     ids and counts): the listed ledgers' entry ids are those of the segments' rows."""
-    rest, lists = split_counts(meta.bitmaps) if meta.version == 5 else split_lists(meta.bitmaps)
+    counts_only = meta.version >= COUNTS_ONLY_VERSION
+    rest, lists = split_counts(meta.bitmaps) if counts_only else split_lists(meta.bitmaps)
     table: list[object] = []
     for ledger, width, blob in zip(rest[0::3], rest[1::3], rest[2::3]):
         table += [ledger, width, len(blob)]  # type: ignore[arg-type]
     data = b"".join(rest[2::3])  # type: ignore[arg-type]
     stored = [data] if len(data) < SHUFFLE_FROM else list(_shuffle(data))
-    listed, differences = encode_lists(lists, gaps=meta.version == 4) if len(lists.ledgers) else ([], [])
+    listed, differences = encode_lists(lists, gaps=not counts_only) if len(lists.ledgers) else ([], [])
     packer = msgpack.Packer(use_bin_type=True)
     # Packed element by element, the bytes are msgpack.packb of the whole array.
     head = packer.pack_array_header(9) + b"".join(
@@ -364,8 +365,7 @@ def _validate_metadata(doc: object, rows: ListedRows | None = None) -> BucketMet
 
 
 def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at: int,
-                         rows: ListedRows | None = None, segments: list[SegmentMetadata] | None = None
-                         ) -> LedgerBitmaps:
+                         rows: ListedRows | None, segments: list[SegmentMetadata]) -> LedgerBitmaps:
     """Version 4's bitmaps: version 3's table and data, then the entry-id lists (checked as the
     spec says: ledgers in range, apart from the table's; the total is the caller's check).
     Version 5's: the same, the lists without their ids (``rows`` gathers them when asked)."""
@@ -376,7 +376,7 @@ def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at
     if not ledgers:
         return bitmaps_with_lists(rest, EntryLists(*(np.zeros(0, dtype=_U64),) * 3))
     try:
-        if doc[0] == 5:
+        if doc[0] >= COUNTS_ONLY_VERSION:
             ids, counts = decode_counts(data, ledgers, count)  # type: ignore[arg-type]
         else:
             lists = decode_lists(data, ledgers, count)  # type: ignore[arg-type]
@@ -387,7 +387,7 @@ def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at
         raise MetadataCodecError(at, f"bucket: a ledger of the entry-id lists is outside [{start}, {end}]")
     if rest and np.isin(ids, np.fromiter(rest, dtype=_U64, count=len(rest))).any():
         raise MetadataCodecError(at, "bucket: a ledger has both a bitmap and an entry-id list")
-    if doc[0] == 5:
+    if doc[0] >= COUNTS_ONLY_VERSION:
         total = sum(len(bm) for bm in rest.values()) + int(counts.sum())
         return LedgerBitmaps(None, total, None, rest, unpack=partial(rows or _no_rows, doc[0], segments, ids, counts),
                              listed=ids.tolist(), counts=counts)
