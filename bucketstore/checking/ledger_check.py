@@ -28,11 +28,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import numpy as np
 
 from ..errors import CorruptLedgerError
+from ..format.entry_lists import EntryLists, ListsError, lists_from_rows
 from ..format.ledger_file import HEADER_FIXED_SIZE, LedgerReader
 from ..format.segment_codec import SegmentCodecError, check_sorted, decode_segment
 from ..format.snapshot import MetadataCodecError, decode_metadata
@@ -167,8 +169,10 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
     if payloads[0] is None:
         return  # already reported; without entry 0 the segments cannot be judged
     meta_at = reader.entry_payload_offset(0)
+    positions: list[np.ndarray] = []
     try:
-        meta = decode_metadata(payloads[0])
+        # Version 5: the listed ledgers' ids are the segments' rows, gathered below as they are read.
+        meta = decode_metadata(payloads[0], partial(_listed_rows, positions))
     except MetadataCodecError as exc:
         report.add(meta_at + exc.offset, f"entry 0: {exc.reason}")
         return
@@ -185,7 +189,6 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
     report.segments = len(meta.segments)
     report.indexes = meta.count
     previous_last: tuple[int, int, int] | None = None
-    positions: list[np.ndarray] = []
     for number, seg_meta in enumerate(meta.segments, start=1):
         if number >= len(payloads):
             break
@@ -224,7 +227,17 @@ def _check_bucket(reader: LedgerReader, payloads: list[bytes | None], report: Fi
     if meta.version >= 2 and len(positions) == len(meta.segments):
         # Version 2's bitmaps are the bucket's: they must hold exactly the segments' positions.
         # (With a segment unreadable, its damage is reported and this comparison would only repeat it.)
-        _check_bucket_bitmaps(positions, meta.bitmaps, meta_at, report)
+        try:
+            _check_bucket_bitmaps(positions, meta.bitmaps, meta_at, report)
+        except ListsError as exc:  # version 5: entry 0's counts of its listed ledgers disagree with the rows
+            report.add(meta_at, f"entry 0's listed ledgers and the segments disagree: {exc.reason}")
+
+
+def _listed_rows(positions: list[np.ndarray], version: int, segments: object, ledgers: np.ndarray,
+                 counts: np.ndarray) -> EntryLists:
+    """Version 5's listed ledgers' entry ids, from the rows of the segments read (``positions``)."""
+    pairs = np.concatenate(positions) if positions else np.zeros((0, 2), dtype=np.uint64)
+    return lists_from_rows(pairs[:, 0], pairs[:, 1], ledgers, counts)
 
 
 def _check_unique_positions(positions: list[np.ndarray], meta_at: int, report: FileReport) -> None:

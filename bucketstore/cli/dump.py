@@ -15,6 +15,7 @@ from typing import Any
 from pyroaring import BitMap64
 
 from ..errors import CorruptLedgerError
+from ..format.entry_lists import COUNTS_ONLY_VERSION
 from ..format.ledger_file import END_MAGIC, MAGIC, LedgerReader
 from ..format.segment_codec import FLAG_ZLIB, FLAG_ZSTD
 from ..format.snapshot import BucketFile
@@ -80,7 +81,8 @@ def _describe_bucket(bucket: BucketFile, indexes: int, doc: dict[str, Any]) -> N
                      # Version 2 keeps one bitmap per ledger for the bucket (version 1: per segment, below).
                      "ledgers": _ledger_docs(meta.bitmaps)}
     if meta.version >= 4 and lists is not None:
-        # Version 4 stores array-only ledgers as entry-id lists, the others as portable bitmaps.
+        # Version 4 stores array-only ledgers as entry-id lists (version 5: their counts, the ids
+        # being the segments' rows), the others as portable bitmaps.
         doc["bucket"]["listed_ledgers"] = len(lists.ledgers)
     segments: list[dict[str, Any]] = []
     doc["segments"] = segments
@@ -137,7 +139,10 @@ def render_text(doc: dict[str, Any]) -> str:
                      f"{b['end_ledger']}], {b['count']} indexes in {len(doc['segments'])} segments, "
                      f"entry 0 {b['metadata_size']} bytes")
         if "listed_ledgers" in b:
-            lines.append(f"entry 0     {b['listed_ledgers']} ledgers as entry-id lists, "
+            # Version 5 lists the ledgers and their counts; their entry ids are the segments' rows.
+            listed = ("entry-id lists" if b["snapshot_version"] < COUNTS_ONLY_VERSION
+                      else "counts (ids: the segments' rows)")
+            lines.append(f"entry 0     {b['listed_ledgers']} ledgers as {listed}, "
                          f"{len(b['ledgers']) - b['listed_ledgers']} as bitmaps")
         if b["snapshot_version"] >= 2:
             lines.append(f"ledgers     {_ledger_text(b['ledgers'])}")

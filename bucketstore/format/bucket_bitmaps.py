@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable, ItemsView, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from typing import Union
 
 import numpy as np
@@ -20,7 +20,8 @@ from .entry_lists import EntryLists
 from .segment_codec import _BLOCK_ROWS
 
 __all__ = ["BITMAP32", "BITMAP64", "EntryBitmap", "EntryLists", "LedgerBitmaps", "bitmaps_with_lists",
-           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_lists"]
+           "entry_columns", "flat_bitmaps", "ledger_bitmaps", "segment_bitmaps", "serialized_bitmaps", "split_counts",
+           "split_lists", "union_bitmaps"]
 
 #: Entry 0's width tags: the bitmap after the tag is a ``BitMap`` (32) or a ``BitMap64`` (64).
 BITMAP32 = 32
@@ -162,11 +163,12 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
     if someone reads this mapping.
     """
 
-    __slots__ = ("_ledgers", "_flat", "_made", "_rest", "_lists", "_unpack", "_loaded", "cardinality")
+    __slots__ = ("_ledgers", "_flat", "_made", "_rest", "_lists", "_unpack", "_loaded", "_counts", "cardinality")
 
     def __init__(self, flat: list[object] | None, cardinality: int, lists: EntryLists | None = None,
                  rest: Mapping[int, EntryBitmap] | list[object] | None = None, *,
-                 unpack: Callable[[], EntryLists] | None = None, listed: list[int] | None = None) -> None:
+                 unpack: Callable[[], EntryLists] | None = None, listed: list[int] | None = None,
+                 counts: np.ndarray | None = None) -> None:
         #: ``[ledger_id, width, blob, ...]`` in ascending ledger order: entry 0's bitmap list. None:
         #: not made yet, from ``rest`` (ledger -> bitmap, or a bitmap list of the unlisted ledgers)
         #: and the lists (see :func:`bitmaps_with_lists`).
@@ -185,6 +187,8 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
             rest_ids = rest[0::3] if isinstance(rest, list) else list(rest)
             self._ledgers = sorted([*rest_ids, *ids]) if rest_ids else ids
         self._loaded: dict[int, EntryBitmap] | None = None
+        #: A version-5 entry 0's: the listed ledgers' counts (``listed``'s order), all it stores of them.
+        self._counts = counts
         #: The number of positions, the sum of the bitmaps' cardinalities.
         self.cardinality = cardinality
 
@@ -217,7 +221,7 @@ class LedgerBitmaps(Mapping[int, EntryBitmap]):
             if self._made:
                 # Held now as bitmaps (about 1.3 bytes an index for a sparse bucket): let the
                 # serializations and the lists' bytes go.
-                self._flat = self._rest = self._lists = self._unpack = None
+                self._flat = self._rest = self._lists = self._unpack = self._counts = None
         return self._loaded
 
     def __getitem__(self, ledger: int) -> EntryBitmap:
@@ -405,6 +409,22 @@ def _array_only_blobs(blobs: list[bytes], fast: np.ndarray, se: np.ndarray, firs
         blobs[j] = blob[a:b]
 
 
+def union_bitmaps(parts: Iterable[Mapping[int, EntryBitmap]]) -> dict[int, EntryBitmap]:
+    """The per-ledger union of several ``ledger -> bitmap`` maps (new bitmaps; 64-bit where
+    any part is)."""
+    union: dict[int, EntryBitmap] = {}
+    for bitmaps in parts:
+        for ledger, bm in bitmaps.items():
+            have = union.get(ledger)
+            if have is None:
+                union[ledger] = bm.copy()
+            elif type(have) is type(bm):
+                have |= bm
+            else:
+                union[ledger] = BitMap64(have) | BitMap64(bm)
+    return union
+
+
 def flat_bitmaps(bitmaps: Mapping[int, EntryBitmap]) -> list[object]:
     if isinstance(bitmaps, LedgerBitmaps):
         return bitmaps.flat()
@@ -463,6 +483,18 @@ def split_lists(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], Entry
     lists = EntryLists(np.array(ledgers, dtype=_U64), np.array(counts, dtype=_U64),
                        np.concatenate(ids) if ids else np.zeros(0, dtype=_U64))
     return rest, lists
+
+
+def split_counts(bitmaps: Mapping[int, EntryBitmap]) -> tuple[list[object], EntryLists]:
+    """What a version-5 entry 0 stores of ``bitmaps``: :func:`split_lists`' bitmaps, and the listed
+    ledgers with their counts (no ids). A decoded version-5 entry 0's are known: no id is read."""
+    if isinstance(bitmaps, LedgerBitmaps) and bitmaps._counts is not None and bitmaps._rest is not None:
+        rest = bitmaps._rest if isinstance(bitmaps._rest, list) else flat_bitmaps(bitmaps._rest)
+        mapped = set(rest[0::3])
+        ledgers = np.array([k for k in bitmaps._ledgers if k not in mapped], dtype=_U64)
+        return rest, EntryLists(ledgers, bitmaps._counts, np.zeros(0, dtype=_U64))
+    rest, lists = split_lists(bitmaps)
+    return rest, EntryLists(lists.ledgers, lists.counts, np.zeros(0, dtype=_U64))
 
 
 _PREAMBLE = struct.Struct("<II")  # cookie, container count

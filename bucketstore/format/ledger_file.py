@@ -418,6 +418,10 @@ class LedgerReader:
         for k in range(self.entry_count):
             yield self.read_entry(k)
 
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
     def close(self) -> None:
         """Close the file. Idempotent."""
         if self._fd >= 0:

@@ -9,10 +9,9 @@ ledger id). Entries 1..N hold the segments in the compact encoding of
 Version 2 keeps *one* bitmap per ledger for the whole bucket: the segments
 already say which segment holds which position, so version 1's per-segment
 bitmaps (PIP-195's layout, still read) stored every position twice. Version 3
-(what this module writes) stores the same bitmaps, portable roaring still, but
-laid end to end and, from 4 KiB, byte-shuffled (every even byte, then every odd
-byte), so the compressor sees the low and the high bytes of the array containers'
-16-bit entry ids apart: a sparse bucket's entry 0 is 29 % smaller (issue 28 item 2).
+lays the same bitmaps end to end, byte-shuffled from 4 KiB; version 4 stores a
+sparse bucket's ledgers as entry-id lists instead; version 5 (what this module
+writes) keeps only their counts, the ids being the segments' rows (issue 28 item 2).
 The engine needs only bucket-wide membership at recovery; the positions of one
 segment, when needed, come from decoding it
 (:meth:`BucketFile.segment_positions`). The bitmaps are built and serialized in
@@ -30,8 +29,9 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import accumulate
 
 import msgpack
@@ -42,9 +42,12 @@ from ..errors import CorruptLedgerError
 from .compression import ZLIB, ZSTD, CompressionError, Compressor, compress as _compress, decompress_exact
 from .fs import REAL_FS, FileSystem
 from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, bitmaps_with_lists, flat_bitmaps,
-                             ledger_bitmaps, segment_bitmaps, serialized_bitmaps, split_lists)
+                             ledger_bitmaps, segment_bitmaps, serialized_bitmaps, split_counts, split_lists,
+                             union_bitmaps)
+from .bucket_key import BUCKET_KEY_PREFIX, bucket_key, parse_bucket_key
 from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _shuffle, unshuffle as _unshuffle
-from .entry_lists import EntryLists, ListsError, decode_lists, encode_lists
+from .entry_lists import (COUNTS_ONLY_VERSION, EntryLists, ListedRows, ListsError, decode_counts, decode_lists,
+                          encode_lists, lists_from_rows)
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
@@ -78,12 +81,11 @@ __all__ = [
 ]
 
 #: The version this module writes.
-SNAPSHOT_VERSION = 4
+SNAPSHOT_VERSION = 5
 #: The versions it reads.
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: Entry 0's msgpack array length in each version.
-_BODY_LENGTH = {1: 5, 2: 6, 3: 7, 4: 9}
-BUCKET_KEY_PREFIX = "#pulsar.internal.delayed.bucket"
+_BODY_LENGTH = {1: 5, 2: 6, 3: 7, 4: 9, 5: 9}
 _U64 = np.dtype("<u8")
 _FLAG_ZLIB = 0x01
 _FLAG_ZSTD = 0x02  # from version 2
@@ -98,25 +100,6 @@ class MetadataCodecError(ValueError):
         self.offset = offset
         self.reason = reason
         super().__init__(f"offset {offset}: {reason}")
-
-
-def bucket_key(start_ledger: int, end_ledger: int) -> str:
-    """The cursor-property key of a bucket covering ledgers ``[start, end]`` (Pulsar's spelling)."""
-    return f"{BUCKET_KEY_PREFIX}_{start_ledger}_{end_ledger}"
-
-
-def parse_bucket_key(key: str) -> tuple[int, int]:
-    """Return ``(start, end)`` of a bucket key; :class:`ValueError` if it is not one."""
-    prefix = BUCKET_KEY_PREFIX + "_"
-    if not key.startswith(prefix):
-        raise ValueError(f"{key!r} is not a bucket key")
-    parts = key[len(prefix):].split("_")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"{key!r} is not a bucket key")
-    start, end = int(parts[0]), int(parts[1])
-    if start > end or end >= 1 << 64:
-        raise ValueError(f"{key!r} has an invalid ledger range")
-    return start, end
 
 
 @dataclass(slots=True)
@@ -191,7 +174,7 @@ def cut_segments(ts: np.ndarray, time_step_ms: int, max_indexes: int) -> list[tu
 
 
 def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
-    """Encode entry 0 in ``meta.version``'s layout (4 unless a test asks for 1, 2 or 3).
+    """Encode entry 0 in ``meta.version``'s layout (5 unless a test asks for 1 to 4).
 
     Versions 2 and 3: ``flags u8, body_length u32`` then the msgpack body, zstd frames
     when flag bit 1 is set (used when smaller). The version-2 body is the array
@@ -205,12 +188,12 @@ def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
     """
     if meta.version == 1:
         return _encode_metadata_v1(meta, compress=compress)
-    if meta.version not in (2, 3, 4):
+    if meta.version not in (2, 3, 4, 5):
         raise ValueError(f"cannot write snapshot version {meta.version}")
     segments: list[int] = []
     for seg in meta.segments:
         segments += [seg.min_timestamp, seg.max_timestamp, seg.count]
-    if meta.version == 4:
+    if meta.version >= 4:
         return _encode_metadata_v4(meta, segments, compress=compress)
     flat = flat_bitmaps(meta.bitmaps)
     if meta.version == 2:
@@ -247,18 +230,22 @@ def _encode_metadata_v4(meta: BucketMetadata, segments: list[int], *, compress: 
     an entry id of 2**32 or more), and the others' entry ids as three columns
     (:mod:`~bucketstore.format.entry_lists`). Compressed as pieces: the msgpack up to the
     data, the data (each shuffled half), the msgpack between, then each column's planes, each
-    in zstd frames of its own."""
-    rest, lists = split_lists(meta.bitmaps)
+    in zstd frames of its own.
+
+    Version 5's is the same array with ``5`` first and the lists' first two columns only (ledger
+    ids and counts): the listed ledgers' entry ids are those of the segments' rows."""
+    counts_only = meta.version >= COUNTS_ONLY_VERSION
+    rest, lists = split_counts(meta.bitmaps) if counts_only else split_lists(meta.bitmaps)
     table: list[object] = []
     for ledger, width, blob in zip(rest[0::3], rest[1::3], rest[2::3]):
         table += [ledger, width, len(blob)]  # type: ignore[arg-type]
     data = b"".join(rest[2::3])  # type: ignore[arg-type]
     stored = [data] if len(data) < SHUFFLE_FROM else list(_shuffle(data))
-    listed, differences = encode_lists(lists) if len(lists.ledgers) else ([], [])
+    listed, differences = encode_lists(lists, gaps=not counts_only) if len(lists.ledgers) else ([], [])
     packer = msgpack.Packer(use_bin_type=True)
     # Packed element by element, the bytes are msgpack.packb of the whole array.
     head = packer.pack_array_header(9) + b"".join(
-        packer.pack(v) for v in (4, meta.start_ledger, meta.end_ledger, meta.count, segments, table))
+        packer.pack(v) for v in (meta.version, meta.start_ledger, meta.end_ledger, meta.count, segments, table))
     head += _bin_header(len(data))
     middle = packer.pack(len(lists.ledgers)) + _bin_header(sum(map(len, listed)))
     pieces = [head, *stored, middle, *listed]
@@ -294,8 +281,12 @@ def _is_u64(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
 
 
-def decode_metadata(payload: bytes | memoryview) -> BucketMetadata:
-    """Decode and validate entry 0. Raises :class:`MetadataCodecError` on any damage."""
+def decode_metadata(payload: bytes | memoryview, rows: ListedRows | None = None) -> BucketMetadata:
+    """Decode and validate entry 0. Raises :class:`MetadataCodecError` on any damage.
+
+    ``rows`` (version 5) gathers the listed ledgers' entry ids from the segments when the bitmaps
+    are read (:class:`BucketFile` passes one); without it, reading them raises :class:`ValueError`:
+    entry 0 alone holds the ledgers and their counts only."""
     view = memoryview(payload)
     if len(view) < _PREFIX.size:
         raise MetadataCodecError(0, "metadata payload is shorter than its 5-byte prefix")
@@ -323,13 +314,13 @@ def decode_metadata(payload: bytes | memoryview) -> BucketMetadata:
         doc = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise MetadataCodecError(_PREFIX.size, f"metadata is not valid msgpack: {exc}") from None
-    meta = _validate_metadata(doc)
+    meta = _validate_metadata(doc, rows)
     if meta.version == 1 and flags == _FLAG_ZSTD:
         raise MetadataCodecError(0, "version-1 metadata compressed with zstd (zstd came with version 2)")
     return meta
 
 
-def _validate_metadata(doc: object) -> BucketMetadata:
+def _validate_metadata(doc: object, rows: ListedRows | None = None) -> BucketMetadata:
     at = _PREFIX.size  # structural errors are reported at the body's start
     # The version is read before the length is checked: a later version's body may have another
     # length, and its reader must hear which version it met (a version-2 reader, which checked
@@ -352,12 +343,12 @@ def _validate_metadata(doc: object) -> BucketMetadata:
     if version == 1:
         out = _validate_segments_v1(segments, start, end, at)
         bitmaps = union_bitmaps(seg.bitmaps for seg in out)
-    elif version == 4:
+    elif version >= 4:
         out = _validate_segments_v2(segments, at)
         if sum(seg.count for seg in out) != count:  # (before the lists are allocated by count)
             raise MetadataCodecError(at, f"segments hold {sum(seg.count for seg in out)} indexes but the "
                                          f"bucket count is {count}")
-        bitmaps = _validate_v4_bitmaps(doc, start, end, count, at)
+        bitmaps = _validate_v4_bitmaps(doc, start, end, count, at, rows, out)
         card = bitmaps.cardinality
     else:
         out = _validate_segments_v2(segments, at)
@@ -373,9 +364,11 @@ def _validate_metadata(doc: object) -> BucketMetadata:
     return BucketMetadata(start, end, count, out, version, bitmaps)
 
 
-def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at: int) -> LedgerBitmaps:
+def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at: int,
+                         rows: ListedRows | None, segments: list[SegmentMetadata]) -> LedgerBitmaps:
     """Version 4's bitmaps: version 3's table and data, then the entry-id lists (checked as the
-    spec says: ledgers in range, apart from the table's; the total is the caller's check)."""
+    spec says: ledgers in range, apart from the table's; the total is the caller's check).
+    Version 5's: the same, the lists without their ids (``rows`` gathers them when asked)."""
     rest = _validate_bitmaps(_unshuffled_bitmaps(doc[5], doc[6], at), start, end, at, "bucket")
     ledgers, data = doc[7], doc[8]
     if not _is_u64(ledgers) or not isinstance(data, bytes) or (ledgers == 0) != (not data):
@@ -383,15 +376,28 @@ def _validate_v4_bitmaps(doc: list[object], start: int, end: int, count: int, at
     if not ledgers:
         return bitmaps_with_lists(rest, EntryLists(*(np.zeros(0, dtype=_U64),) * 3))
     try:
-        lists = decode_lists(data, ledgers, count)  # type: ignore[arg-type]
+        if doc[0] >= COUNTS_ONLY_VERSION:
+            ids, counts = decode_counts(data, ledgers, count)  # type: ignore[arg-type]
+        else:
+            lists = decode_lists(data, ledgers, count)  # type: ignore[arg-type]
+            ids = lists.ledgers
     except ListsError as exc:
         raise MetadataCodecError(at, f"bucket: entry-id lists, at byte {exc.offset} of them: {exc.reason}") from None
-    if int(lists.ledgers[0]) < start or int(lists.ledgers[-1]) > end:
+    if int(ids[0]) < start or int(ids[-1]) > end:
         raise MetadataCodecError(at, f"bucket: a ledger of the entry-id lists is outside [{start}, {end}]")
-    if rest and np.isin(lists.ledgers, np.fromiter(rest, dtype=_U64, count=len(rest))).any():
+    if rest and np.isin(ids, np.fromiter(rest, dtype=_U64, count=len(rest))).any():
         raise MetadataCodecError(at, "bucket: a ledger has both a bitmap and an entry-id list")
+    if doc[0] >= COUNTS_ONLY_VERSION:
+        total = sum(len(bm) for bm in rest.values()) + int(counts.sum())
+        return LedgerBitmaps(None, total, None, rest, unpack=partial(rows or _no_rows, doc[0], segments, ids, counts),
+                             listed=ids.tolist(), counts=counts)
     # The arrays cost 8 to 16 bytes an index, the columns' bytes about 2: keep the bytes, decode again if asked.
     return bitmaps_with_lists(rest, lists, lambda: decode_lists(data, ledgers, count))  # type: ignore[arg-type]
+
+
+def _no_rows(version: int, segments: object, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
+    raise ValueError("a version-5 entry 0 decoded alone: its listed ledgers' entry ids are the segments' "
+                     "rows (open the file with BucketFile, or pass decode_metadata the rows)")
 
 
 def _unshuffled_bitmaps(table: object, stored: object, at: int) -> list[object]:
@@ -471,22 +477,6 @@ def _sorted_flat(flat: list[object]) -> list[object]:
         if len(set(ledgers)) == len(ledgers):
             triples.sort(key=lambda t: t[0])
     return [v for t in triples for v in t]
-
-
-def union_bitmaps(parts: Iterable[Mapping[int, EntryBitmap]]) -> dict[int, EntryBitmap]:
-    """The per-ledger union of several ``ledger -> bitmap`` maps (new bitmaps; 64-bit where
-    any part is)."""
-    union: dict[int, EntryBitmap] = {}
-    for bitmaps in parts:
-        for ledger, bm in bitmaps.items():
-            have = union.get(ledger)
-            if have is None:
-                union[ledger] = bm.copy()
-            elif type(have) is type(bm):
-                have |= bm
-            else:
-                union[ledger] = BitMap64(have) | BitMap64(bm)
-    return union
 
 
 #: Rows from which :func:`build_bucket` given ``run_beside`` encodes its first half of segments
@@ -611,6 +601,28 @@ def read_segment_entry(reader: LedgerReader, number: int, count: int, min_timest
     return seg
 
 
+def _segment_rows(reader: LedgerReader, fs: FileSystem, version: int, segments: list[SegmentMetadata],
+                  ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
+    """Version 5: the listed ledgers' entry ids from the segments' rows, the file opened again once
+    ``reader`` is closed; raises :class:`CorruptLedgerError` for a damaged segment or rows that disagree
+    with entry 0's counts. (Not a BucketFile method: the metadata holding this would make a cycle.)"""
+    opened = reader if not reader.closed else LedgerReader(reader.path, fs=fs)
+    try:
+        at = opened.entry_payload_offset(0)
+        cols = [(seg.ledger_ids, seg.entry_ids) for seg in (
+            read_segment_entry(opened, number, m.count, m.min_timestamp, m.max_timestamp, snapshot_version=version)
+            for number, m in enumerate(segments, start=1))]
+    finally:
+        if opened is not reader:
+            opened.close()
+    try:
+        return lists_from_rows(np.concatenate([c[0] for c in cols]), np.concatenate([c[1] for c in cols]),
+                               ledgers, counts)
+    except ListsError as exc:
+        raise CorruptLedgerError(reader.path, at, f"entry 0's listed ledgers and the segments disagree: "
+                                                  f"{exc.reason}") from None
+
+
 class BucketFile:
     """A sealed bucket snapshot opened for reading.
 
@@ -631,7 +643,7 @@ class BucketFile:
                 raise CorruptLedgerError(self.path, self.ledger.trailer_offset, "bucket ledger has no metadata entry")
             payload = self.ledger.read_entry(0)
             try:
-                self.metadata = decode_metadata(payload)
+                self.metadata = decode_metadata(payload, partial(_segment_rows, self.ledger, fs))
             except MetadataCodecError as exc:
                 raise CorruptLedgerError(self.path, self.ledger.entry_payload_offset(0) + exc.offset,
                                          f"entry 0: {exc.reason}") from None

@@ -142,11 +142,14 @@ def _sparse_ledgers() -> list[tuple[int, int, int]]:
 
 
 CASES = CASES_V1 + [replace(case, version=version, description=case.description.replace("zlib", "zstd"))
-                    for version in (2, 3, 4) for case in CASES_V1] + [
+                    for version in (2, 3, 4, 5) for case in CASES_V1] + [
     Case("sparse_ledgers", "10 random entries of each of 120 ledgers, random delays: entry 0's shuffled "
          "bitmaps in frames of their own", 8, 1000, 1119, _sparse_ledgers, version=3),
     Case("sparse_ledgers", "10 random entries of each of 120 ledgers, random delays: entry 0's entry-id "
          "lists (three columns) in frames of their own", 8, 1000, 1119, _sparse_ledgers, version=4),
+    Case("sparse_ledgers", "10 random entries of each of 120 ledgers, random delays: entry 0 lists the "
+         "ledgers and their counts (two columns), their entry ids being the segments' rows", 8, 1000, 1119,
+         _sparse_ledgers, version=5),
 ]
 
 

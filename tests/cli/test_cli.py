@@ -55,6 +55,13 @@ def test_dump_of_a_v4_bucket_says_how_entry_0_stores_each_ledger(capsys) -> None
     assert code == 0 and json.loads(out)["bucket"]["listed_ledgers"] == 120
 
 
+def test_dump_of_a_v5_bucket_says_entry_0_counts_the_listed_ledgers(capsys) -> None:
+    code, out, err = run(capsys, "dump", os.path.join(GOLDEN, "v5_sparse_ledgers.ledger"))
+    assert code == 0 and err == ""
+    assert "snapshot v5" in out and "entry 0     120 ledgers as counts (ids: the segments' rows), 0 as bitmaps" in out
+    assert re.search(r"^ledgers     1000:10 1001:10 .* 1119:10$", out, re.M)  # gathered from the segments
+
+
 def test_dump_json_is_one_object(capsys) -> None:
     code, out, _ = run(capsys, "dump", "--json", "--indexes", "1", os.path.join(GOLDEN, "wide_entry_ids.ledger"))
     doc = json.loads(out)

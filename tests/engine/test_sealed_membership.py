@@ -226,21 +226,28 @@ def test_a_compaction_that_fails_halfway_leaves_every_bucket_answering(monkeypat
         m.close()
 
 
-def test_a_v4_entry0s_lists_are_spilled_without_making_bitmaps():
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_v4_entry0s_lists_are_spilled_without_making_bitmaps(tmp_path, version):
     """A version-4 entry 0 holds a sparse bucket's ids as lists: the spill takes them as they are
     (no roaring bitmap made, format/bucket_bitmaps.entry_columns) and answers as the bitmaps would,
     a ledger of every other id included (listed: an array even run-optimised, so never smaller as
-    roaring than as its ids, which is what the spill decides from the bitmaps)."""
+    roaring than as its ids, which is what the spill decides from the bitmaps). Version 5's lists
+    are gathered from the segments' rows, the same way."""
     import numpy as np
     from pyroaring import BitMap
 
-    from bucketstore.format.snapshot import build_bucket, decode_metadata, encode_metadata, sort_indexes
+    from bucketstore.format.snapshot import (BucketFile, build_bucket, decode_metadata, encode_metadata,
+                                             sort_indexes, write_bucket)
     sets = {10: list(range(0, 400, 2)), 11: [3, 900, 9_999], 12: list(range(0, 3_000, 3))}
     ledgers = np.concatenate([np.full(len(v), k, np.uint64) for k, v in sets.items()])
     entries = np.concatenate([np.array(v, np.uint64) for v in sets.values()])
     rows = sort_indexes(np.arange(len(ledgers), dtype=np.uint64) + np.uint64(1_000), ledgers, entries)
-    meta, _ = build_bucket(10, 12, *rows, time_step_ms=1 << 40, max_indexes_per_segment=-1)
-    positions = decode_metadata(encode_metadata(meta)).bitmaps
+    meta, payloads = build_bucket(10, 12, *rows, time_step_ms=1 << 40, max_indexes_per_segment=-1, version=version)
+    if version == 4:
+        positions = decode_metadata(encode_metadata(meta)).bitmaps
+    else:
+        with BucketFile(write_bucket(str(tmp_path), 1, meta, payloads)) as bf:
+            positions = bf.metadata.bitmaps  # (read after the close: the file is opened again)
     m = SpilledMembership(None, budget=10**9)
     try:
         assert m.add(1, 10, positions)

@@ -1,6 +1,6 @@
 """Damaged and hostile ledger files: a typed error naming the file and offset, or a good read.
 
-Every mutated file is read completely (``BucketFile`` plus every segment) and
+Every mutated file is read completely (``BucketFile``, its bitmaps and every segment) and
 checked with ``verify.check_file``. The only acceptable outcomes are a
 ``CorruptLedgerError`` whose ``path`` is the file and whose ``offset`` lies in
 ``[0, size]``, or, when the mutation happens to leave a valid file, a
@@ -69,6 +69,8 @@ def check_damaged(path: str, data: bytes) -> bool:
     with _bounded():
         try:
             with BucketFile(path) as bucket:
+                # The bitmaps too: a version-5 entry 0's listed ledgers are gathered from the segments.
+                dict(bucket.metadata.bitmaps.items())
                 for number in range(1, bucket.segment_count + 1):
                     bucket.read_segment(number)
         except CorruptLedgerError as exc:

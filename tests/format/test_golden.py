@@ -40,7 +40,7 @@ def _read_back(path: str) -> dict:
         for number, seg_meta in enumerate(meta.segments, start=1):
             seg = bucket.read_segment(number)
             flags = bucket.ledger.read_entry(number)[0]
-            assert flags in (0, _CODEC_FLAG[meta.version])  # v1 writes zlib, v2 to v4 zstd
+            assert flags in (0, _CODEC_FLAG[meta.version])  # v1 writes zlib, v2 to v5 zstd
             segment = {
                 "min_timestamp": seg_meta.min_timestamp,
                 "max_timestamp": seg_meta.max_timestamp,
@@ -66,7 +66,7 @@ def _read_back(path: str) -> dict:
         }
 
 
-_CODEC_FLAG = {1: 0x01, 2: 0x02, 3: 0x02, 4: 0x02}
+_CODEC_FLAG = {1: 0x01, 2: 0x02, 3: 0x02, 4: 0x02, 5: 0x02}
 
 
 def _bitmap_docs(bitmaps: dict) -> list[dict]:
@@ -99,7 +99,7 @@ def _encode(doc: dict, directory: str) -> bytes:
         return f.read()
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_golden_set_covers_the_required_shapes(version) -> None:
     docs = [d for d in map(_expected, FILES) if d["metadata"]["snapshot_version"] == version]
     segments = [s for d in docs for s in d["metadata"]["segments"]]

@@ -238,3 +238,42 @@ def test_v4_entry0_lists_are_three_columns_of_ledgers_counts_and_gaps() -> None:
         got.append({"ledger_id": ledger, "width": 32, "entries": ids})
         at += count
     assert got == expected
+
+
+def test_v5_entry0_lists_ledgers_and_counts_and_the_ids_are_the_segments_rows() -> None:
+    """bucket_snapshot.md, entry 0 (version 5): the lists are two columns, ledger ids and counts;
+    each listed ledger's entry ids are those of the segments' rows on it, decoded here from the
+    segments as the spec words them (a segment's body in zstd frames, three columns)."""
+    import msgpack
+
+    from bucketstore.format.ledger_file import LedgerReader
+    from repo_paths import GOLDEN
+
+    def unframe(data: bytes) -> bytes:
+        return b"".join(zstandard.ZstdDecompressor().decompress(data[start:end])
+                        for start, end in _frame_extents(data))
+
+    with LedgerReader(os.path.join(GOLDEN, "v5_sparse_ledgers.ledger")) as reader:
+        payloads = [bytes(reader.read_entry(k)) for k in range(reader.entry_count)]
+    flags, body_len = struct.unpack_from("<BI", payloads[0])
+    body = unframe(payloads[0][5:])
+    assert flags == 2 and len(body) == body_len
+    doc = msgpack.unpackb(body)
+    assert doc[0] == 5 and len(doc) == 9 and doc[5] == [] and doc[6] == b"" and body.endswith(doc[8])
+    ledgers, pos = _spec_column(doc[8], 0, doc[7])
+    counts, pos = _spec_column(doc[8], pos, doc[7])
+    assert pos == len(doc[8])  # no third column
+    rows: dict[int, list[int]] = {}
+    for payload in payloads[1:]:
+        flags, n = struct.unpack_from("<BI", payload)
+        seg = unframe(payload[9:]) if flags == 2 else payload[5:]
+        _, pos = _spec_column(seg, 0, n)
+        seg_ledgers, pos = _spec_column(seg, pos, n)
+        seg_entries, pos = _spec_column(seg, pos, n)
+        assert pos == len(seg)
+        for ledger, entry in zip(seg_ledgers, seg_entries):
+            rows.setdefault(ledger, []).append(entry)
+    assert sorted(rows) == ledgers and [len(rows[k]) for k in ledgers] == counts
+    with open(os.path.join(GOLDEN, "v5_sparse_ledgers.json"), encoding="utf-8") as f:
+        expected = json.load(f)["metadata"]["bitmaps"]
+    assert [{"ledger_id": k, "width": 32, "entries": sorted(rows[k])} for k in ledgers] == expected
