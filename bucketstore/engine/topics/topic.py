@@ -27,15 +27,17 @@ import numpy as np
 from ...config import TrackerConfig
 from ...cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ...errors import CatalogError, StoreClosedError
-from ...format.topic_codec import (MAX_KEY, MULTI, ROW_KEY, TopicRecordError, decode_topic, encode_topic, multi_key,
-                                  position_parts, row_parts, split_sub_key, sub_key, topic_prefix,
-                                  validate_name)
+from ...format.topic_codec import (DEAD_KEY, MAX_KEY, MULTI, ROW_KEY, U64, TopicRecordError, decode_topic,
+                                  encode_topic, multi_key, position_parts, row_parts, split_sub_key, sub_key,
+                                  topic_prefix, validate_name)
 from ...waiting import DueWaiter
 from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
-from .topic_windows import Window, WindowCache, visible_indexes
+from .topic_levels import RowView
+from .topic_runs import Run, RunSet
+from .topic_windows import Window, WindowCache, packed_key as _packed_key, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
 
@@ -84,6 +86,23 @@ class Topic:
             self._id: int = record["id"]
             self._prefix = topic_prefix(self._id)
             self._windows = WindowCache(file.rows, self._id, file.windows)
+            #: The sealed runs (engine/topics/topic_runs.py): their entries only, files read lazily.
+            self._runs = RunSet(file.runs_path, self._id, file.windows, file.fs)
+            self._runs.load(txn, file.runs)
+            self._windows.runs = self._runs
+            #: Per position, the seq up to which its rows in runs are gone (see topic_levels.py).
+            self._dead: dict[tuple[int, int], int] = {}
+            with txn.cursor(db=file.dead) as cur:
+                if cur.set_range(self._prefix):
+                    for key, value in cur:
+                        if not key.startswith(self._prefix):
+                            break
+                        _, ledger, entry = DEAD_KEY.unpack(key)
+                        self._dead[ledger, entry] = U64.unpack(value)[0]
+            self._view = RowView(file.tables, self._runs, self._dead)
+            #: Rows of the runs not gone: the level holds ``_rows`` less these.
+            self._sealed_rows = sum(run.live for run in self._runs.runs.values())
+            self._seal_at = config.min_index_count_per_bucket
             self._next_seq: int = record["next_seq"]
             self._inserted: int = record["inserted"]
             #: Rows the topic holds (kept with each change: stats never count them by a pass).
@@ -110,18 +129,19 @@ class Topic:
                 txn.put(sub_key(self._id, state.name), state.encode(), db=file.subs)
             #: Every position with a row is at or before it: an add after it is of a new position
             #: (the common case, positions grow), found so without a lookup.
-            self._last_position = file.tables.last_position(txn, self._id) or (-1, -1)
+            self._last_position = self._view.last_position(txn, self._id) or (-1, -1)
         file.sync()
+        self._runs.remove_orphans()
         self._max_md = self._max_mark_delete()
         file.add_settler(id(self), self._commit_progress)
 
     @contextmanager
-    def _write(self, room: int = 0) -> Iterator[lmdb.Transaction]:
+    def _write(self, room: int = 0, step: str = "topic_commit") -> Iterator[lmdb.Transaction]:
         """A write transaction of the topic's file. If it is undone, the window cache is
         emptied: it may hold windows read inside it (a collection reads what the adds before
         it in the same transaction wrote)."""
         try:
-            with self._file.write(room) as txn:
+            with self._file.write(room, step) as txn:
                 yield txn
         except BaseException:
             self._windows.clear()
@@ -144,7 +164,14 @@ class Topic:
 
     def _versions(self, txn: lmdb.Transaction, ledger: int, entry: int) -> list[tuple[int, int]]:
         """(seq, deliver_at) of every row of the position, oldest first."""
-        return self._file.tables.versions(txn, self._id, ledger, entry)
+        return self._view.versions(txn, self._id, ledger, entry)
+
+    def _judged(self) -> set[tuple[int, int]] | frozenset[tuple[int, int]]:
+        """Positions whose rows are judged one by one: those with several rows, and those with
+        rows gone from a run (the window columns cannot tell)."""
+        if not self._dead:
+            return self._multi
+        return self._multi | self._dead.keys()
 
     def _insert(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int) -> int:
         seq = self._next_seq
@@ -221,6 +248,7 @@ class Topic:
         self._apply()
         self._commit_progress()
         self._file.sync()
+        self._runs.unlink_dropped()  # their deletion is durable now
         self._last_sync = time.monotonic()
 
     # -- adding ---------------------------------------------------------------------------------
@@ -246,7 +274,8 @@ class Topic:
                         s.count_base -= 1
                         dirty.add(s.name)
                 for seq, vts in versions:
-                    self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq))
+                    if not self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq)):
+                        self._kill(txn, ledger, entry, seq)
                     self._windows.invalidate(vts)
                     self._rows -= 1
                 if pos in self._multi:
@@ -264,6 +293,18 @@ class Topic:
             self._multi.add(pos)
             txn.put(multi_key(self._id, ledger, entry), b"", db=self._file.multi)
         return True
+
+    def _kill(self, txn: lmdb.Transaction, ledger: int, entry: int, seq: int) -> None:
+        """A row of a sealed run is gone before its run: the position's dead bound says so."""
+        for s, _, run_id in self._runs.versions(ledger, entry):
+            if s == seq:
+                run = self._runs.runs[run_id]
+                run.killed += 1
+                self._runs.put(txn, self._file.runs, run)
+        self._sealed_rows -= 1
+        pos = (ledger, entry)
+        self._dead[pos] = max(self._dead.get(pos, -1), seq)
+        txn.put(DEAD_KEY.pack(self._id, ledger, entry), U64.pack(self._dead[pos]), db=self._file.dead)
 
     def _add_rows(self, rows: list[tuple[int, int, int]], sub: SubscriptionState | None) -> list[bool]:
         """Answer the adds now; write them now or at the group commit (see :meth:`_apply`).
@@ -319,6 +360,49 @@ class Topic:
                     self._add_one(txn, *pending[start], dirty)
                     start += 1
             self._save(txn, dirty)
+        if self._rows - self._sealed_rows >= self._seal_at:
+            self._seal()
+
+    def _seal(self) -> None:
+        """Move the level's rows that are not due (so after every frontier: a frontier never
+        passes the cutoff) into a new sealed run, but those of judged positions (several rows,
+        rows gone): the file first, durably, then one transaction lists it and deletes them.
+        Nothing any subscription sees changes, so a kill anywhere in between loses nothing (a
+        file no entry names is removed at open)."""
+        cutoff = np.uint64(max(self._cutoff.value, 0))
+        judged = self._judged()
+        taken: list[np.ndarray] = []
+        records: list[tuple[Window, np.ndarray]] = []
+        with self._file.read() as txn:
+            for window in self._windows.scan_level(txn, MAX_KEY):
+                keep = window.ts > cutoff
+                if self._cutoff.value < 0:
+                    keep[:] = True
+                if judged:
+                    for i in np.flatnonzero(keep).tolist():
+                        if (int(window.ledger[i]), int(window.entry[i])) in judged:
+                            keep[i] = False
+                idx = np.flatnonzero(keep)
+                if len(idx):
+                    taken.append(window.columns[idx])
+                    records.append((window, idx))
+        level = self._rows - self._sealed_rows
+        n = sum(len(idx) for _, idx in records)
+        if n * 2 < self._config_record["min_index_count_per_bucket"] or not n:
+            # Mostly due or judged rows: wait for as many again before looking.
+            self._seal_at = level + max(1, self._config_record["min_index_count_per_bucket"] // 2)
+            return
+        run = self._runs.write(np.concatenate(taken))
+        tables = self._file.tables
+        with self._write(step="topic_seal_commit") as txn:
+            self._runs.put(txn, self._file.runs, run)
+            for window, idx in records:
+                rows, positions = window.records_at(idx)
+                tables.delete_records(txn, rows, positions,
+                                      window.raw[:ROW_KEY.size] if len(idx) == len(window.keys) else None)
+        self._runs.runs[run.run_id] = run
+        self._sealed_rows += run.rows
+        self._seal_at = self._config_record["min_index_count_per_bucket"]
 
     def _append_new(self, txn: lmdb.Transaction, pending: list[tuple[int, int, int, int]], start: int) -> int:
         """Write ``pending[start:]`` up to the first add that is not of a new position (the
@@ -440,7 +524,7 @@ class Topic:
     # -- reading rows ---------------------------------------------------------------------------
     def _visible(self, txn: lmdb.Transaction, state: SubscriptionState, row: RowKey) -> bool:
         """Whether the row (after the subscription's frontier) is one it tracks."""
-        return visible(txn, self._file.tables, self._id, state, self._multi, row)
+        return visible(txn, self._view, self._id, state, self._judged(), row)
 
     def _first_visible(self, state: SubscriptionState) -> RowKey | None:
         with self._file.read() as txn:
@@ -455,7 +539,8 @@ class Topic:
         ``upto``: each with the indexes of the rows the subscription tracks, and the index after
         the last row of it in range. Whole windows at a time (engine/topics/topic_windows.py); only
         positions with several rows, and the subscription's exceptions, are judged one by one."""
-        special = self._multi | state.lost.keys() if self._multi or state.lost else frozenset()
+        judged = self._judged()
+        special = judged | state.lost.keys() if judged or state.lost else frozenset()
 
         def judge(row: RowKey) -> bool:
             return self._visible(txn, state, row)
@@ -535,12 +620,39 @@ class Topic:
         marks = [s.mark_delete for s in subs]
         if all(m is not None for m in marks):
             self._drop_positions(txn, min(marks), dirty)  # type: ignore[type-var]
+        if self._runs.runs:
+            self._drop_runs(txn, min(fronts) if all(f is not None for f in fronts) else None,  # type: ignore[type-var]
+                            min(marks) if all(m is not None for m in marks) else None, dirty)  # type: ignore[type-var]
+
+    def _drop_runs(self, txn: lmdb.Transaction, front: RowKey | None, mark: tuple[int, int] | None,
+                   dirty: set[str]) -> None:
+        """Drop the runs every subscription is past: each frontier after its last row, or each
+        mark-delete at or after its greatest position. Their files go once this is synced."""
+        gone: list[Run] = [run for run in self._runs.runs.values()
+                           if (front is not None and run.last <= front) or (mark is not None and run.max_pos <= mark)]
+        if not gone:
+            return
+        for run in gone:
+            self._runs.drop(txn, self._file.runs, run)
+            self._rows -= run.live
+            self._sealed_rows -= run.live
+        self._windows.clear()  # the merged windows held their rows
+        runs = list(self._runs.runs.values())
+        for pos, bound in list(self._dead.items()):
+            if not any(r.seq[0] <= bound and r.min_pos <= pos <= r.max_pos for r in runs):
+                del self._dead[pos]
+                txn.delete(DEAD_KEY.pack(self._id, *pos), db=self._file.dead)
+        for pos in [p for p in self._multi if not self._versions(txn, *p)]:
+            self._forget_multi(txn, pos, dirty)
 
     def _drop_rows_upto(self, txn: lmdb.Transaction, bound: RowKey, dirty: set[str]) -> None:
         """Delete the rows at or before ``bound`` in delivery order, a window at a time."""
         emptied: set[tuple[int, int]] = set()
         tables = self._file.tables
-        for window, _, hi in self._windows.scan(txn, None, bound):
+        for window in self._windows.scan_level(txn, bound):
+            hi = int(np.searchsorted(window.keys, _packed_key(self._id, bound), side="right"))
+            if not hi:
+                break
             whole = hi == len(window.keys)
             tables.delete_records(txn, [] if whole else window.row_records(hi), window.position_records(hi),
                                   window.raw[:ROW_KEY.size] if whole else None)
@@ -571,7 +683,7 @@ class Topic:
         with self._write() as txn:
             # Untrack what the subscription tracks up to the position: one pass over those positions.
             seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            for ts, lg, en, seq in self._file.tables.positions_after(txn, self._id, md):
+            for ts, lg, en, seq in self._view.positions_after(txn, self._id, md):
                 if (lg, en) > (ledger, entry):
                     break
                 seen.setdefault((lg, en), []).append((seq, ts))
@@ -616,7 +728,7 @@ class Topic:
 
     def _last_time(self) -> int | None:
         with self._file.read() as txn:
-            row = self._file.tables.last_row(txn, self._id)
+            row = self._view.last_row(txn, self._id)
         return None if row is None else row[0]
 
     # -- lifecycle, figures ---------------------------------------------------------------------
@@ -661,12 +773,12 @@ class Topic:
 
     def _held(self) -> dict[str, int]:
         with self._file.read() as txn:
-            return held_rows(txn, self._file.tables, self._id, {n: s.frontier for n, s in self._subs.items()})
+            return held_rows(txn, self._view, self._id, {n: s.frontier for n, s in self._subs.items()})
 
     def due_undelivered(self, state: SubscriptionState) -> int:
         """Rows due now that the subscription tracks and has not delivered."""
         with self._file.read() as txn:
-            due = due_rows(txn, self._file.tables, self._id, state, self._multi, self._cutoff.value)[0]
+            due = due_rows(txn, self._view, self._id, state, self._judged(), self._cutoff.value)[0]
         return due + len(state.redeliver)
 
     def stats(self) -> dict[str, Any]:

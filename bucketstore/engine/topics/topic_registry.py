@@ -12,6 +12,7 @@ from typing import Any
 from ...config import TrackerConfig, config_or_default
 from ...cutoff import Clock
 from ...errors import BucketStoreError
+from ...format.fs import REAL_FS
 from ...format.topic_codec import decode_topic, topic_prefix, validate_name
 from .topic import Topic
 from .topic_file import TopicFile, topics_directory
@@ -35,7 +36,7 @@ class TopicRegistry:
     def _topic_file(self, create: bool) -> TopicFile | None:
         file = self.__dict__.get("_topics_file")
         if file is None and (create or os.path.isdir(topics_directory(self.path))):
-            file = self.__dict__["_topics_file"] = TopicFile(self.path)
+            file = self.__dict__["_topics_file"] = TopicFile(self.path, getattr(self, "fs", REAL_FS))
         return file
 
     def _open_topics(self) -> dict[str, Topic]:

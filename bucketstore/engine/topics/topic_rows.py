@@ -62,9 +62,12 @@ class RowTables:
             if cur.putmulti(positions, dupdata=True, append=True)[1] < len(positions):
                 cur.putmulti(positions, dupdata=True)
 
-    def delete(self, txn: lmdb.Transaction, tid: int, row: Row) -> None:
-        txn.delete(*row_parts(tid, *row), db=self.rows)
+    def delete(self, txn: lmdb.Transaction, tid: int, row: Row) -> bool:
+        """Delete the row; False when it is not in these tables (a sealed run's row)."""
+        if not txn.delete(*row_parts(tid, *row), db=self.rows):
+            return False
         txn.delete(*position_parts(tid, *row), db=self.positions)
+        return True
 
     def delete_records(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]],
                        positions: list[tuple[bytes, bytes]], whole_key: bytes | None = None) -> None:
