@@ -85,6 +85,10 @@ WORKLOAD: list[tuple] = [
     ("add", None, [(7, e, 30) for e in range(3)]),
     ("deliver", "late", 4),
     ("delete", "late2"),
+    ("advance", 500),                           # every row due: the sealed runs are passed by all
+    ("deliver", "far", 100), ("deliver", "late", 100), ("deliver", "fast", 100),
+    ("flush", None),                            # their entries dropped, synced, files unlinked
+    ("add", None, [(8, e, 20) for e in range(3)]),
     ("advance", 50),
     ("deliver", "fast", 2),                     # left unconfirmed: the kill at the end brings it back
 ]
@@ -124,6 +128,9 @@ def test_killed_topic_writer_recovers_at_every_durable_step(mode: str, tmp_path:
     n = len(dry.steps)
     kinds = {kind for kind, _, _ in dry.steps}
     assert {"topic_commit", "topic_sync"} <= kinds, kinds
+    # Sealed runs: written, fsynced, renamed, listed (a seal's commit) and, once every
+    # subscription is past them, unlinked (their files are the store's file-layer steps).
+    assert {"topic_seal_commit", "create", "write", "fsync", "rename", "fsync_dir", "unlink"} <= kinds, kinds
     # Every kind of call commits somewhere in the run (what each crash point can cut); with a
     # group commit longer than the run, adds and confirmations wait for the next call that
     # writes; at-most-once leaves nothing to confirm.
