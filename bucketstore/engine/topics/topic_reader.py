@@ -176,7 +176,8 @@ def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any]
     now = system_clock() if now_ms is None else now_ms
     cutoff = max(record["cutoff"], now + tick)
     tables = topic_view(txn, dbs, tid)
-    multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)} | set(tables.dead)
+    multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)}
+    judged = multi | set(tables.dead)  # rows judged one by one: several rows, or rows gone from a run
     subs = {}
     for key, value in _each(txn, dbs["subs"], prefix):
         _, sub_name = split_sub_key(key)
@@ -185,7 +186,7 @@ def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any]
     held = held_rows(txn, tables, tid, {name: state.frontier for name, state in subs.items()})
     doc_subs = {}
     for sub_name, state in subs.items():
-        due, first = due_rows(txn, tables, tid, state, multi, cutoff)
+        due, first = due_rows(txn, tables, tid, state, judged, cutoff)
         oldest = min((t for t in (first, *(row[0] for row in state.redeliver)) if t is not None), default=None)
         doc_subs[sub_name] = {
             "number_of_delayed_messages": state.count(record["inserted"]),
