@@ -25,7 +25,7 @@ import lmdb
 
 from ...errors import CatalogError
 from ...format.fs import REAL_FS, FileSystem
-from ...format.topic_codec import TOPICS_FORMAT, U64
+from ...format.topic_codec import TOPICS_FORMAT, U64, TopicRecordError, decode_topic
 from ..catalog.lmdb_file import check_data_file
 from .topic_rows import RowTables
 from .topic_runs import runs_directory
@@ -67,6 +67,13 @@ _INITIAL_MAP = 64 << 20
 #: The environment's named tables: topics, subs, rows, positions, multi, meta, runs, dead.
 MAX_DBS = 10
 _FORMAT_KEY, _NEXT_ID_KEY = b"format", b"next_topic_id"
+
+
+def _topic_id(record: bytes) -> int:
+    try:
+        return int(decode_topic(record)["id"])
+    except TopicRecordError:
+        return -1  # verify reports it; its files are kept
 
 
 def topics_directory(store_path: str) -> str:
@@ -176,6 +183,35 @@ class TopicFile:
             raise CatalogError(f"{self.path}: cannot open the topic index: {exc}", path=self.path) from None
         with _WRITERS_LOCK:
             _WRITERS[os.path.realpath(self.path)] = self
+        self._remove_unowned_runs()
+
+    def _remove_unowned_runs(self) -> None:
+        """Unlink the run files of topics the index no longer has (a deletion killed after its
+        commit, before its unlinks); each topic removes its own files no entry names at open."""
+        if not os.path.isdir(self.runs_path):
+            return
+        with self.read() as txn:
+            owners = {int.from_bytes(key[:4], "big") for key in txn.cursor(db=self.runs).iternext(values=False)}
+            with txn.cursor(db=self.topics) as cur:
+                live = {_topic_id(value) for value in cur.iternext(keys=False)}
+        found = set()
+        for name in os.listdir(self.runs_path):
+            head = name.split("-", 1)[0]
+            if head.isdigit() and int(head) not in live and int(head) not in owners:
+                found.add(int(head))
+        if found:
+            self.remove_runs_of(found)
+
+    def remove_runs_of(self, topic_ids: set[int]) -> None:
+        """Unlink every run file of these topics (deleted: call once their deletion is synced)."""
+        if not os.path.isdir(self.runs_path):
+            return
+        prefixes = tuple(f"{tid:010d}-" for tid in topic_ids)
+        gone = [name for name in os.listdir(self.runs_path) if name.startswith(prefixes)]
+        for name in gone:
+            self.fs.unlink(os.path.join(self.runs_path, name))
+        if gone:
+            self.fs.fsync_dir(self.runs_path)
 
     def add_settler(self, key: int, settle: Callable[[], None] | None) -> None:
         """Register (or with None, drop) an open topic's writer of deferred progress."""

@@ -105,7 +105,7 @@ class TopicRegistry:
                 topic_id = decode_topic(value)["id"]
                 file.tables.delete_topic(txn, topic_id)
                 prefix = topic_prefix(topic_id)
-                for db in (file.multi, file.subs):
+                for db in (file.multi, file.subs, file.runs, file.dead):
                     with txn.cursor(db=db) as cur:
                         if cur.set_range(prefix):
                             while cur.key()[:4] == prefix:
@@ -113,6 +113,7 @@ class TopicRegistry:
                                     break
                 txn.delete(raw, db=file.topics)
             file.sync()
+            file.remove_runs_of({topic_id})  # after the sync: a kill before leaves files no topic owns
 
     def _flush_topics(self) -> None:
         """Write and sync every open topic's pending adds (a checkpoint holds what was added)."""
