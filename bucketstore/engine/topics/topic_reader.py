@@ -304,6 +304,7 @@ def _verify_runs(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, topics:
         runs = RunSet(runs_directory(dbs["_path"]), tid, WindowBudget(), REAL_FS)
         runs.load(txn, dbs["runs"])
         run = runs.runs[run_id]
+        held[tid] = held.get(tid, 0) + r["rows"] - r["killed"]  # as its entry says, read or not
         try:
             rows = runs.rows_of(run)
         except CatalogError as exc:
@@ -323,7 +324,6 @@ def _verify_runs(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, topics:
                 problems.append(f"{path}: its entry's {field} is {r[field]}, the file's {got}")
         if found["seq"][1] >= topics[tid][1]:
             problems.append(f"{path}: holds seq {found['seq'][1]} >= the topic's next_seq {topics[tid][1]}")
-        held[tid] = held.get(tid, 0) + r["rows"] - r["killed"]
         with_rows.update((tid, int(lg), int(en)) for lg, en in rows[:, 1:3].tolist())
     for key, value in _each(txn, dbs.get("dead")):
         if len(key) != DEAD_KEY.size or len(value) != U64.size:
