@@ -101,13 +101,16 @@ def test_runs_merge_by_tiers_and_drop_the_rows_no_subscription_can_see(tmp_path)
 
 
 def test_membership_reads_the_bitmaps_of_the_run_that_may_hold_it_only(tmp_path, monkeypatch) -> None:
-    """Runs of disjoint positions (positions grow): a lookup reads the bitmaps of the one run
-    whose range holds the position, and its rows only when the bitmap says it is there."""
+    """Runs of disjoint positions (positions grow, even entries only): a lookup reads the bitmaps
+    of the one run whose range holds the position, and that run's rows only when its bitmap
+    holds the position."""
     clock = FakeClock(1_000)
     with bucketstore.open(tmp_path) as store:
         topic = store.topic("t", config=CFG, clock=clock)
         topic.subscription("s")
-        fill(topic, 350, ledger_size=1_000)  # 7 runs: one fewer than a merge takes
+        rows = [(0, 2 * i, 2_000 + (i * 7919) % 9_000) for i in range(350)]  # 7 runs: one fewer than a merge
+        for start in range(0, 350, 10):
+            topic.add_messages(rows[start:start + 10])
     with bucketstore.open(tmp_path) as store:  # cold: nothing of the runs read yet
         topic = store.topic("t", config=CFG, clock=clock)
         sub = topic.subscription("s")
@@ -115,10 +118,19 @@ def test_membership_reads_the_bitmaps_of_the_run_that_may_hold_it_only(tmp_path,
         real = RunSet._read
         monkeypatch.setattr(RunSet, "_read", lambda self, path, n, at: read.append(os.path.basename(path))
                             or real(self, path, n, at))
+        decoded: list[int] = []
+        real_segment = RunSet.segment
+        monkeypatch.setattr(RunSet, "segment", lambda self, run, i: decoded.append(run.run_id)
+                            or real_segment(self, run, i))
         runs = sorted(topic._runs.runs.values(), key=lambda r: r.min_pos)
+        assert len(runs) == 7
         third = runs[3]
-        assert sub.contains_message(*third.min_pos)
-        assert {name for name in read} == {topic._runs.path(third.run_id).rsplit("/", 1)[1]}
+        ledger, entry = third.min_pos
+        assert not sub.contains_message(ledger, entry + 1)  # in its range, not in its bitmap
+        assert set(read) == {os.path.basename(topic._runs.path(third.run_id))} and decoded == []
+        read.clear()
+        assert sub.contains_message(ledger, entry + 2)
+        assert set(read) <= {os.path.basename(topic._runs.path(third.run_id))} and set(decoded) == {third.run_id}
         read.clear()
         assert not sub.contains_message(0, 5_000)  # past every run's range: no file read
         assert read == []
