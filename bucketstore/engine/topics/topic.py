@@ -45,9 +45,10 @@ __all__ = ["Topic", "START_MODES"]
 START_MODES = ("earliest", "latest")
 #: The most rows the LMDB level holds before they are sealed into a run (fewer when
 #: ``min_index_count_per_bucket`` says so, Pulsar's seal). LMDB never gives pages back to the
-#: file system, so the level's peak is what it costs on disk for good: 8,192 rows peak at about
-#: a megabyte, where the default 50,000 took 7 MB.
-LEVEL_ROWS = 8_192
+#: file system, so the level's peak is what it costs on disk for good: with journal mode's group
+#: commit writing at most half as many at once, the file peaks below a megabyte (measured with
+#: tools/bench/bench_topics.py: 0.9 MB; 50,000 rows and group commits of 10,000 took 7 MB).
+LEVEL_ROWS = 4_096
 
 
 class Topic:
@@ -77,7 +78,8 @@ class Topic:
         self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
-        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else 10_000
+        # Journal mode's group commit writes at most half a level at once: see LEVEL_ROWS.
+        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else LEVEL_ROWS // 2
         self._handles: dict[str, Subscription] = {}
         self._raw_name = raw_name = validate_name(name, "topic")
         self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}

@@ -76,7 +76,8 @@ def _reading(store_path: str) -> Iterator[tuple[lmdb.Environment, lmdb.Transacti
             live.settle()  # the writer's subscriptions' progress in their group-commit window
             env = live._live()
             with env.begin(buffers=False) as txn:
-                yield env, txn, {**{name: getattr(live, name) for name in _NAMES}, "_path": live.path}
+                yield env, txn, {**{name: getattr(live, name) for name in _NAMES}, "_path": live.path,
+                                 "_budget": live.windows}  # the writer's cache of run segments
         return
     env = _open(store_path)
     if env is None:
@@ -116,7 +117,7 @@ def topic_view(txn: lmdb.Transaction, dbs: dict[str, Any], tid: int) -> RowView:
     runs = None
     if dbs.get("runs") is not None:
         # The environment's own directory (dbs come from the writer, or from this path).
-        runs = RunSet(runs_directory(dbs["_path"]), tid, WindowBudget(), REAL_FS)
+        runs = RunSet(runs_directory(dbs["_path"]), tid, dbs.get("_budget") or WindowBudget(), REAL_FS)
         runs.load(txn, dbs["runs"])
     dead = {DEAD_KEY.unpack(k)[1:]: U64.unpack(v)[0] for k, v in _each(txn, dbs.get("dead"), topic_prefix(tid))}
     return RowView(RowTables(dbs["rows"], dbs["positions"]), runs, dead)

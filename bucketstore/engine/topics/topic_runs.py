@@ -182,6 +182,13 @@ class RunSet:
 
     def _dir(self, run: Run) -> RunDirectory:
         if run.directory is None:
+            held = self._budget.get((self.tid, ("dir", run.run_id)))  # type: ignore[arg-type]
+            if held is not None:  # read by another view of the same topic (the writer's)
+                d = held.value
+                run.directory = d
+                run.seg_first = [s.first_ts >> WINDOW_BITS for s in d.segments]
+                run.seg_last = [s.last_ts >> WINDOW_BITS for s in d.segments]
+                return d
             path = self.path(run.run_id)
             try:
                 size = os.path.getsize(path)
@@ -196,6 +203,7 @@ class RunSet:
             run.directory = d
             run.seg_first = [s.first_ts >> WINDOW_BITS for s in d.segments]
             run.seg_last = [s.last_ts >> WINDOW_BITS for s in d.segments]
+            self._budget.put((self.tid, ("dir", run.run_id)), _Held(d, 64 * len(d.segments) + 256))  # type: ignore[arg-type]
         return run.directory
 
     def segment(self, run: Run, i: int) -> np.ndarray:
