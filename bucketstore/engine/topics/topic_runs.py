@@ -220,6 +220,31 @@ class RunSet:
             self._budget.put(key, held)  # type: ignore[arg-type]
         return held.value
 
+    def _keys(self, run: Run, what: str, i: int, rows: np.ndarray, cols: tuple[int, ...]) -> np.ndarray:
+        """``rows``' columns ``cols`` as sortable bytes (big-endian), cached with the rows: the
+        binary searches of a figure or a lookup then cost log n, not a pass to pack them."""
+        key = (self.tid, (what, run.run_id, i))
+        held = self._budget.get(key)  # type: ignore[arg-type]
+        if held is None:
+            keys = np.ascontiguousarray(rows[:, list(cols)].astype(">u8")).view(f"S{8 * len(cols)}").ravel()
+            held = _Held(keys, keys.nbytes)
+            self._budget.put(key, held)  # type: ignore[arg-type]
+        return held.value
+
+    def search(self, run: Run, i: int, key: RowKey, side: str) -> int:
+        """Where row ``key`` goes in segment ``i`` of the run (delivery order)."""
+        keys = self._keys(run, "skey", i, self.segment(run, i), (0, 1, 2, 3))
+        return int(np.searchsorted(keys, np.array(key, dtype=">u8").tobytes(), side=side))  # type: ignore[call-overload]
+
+    def search_position(self, run: Run, pos: tuple[int, ...], side: str) -> int:
+        """Where position ``pos`` ((ledger, entry), or with a seq) goes in the run's rows in
+        acknowledgement order (:meth:`_by_position`)."""
+        keys = self._keys(run, "pkey", 0, self._by_position(run), (1, 2, 3))
+        probe = np.array(pos, dtype=">u8").tobytes()
+        if len(pos) < 3:  # a prefix: pad to the first (side="left") or past the last (right) seq
+            probe += (b"\x00" if side == "left" else b"\xff") * 8 * (3 - len(pos))
+        return int(np.searchsorted(keys, probe, side=side))  # type: ignore[call-overload]
+
     def rows_of(self, run: Run) -> np.ndarray:
         """Every row of the run in delivery order (a figure's or a lookup's read)."""
         return np.concatenate([self.segment(run, i) for i in range(len(self._dir(run).segments))])
@@ -262,8 +287,8 @@ class RunSet:
         for run in self.runs.values():
             if self.holds(run, ledger, entry):
                 rows = self._by_position(run)
-                lo = _search(rows, (ledger, entry), "left")
-                hi = _search(rows, (ledger, entry), "right")
+                lo = self.search_position(run, (ledger, entry), "left")
+                hi = self.search_position(run, (ledger, entry), "right")
                 out.extend((int(r[3]), int(r[0]), run.run_id) for r in rows[lo:hi])
         return out
 
@@ -274,8 +299,8 @@ class RunSet:
             if after is not None and run.max_pos <= after:
                 continue
             rows = self._by_position(run)
-            lo = 0 if after is None else _search(rows, after, "right")
-            parts.append(((int(r[1]), int(r[2]), int(r[3]), int(r[0])) for r in rows[lo:]))
+            lo = 0 if after is None else self.search_position(run, after, "right")
+            parts.append(_chunked(rows[lo:], (1, 2, 3, 0)))
         for ledger, entry, seq, ts in heapq.merge(*parts):
             yield ts, ledger, entry, seq
 
@@ -326,9 +351,8 @@ class RunSet:
             if after is not None and d.segments[i].last_ts < after[0]:
                 continue
             rows = self.segment(run, i)
-            lo = 0 if after is None else _search(rows, after, "right", delivery=True)
-            for r in rows[lo:].tolist():
-                yield tuple(r)
+            lo = 0 if after is None else self.search(run, i, after, "right")
+            yield from _chunked(rows[lo:], (0, 1, 2, 3))
 
     def count_between(self, after: RowKey | None, upto: RowKey | None) -> int:
         """Run rows after ``after`` and at or before ``upto`` (None: no bound): whole runs by
@@ -347,18 +371,16 @@ class RunSet:
                 if (after is None or seg.first_ts > after[0]) and (upto is None or seg.last_ts < upto[0]):
                     n += seg.rows
                     continue
-                rows = self.segment(run, i)
-                lo = 0 if after is None else _search(rows, after, "right", delivery=True)
-                hi = len(rows) if upto is None else _search(rows, upto, "right", delivery=True)
+                lo = 0 if after is None else self.search(run, i, after, "right")
+                hi = seg.rows if upto is None else self.search(run, i, upto, "right")
                 n += max(0, hi - lo)
         return n
 
 
-def _search(rows: np.ndarray, key: tuple[int, ...], side: str, delivery: bool = False) -> int:
-    """Where ``key`` goes in ``rows`` sorted by delivery order (all four columns) or, by default,
-    by position (ledger, entry, seq; ``key`` a position or a (ledger, entry, seq) prefix)."""
-    cols = (0, 1, 2, 3) if delivery else (1, 2, 3)
-    width = len(key)
-    packed = np.ascontiguousarray(rows[:, cols[:width]].astype(">u8")).view(f"S{8 * width}").ravel()
-    probe = np.array(key, dtype=">u8").tobytes()
-    return int(np.searchsorted(packed, np.frombuffer(probe, dtype=f"S{8 * width}")[0], side=side))
+def _chunked(rows: np.ndarray, order: tuple[int, int, int, int]) -> Iterator[RowKey]:
+    """The rows as tuples of the columns ``order``, a few hundred at a time (a reader that stops
+    at the first it wants converts no more)."""
+    cols = list(order)
+    for lo in range(0, len(rows), 256):
+        for r in rows[lo:lo + 256][:, cols].tolist():
+            yield tuple(r)  # type: ignore[misc]
