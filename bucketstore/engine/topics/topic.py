@@ -27,7 +27,7 @@ import numpy as np
 from ...config import TrackerConfig
 from ...cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ...errors import CatalogError, StoreClosedError
-from ...format.topic_codec import (DEAD_KEY, MAX_KEY, MULTI, ROW_KEY, U64, TopicRecordError, decode_topic,
+from ...format.topic_codec import (DEAD_KEY, MAX_KEY, MULTI, POS_KEY, ROW_KEY, U64, TopicRecordError, decode_topic,
                                   encode_topic, multi_key, position_parts, row_parts, split_sub_key, sub_key,
                                   topic_prefix, validate_name)
 from ...waiting import DueWaiter
@@ -402,14 +402,19 @@ class Topic:
             # Mostly due or judged rows: wait for as many again before looking.
             self._seal_at = level + max(1, self._seal_rows // 2)
             return
-        run = self._runs.write(np.concatenate(taken))
+        cols = np.concatenate(taken)
+        run = self._runs.write(cols)
         tables = self._file.tables
         with self._write(step="topic_seal_commit") as txn:
             self._runs.put(txn, self._file.runs, run)
-            for window, idx in records:
-                rows, positions = window.records_at(idx)
-                tables.delete_records(txn, rows, positions,
-                                      window.raw[:ROW_KEY.size] if len(idx) == len(window.keys) else None)
+            if n == level:  # the whole level (the usual case): whole keys, not a record at a time
+                tables.delete_keys(txn, [w.raw[:ROW_KEY.size] for w, _ in records],
+                                   [POS_KEY.pack(self._id, lg) for lg in np.unique(cols[:, 1]).tolist()])
+            else:
+                for window, idx in records:
+                    rows, positions = window.records_at(idx)
+                    tables.delete_records(txn, rows, positions,
+                                          window.raw[:ROW_KEY.size] if len(idx) == len(window.keys) else None)
         self._runs.runs[run.run_id] = run
         self._sealed_rows += run.rows
         self._seal_at = self._seal_rows

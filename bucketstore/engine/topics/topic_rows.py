@@ -82,6 +82,13 @@ class RowTables:
         for key, value in positions:
             txn.delete(key, value, db=self.positions)
 
+    def delete_keys(self, txn: lmdb.Transaction, rows: list[bytes], positions: list[bytes]) -> None:
+        """Delete these ``rows`` and ``positions`` keys with all their values."""
+        for key in rows:
+            txn.delete(key, db=self.rows)
+        for key in positions:
+            txn.delete(key, db=self.positions)
+
     def delete_topic(self, txn: lmdb.Transaction, tid: int) -> None:
         prefix = topic_prefix(tid)
         for db in (self.rows, self.positions):
