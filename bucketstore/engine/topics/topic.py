@@ -342,11 +342,13 @@ class Topic:
             if self._durability == "journal" and self._sync_interval == 0:
                 self._apply()
                 self._sync()
-            elif len(self._pending) >= self._pending_limit or (
-                    self._durability == "journal"
-                    and (time.monotonic() - self._last_sync) * 1000 >= self._sync_interval):
+            elif self._durability == "journal" and (time.monotonic() - self._last_sync) * 1000 >= self._sync_interval:
                 self._apply()
                 self._sync()
+            elif len(self._pending) >= self._pending_limit:
+                self._apply()
+                if self._durability == "sealed":  # the seal's promise; journal mode syncs by its interval
+                    self._sync()
             return out
 
     def _apply(self) -> None:
