@@ -29,7 +29,7 @@ from ...errors import CatalogError
 from ...format.fs import FileSystem
 from ...format.topic_codec import RUN_KEY, WINDOW_BITS, decode_run_record, encode_run_record, topic_prefix
 from ...format.topic_run import (HEADER, TRAILER, RunDirectory, TopicRunError, decode_bitmaps, decode_directory,
-                                 decode_header, decode_segment, decode_trailer, encode_run, run_file_name)
+                                 decode_segment, decode_trailer, encode_run, run_file_name)
 from .subscription_state import RowKey
 from .topic_windows import WindowBudget
 
