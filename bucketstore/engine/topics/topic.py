@@ -566,7 +566,7 @@ class Topic(SealedRuns):
         with self._write() as txn:
             # Untrack what the subscription tracks up to the position: one pass over those positions.
             seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            for ts, lg, en, seq in self._view.positions_after(txn, self._id, md):
+            for ts, lg, en, seq in self._view.positions_after(txn, self._id, md, (ledger, entry)):
                 if (lg, en) > (ledger, entry):
                     break
                 seen.setdefault((lg, en), []).append((seq, ts))

@@ -73,14 +73,18 @@ class RowView:
                         n -= 1
         return n
 
-    def positions_after(self, txn: lmdb.Transaction, tid: int, after: Position | None) -> Iterator[RowKey]:
+    def positions_after(self, txn: lmdb.Transaction, tid: int, after: Position | None,
+                        upto: Position | None = None) -> Iterator[RowKey]:
+        """The rows whose position is after ``after`` (all when None), in acknowledgement order;
+        ``upto``: the caller stops past it, so runs wholly past it are not read."""
         runs = self._sealed()
         if runs is None:
             return self.tables.positions_after(txn, tid, after)
 
         def order(row: RowKey) -> tuple[int, int, int]:
             return row[1], row[2], row[3]
-        merged = heapq.merge(self.tables.positions_after(txn, tid, after), runs.positions_after(after), key=order)
+        merged = heapq.merge(self.tables.positions_after(txn, tid, after), runs.positions_after(after, upto),
+                             key=order)
         return (row for row in merged if self._alive(row)) if self.dead else merged
 
     def first_position(self, txn: lmdb.Transaction, tid: int) -> Position | None:

@@ -126,11 +126,13 @@ class RunSet:
         name (written, fsynced, renamed, directory fsynced); its entry is the caller's to commit."""
         run_id = self.next_id
         self.next_id += 1
-        os.makedirs(self.directory, exist_ok=True)
+        fs = self._fs
+        if not os.path.isdir(self.directory):
+            os.mkdir(self.directory)
+            fs.fsync_dir(os.path.dirname(self.directory))  # the directory's own name, durable
         data = encode_run(self.tid, run_id, cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3])
         final = self.path(run_id)
         tmp = final + ".tmp"
-        fs = self._fs
         if os.path.exists(tmp):  # a seal killed before its rename
             fs.unlink(tmp)
         fd = fs.create(tmp)
@@ -292,17 +294,18 @@ class RunSet:
                 out.extend((int(r[3]), int(r[0]), run.run_id) for r in rows[lo:hi])
         return out
 
-    def positions_after(self, after: Position | None) -> Iterator[RowKey]:
-        """Every run row whose position is after ``after`` (all when None), in acknowledgement order."""
-        parts = []
-        for run in self.runs.values():
-            if after is not None and run.max_pos <= after:
-                continue
-            rows = self._by_position(run)
-            lo = 0 if after is None else self.search_position(run, after, "right")
-            parts.append(_chunked(rows[lo:], (1, 2, 3, 0)))
+    def positions_after(self, after: Position | None, upto: Position | None = None) -> Iterator[RowKey]:
+        """Every run row whose position is after ``after`` (all when None), in acknowledgement
+        order; runs whose positions all lie past ``upto`` are not read (nor yielded)."""
+        parts = [self._positions_of(run, after) for run in self.runs.values()
+                 if (after is None or run.max_pos > after) and (upto is None or run.min_pos <= upto)]
         for ledger, entry, seq, ts in heapq.merge(*parts):
             yield ts, ledger, entry, seq
+
+    def _positions_of(self, run: Run, after: Position | None) -> Iterator[tuple[int, int, int, int]]:
+        rows = self._by_position(run)  # read when the merge first asks, not before
+        lo = 0 if after is None else self.search_position(run, after, "right")
+        yield from _chunked(rows[lo:], (1, 2, 3, 0))  # type: ignore[misc]
 
     # -- delivery order -------------------------------------------------------------------------
     def next_window(self, n: int) -> int | None:
