@@ -11,7 +11,7 @@ import pytest
 
 import bucketstore
 from bucketstore import CatalogError, TrackerConfig
-from bucketstore.engine.topics.topic_reader import verify_topics
+from bucketstore.engine.topics.topic_reader import describe_topics, verify_topics
 from bucketstore.engine.topics.topic_runs import RunSet
 
 from helpers import FakeClock
@@ -48,6 +48,9 @@ def test_rows_not_due_are_sealed_then_delivered_from_the_runs_and_the_files_go(t
         rows = fill(topic, 500)
         assert run_files(tmp_path) and level_rows(topic) < SEAL
         assert topic.stats()["rows"] == 500 and verify_topics(str(tmp_path)) == []
+        doc = describe_topics(str(tmp_path))["t"]  # what `bucketstore stats` prints of them
+        assert doc["run_files"] == len(run_files(tmp_path)) and doc["run_bytes"] == sum(
+            os.path.getsize(os.path.join(runs_dir(tmp_path), f)) for f in run_files(tmp_path))
         clock.advance(20_000)
         want = [(lg, en) for _, lg, en in sorted((ts, lg, en) for lg, en, ts in rows)]
         for sub in (a, b):

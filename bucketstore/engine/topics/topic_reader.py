@@ -198,8 +198,17 @@ def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any]
             # How long the oldest of those has waited past its time (None: nothing is due).
             "oldest_due_age_ms": None if oldest is None else max(0, now - oldest)}
     # The topic record's count, kept with every change (verify checks it against the rows).
+    runs = tables.runs.runs.values() if tables.runs is not None else ()
     return {"id": tid, "rows": record["rows"], "multi_positions": len(multi), "cutoff": cutoff,
+            "run_files": len(runs), "run_bytes": sum(_size(tables.runs.path(r.run_id)) for r in runs),  # type: ignore[union-attr]
             "subscriptions": dict(sorted(doc_subs.items()))}
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # verify reports a missing run; the figures go on
+        return 0
 
 
 def verify_topics(store_path: str | os.PathLike[str]) -> list[str]:
