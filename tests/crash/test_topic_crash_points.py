@@ -25,8 +25,9 @@ Four modes: ``journal`` with ``sync_interval_ms=0`` (every add written before it
 ``sealed`` (adds wait for ``min_index_count_per_bucket`` of them or a call that writes).
 
 ``BUCKETSTORE_TOPIC_CRASH_POINTS``: the crash points per mode, spread evenly over 0..N (the
-first and the last among them); the default, ``all``, runs every one: 83, 52, 79 and 55 steps,
-273 killed writers in 13 s to 38 s on two shared cores (as loaded). A number below that shortens the run on a
+first and the last among them); the default, ``all``, runs every one: 123, 81, 119 and 97 steps
+(the sealed runs' file steps and seal commits among them), 424 killed writers in 22 s to 36 s per
+mode on two shared cores (as loaded). A number below that shortens the run on a
 slow machine; the random workloads (``test_topic_crash_random.py``) are the long-run knob.
 """
 
