@@ -350,7 +350,8 @@ class Topic(SealedRuns):
             last = pos
             end += 1
         if rows:
-            self._file.tables.insert_records(txn, rows, positions)
+            if not self._seal_fresh(txn, pending[start:end], self._next_seq):
+                self._file.tables.insert_records(txn, rows, positions)
             self._next_seq, self._last_position = seq, last
             self._rows += len(rows)
             self._inserted += len(rows)

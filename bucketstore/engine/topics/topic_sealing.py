@@ -45,6 +45,7 @@ class SealedRuns:
     _multi: set[tuple[int, int]]
     _subs: dict[str, SubscriptionState]
     _raw_name: bytes
+    _durability: str
     _config_record: dict[str, Any]
 
     def _write(self, room: int = 0, step: str = "topic_commit") -> Any:
@@ -99,9 +100,29 @@ class SealedRuns:
         txn.put(DEAD_KEY.pack(self._id, ledger, entry), U64.pack(self._dead[pos]), db=self._file.dead)
 
     def _maybe_seal(self) -> None:
-        """Seal once the level holds enough rows (see :data:`LEVEL_ROWS`)."""
+        """Seal once the level holds enough rows (see :data:`LEVEL_ROWS`); merge what is due."""
         if self._rows - self._sealed_rows >= self._seal_at:
             self._seal()
+        while (group := plan_merge(self._runs.runs.values(), self._seal_rows)) is not None:
+            self._merge(group)
+
+    def _seal_fresh(self, txn: lmdb.Transaction, adds: list[tuple[int, int, int, int]], first_seq: int) -> bool:
+        """In ``sealed`` mode, write a group of adds of new positions (``(ledger, entry,
+        deliver_at, cutoff)``, seqs from ``first_seq``: not due, past every row) straight into a
+        run, listed by the add's own transaction ``txn``, rather than into the level: Pulsar's
+        seal of ``min_index_count_per_bucket`` adds, which would otherwise pass through LMDB and
+        leave its file that large for good. False (nothing done): write them to the level."""
+        if self._durability != "sealed" or len(adds) < self._seal_rows:
+            return False
+        cols = np.array([(ts, ledger, entry, first_seq + i) for i, (ledger, entry, ts, _) in enumerate(adds)],
+                        dtype=np.uint64)
+        cols = cols[np.lexsort((cols[:, 3], cols[:, 2], cols[:, 1], cols[:, 0]))]
+        run = self._runs.write(cols)  # durable before the transaction that lists it commits
+        self._runs.put(txn, self._file.runs, run)
+        self._runs.runs[run.run_id] = run
+        self._sealed_rows += run.rows
+        self._windows.clear()  # the merged windows lack its rows
+        return True
 
     def _seal(self) -> None:
         """Move the level's rows that are not due (so after every frontier: a frontier never
@@ -148,8 +169,6 @@ class SealedRuns:
         self._runs.runs[run.run_id] = run
         self._sealed_rows += run.rows
         self._seal_at = self._seal_rows
-        while (group := plan_merge(self._runs.runs.values(), self._seal_rows)) is not None:
-            self._merge(group)
 
     def _merge(self, group: list[Run]) -> None:
         """Merge sealed runs into one (engine/topics/topic_merge.py), dropping the rows no
