@@ -12,6 +12,7 @@ import pytest
 import bucketstore
 from bucketstore import CatalogError, TrackerConfig
 from bucketstore.engine.topics.topic_reader import describe_topics, verify_topics
+from bucketstore.engine.topics.topic_rows import RowTables
 from bucketstore.engine.topics.topic_runs import RunSet
 
 from helpers import FakeClock
@@ -219,3 +220,22 @@ def test_checkpoint_copies_the_runs_and_delete_topic_removes_them(tmp_path) -> N
         sub = store.topic("t", config=CFG, clock=clock).subscription("s")
         clock.advance(20_000)
         assert len(sub.get_scheduled_messages(1_000)) == 120
+
+
+def test_sealed_mode_writes_a_seal_s_new_positions_straight_into_a_run(tmp_path, monkeypatch) -> None:
+    """Sealed mode's adds wait for ``min_index_count_per_bucket`` of them; those of new
+    positions then go into a run by their own transaction, never through the LMDB level (whose
+    file would keep that size for good)."""
+    inserted: list[int] = []
+    real = RowTables.insert_records
+    monkeypatch.setattr(RowTables, "insert_records", lambda self, txn, rows, positions: inserted.append(len(rows))
+                        or real(self, txn, rows, positions))
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path, durability="sealed") as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        sub = topic.subscription("s")
+        rows = fill(topic, 500)
+        assert inserted == [] and level_rows(topic) == 0 and topic._runs.runs
+        assert topic.stats()["rows"] == 500 and verify_topics(str(tmp_path)) == []
+        clock.advance(20_000)
+        assert sorted(sub.get_scheduled_messages(1_000)) == sorted((lg, en) for lg, en, _ in rows)
