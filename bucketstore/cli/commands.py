@@ -117,6 +117,7 @@ def _topic_lines(topics: dict) -> list[str]:
     for name, topic in topics.items():
         lines += ["", f"topic {name!r}: {topic['rows']} row(s), {len(topic['subscriptions'])} subscription(s), "
                       f"topic index file {topic['file_bytes']} bytes ({topic['live_bytes']} in use), "
+                      f"{topic.get('run_files', 0)} sealed run(s) {topic.get('run_bytes', 0)} bytes, "
                       f"cutoff {topic['cutoff']}"]
         for sub, s in topic["subscriptions"].items():
             f = s["frontier"]

@@ -9,6 +9,8 @@ catalog, so a store without topics is byte for byte what it was. Its named datab
 ``positions`` u32 topic id, u64 ledger -> many u64 entry, u64 seq, u64 deliver_at
 ``multi``     u32 topic id, u64 ledger, u64 entry -> empty (positions with more than one row)
 ``meta``      ``format`` -> ``b"1"``, ``next_topic_id`` -> u64
+``runs``      u32 topic id, u64 run id -> :func:`encode_run_record` (a sealed run's entry; its file in ``runs/``)
+``dead``      u32 topic id, u64 ledger, u64 entry -> u64 seq (rows of sealed runs gone since)
 
 ``rows`` and ``positions`` are ``MDB_DUPSORT | MDB_DUPFIXED``: a key holds many fixed-size
 values, sorted by their bytes. Integers are big-endian so that LMDB's byte order is the numeric
@@ -33,7 +35,8 @@ from .catalog_codec import validate_name  # topic and subscription names follow 
 __all__ = ["TOPICS_FORMAT", "TopicRecordError", "ROW_KEY", "ROW_DUP", "POS_KEY", "POS_DUP", "MULTI", "TOPIC_ID",
            "U64", "row_parts", "row_from", "position_parts", "split_position", "multi_key", "sub_key", "split_sub_key",
            "encode_topic", "decode_topic", "encode_subscription", "decode_subscription", "validate_name",
-           "MAX_KEY", "topic_prefix", "WINDOW_BITS", "ROW_QUAD", "pack_rows"]
+           "MAX_KEY", "topic_prefix", "WINDOW_BITS", "ROW_QUAD", "pack_rows", "RUN_KEY", "DEAD_KEY",
+           "encode_run_record", "decode_run_record"]
 
 TOPICS_FORMAT = b"1"
 TOPIC_ID = struct.Struct(">I")
@@ -188,4 +191,28 @@ def decode_subscription(raw: bytes) -> dict[str, Any]:
     record["unconfirmed"] = (_unpack_rows(unconfirmed, "unconfirmed") if isinstance(unconfirmed, bytes)
                              else _tuples(unconfirmed, 4, "unconfirmed"))
     record["redeliver"] = _tuples(record["redeliver"], 4, "redeliver")
+    return record
+
+
+#: ``runs``: u32 topic id, u64 run id -> :func:`encode_run_record`; ``dead``: u32 topic id, u64
+#: ledger, u64 entry -> u64 seq (the rows of the position in sealed runs with a seq up to it are gone).
+RUN_KEY = struct.Struct(">IQ")
+DEAD_KEY = MULTI
+_RUN_FIELDS: dict[str, Any] = {"rows": int, "killed": int, "first": list, "last": list, "min_pos": list,
+                               "max_pos": list, "seq": list}
+
+
+def encode_run_record(record: dict[str, Any]) -> bytes:
+    """A sealed run's catalog entry (``formats/topics.md``): its rows, the rows of it gone since
+    (``killed``), its first and last row, least and greatest position and seq range."""
+    return _pack(record)
+
+
+def decode_run_record(raw: bytes) -> dict[str, Any]:
+    record = _unpack(raw, "run", _RUN_FIELDS)
+    for field, width in (("first", 4), ("last", 4), ("min_pos", 2), ("max_pos", 2), ("seq", 2)):
+        record[field] = _tuples([record[field]], width, field)[0]
+    if record["rows"] < 1 or not 0 <= record["killed"] <= record["rows"] or record["first"] > record["last"] \
+            or record["min_pos"] > record["max_pos"] or record["seq"][0] > record["seq"][1]:
+        raise TopicRecordError(f"run record does not hold together: {record!r}")
     return record

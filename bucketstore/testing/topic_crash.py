@@ -5,13 +5,14 @@ A topic's rows and subscriptions live in an LMDB environment, whose writes bypas
 :class:`~bucketstore.testing.faults.FaultyFileSystem` numbers. :class:`DurableSteps` numbers
 both kinds of durable step of one process:
 
-* each commit of a topic write transaction (``topic_commit``) and each sync of the topic
-  environment (``topic_sync``), through the engine's seam
+* each commit of a topic write transaction (``topic_commit``, ``topic_seal_commit`` for a
+  seal's or a merge's) and each sync of the topic environment (``topic_sync``), through the
+  engine's seam
   :data:`bucketstore.engine.topics.topic_file.durable_step_hook`;
 * each durable call the store makes through its file layer (``create``, ``open_append``,
   ``write``, ``fsync``, ``truncate``, ``rename``, ``unlink``, ``fsync_dir``: the layer is
-  :meth:`DurableSteps.file_system`, handed to the store) and each catalog commit
-  (``catalog_commit``), so that the count stays whole when topics write files of their own.
+  :meth:`DurableSteps.file_system`, handed to the store, which the topics' sealed run files
+  go through too) and each catalog commit (``catalog_commit``).
 
 and sends the process SIGKILL just before step ``kill_at``: a killed writer, not a simulated
 one (a commit it was about to make is aborted by LMDB; the ones before stay, in the page cache).
@@ -46,6 +47,8 @@ from .topic_model import TopicModel
 __all__ = ["DurableSteps", "CountingFileSystem", "ChildRun", "run_ops", "candidates", "check_killed_store", "COMMITS"]
 
 #: The steps after which a store's state is what its last call left (the others make it durable).
+#: A seal's or a merge's commit (``topic_seal_commit``) is not one: it lists a sealed run and moves
+#: rows into it without changing any answer, so the state before and after it is the same.
 COMMITS = ("topic_commit", "catalog_commit")
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from ..cutoff import system_clock
 from ..engine.topics.subscription_state import SubscriptionState
-from ..engine.topics.topic_reader import _each, _reading
-from ..format.topic_codec import MULTI, decode_topic, row_from, split_position, split_sub_key, topic_prefix
+from ..engine.topics.topic_reader import _each, _reading, topic_view
+from ..format.topic_codec import MULTI, decode_topic, split_sub_key, topic_prefix
 
 __all__ = ["scan_figures"]
 
@@ -38,12 +38,14 @@ def scan_figures(store_path: str | os.PathLike[str], now_ms: int | None = None) 
 
 def _scan(txn: Any, dbs: dict[str, Any], record: dict[str, Any], now: int, cutoff: int) -> dict[str, Any]:
     prefix = topic_prefix(record["id"])
-    rows = [row_from(k, v) for k, v in _each(txn, dbs["rows"], prefix)]
+    # Every row, in the tables and in the sealed runs, less the run rows gone (the view's
+    # plain reads: no range count, no window).
+    view = topic_view(txn, dbs, record["id"])
+    rows = list(view.rows_after(txn, record["id"], None))
     versions: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for key, value in _each(txn, dbs["positions"], prefix):
-        _, ledger, entry, seq, ts = split_position(key, value)
+    for ts, ledger, entry, seq in view.positions_after(txn, record["id"], None):
         versions.setdefault((ledger, entry), []).append((seq, ts))
-    multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)}
+    multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)} | set(view.dead)
     subs = {}
     for key, value in _each(txn, dbs["subs"], prefix):
         name = split_sub_key(key)[1]

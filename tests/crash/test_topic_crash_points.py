@@ -25,8 +25,9 @@ Four modes: ``journal`` with ``sync_interval_ms=0`` (every add written before it
 ``sealed`` (adds wait for ``min_index_count_per_bucket`` of them or a call that writes).
 
 ``BUCKETSTORE_TOPIC_CRASH_POINTS``: the crash points per mode, spread evenly over 0..N (the
-first and the last among them); the default, ``all``, runs every one: 83, 52, 79 and 55 steps,
-273 killed writers in 13 s to 38 s on two shared cores (as loaded). A number below that shortens the run on a
+first and the last among them); the default, ``all``, runs every one: 123, 81, 119 and 97 steps
+(the sealed runs' file steps and seal commits among them), 424 killed writers in 22 s to 36 s per
+mode on two shared cores (as loaded). A number below that shortens the run on a
 slow machine; the random workloads (``test_topic_crash_random.py``) are the long-run knob.
 """
 
@@ -37,6 +38,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +87,10 @@ WORKLOAD: list[tuple] = [
     ("add", None, [(7, e, 30) for e in range(3)]),
     ("deliver", "late", 4),
     ("delete", "late2"),
+    ("advance", 500),                           # every row due: the sealed runs are passed by all
+    ("deliver", "far", 100), ("deliver", "late", 100), ("deliver", "fast", 100),
+    ("flush", None),                            # their entries dropped, synced, files unlinked
+    ("add", None, [(8, e, 20) for e in range(3)]),
     ("advance", 50),
     ("deliver", "fast", 2),                     # left unconfirmed: the kill at the end brings it back
 ]
@@ -97,8 +103,29 @@ MODES = {  # durability, sync_interval_ms, delivery
 }
 
 
-def universe() -> set[tuple[int, int]]:
-    out = {(lg, en) for op in WORKLOAD if op[0] == "add" for lg, en, _ in op[2]}
+#: Runs merging: a topic that seals every add (``min_index_count_per_bucket=1``), so that its
+#: eighth run merges the first eight (docs/topics.md, "Sealed runs"), with a due add of a sealed
+#: row (a dead bound the merge drops) and subscriptions part way through, then drained.
+MERGE_CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=1)
+MERGE_WORKLOAD: list[tuple] = [
+    ("open",),
+    ("sub", "fast", "earliest"), ("sub", "slow", "earliest"),
+    *[("add", None, [(1, e, 100 + 30 * e)]) for e in range(4)],
+    ("add", None, [(1, 1, -5)]),                # due: a sealed row gone for all
+    ("advance", 120),
+    ("deliver", "fast", 2),
+    *[("add", None, [(2, e, 50 + 20 * e)]) for e in range(5)],   # the eighth run: a merge
+    ("mark", "slow", 1, 0),
+    ("add", "slow", [(3, 0, 40)]),
+    ("advance", 400),
+    ("deliver", "fast", 100),
+    ("deliver", "slow", 100),                   # every run passed: dropped, synced, unlinked
+    ("deliver", "fast", 1),
+]
+
+
+def universe(workload: list[tuple] | None = None) -> set[tuple[int, int]]:
+    out = {(lg, en) for op in (workload or WORKLOAD) if op[0] == "add" for lg, en, _ in op[2]}
     return out | {(lg, en + 1) for lg, en in out}  # and neighbours never added
 
 
@@ -112,10 +139,24 @@ def points(n: int) -> list[int]:
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_killed_topic_writer_recovers_at_every_durable_step(mode: str, tmp_path: Path) -> None:
+    enumerate_crash_points(mode, tmp_path, WORKLOAD, CONFIG)
+
+
+def test_killed_topic_writer_recovers_while_runs_merge(tmp_path: Path) -> None:
+    """Every durable step of a merge (its file, its commit, the old files' unlinks), besides
+    seals and drops, in journal mode."""
+    dry = enumerate_crash_points("journal", tmp_path, MERGE_WORKLOAD, MERGE_CONFIG)
+    assert sum(1 for kind, _, _ in dry.steps if kind == "topic_seal_commit") > 9  # 9 seals and a merge
+
+
+def enumerate_crash_points(mode: str, tmp_path: Path, workload: list[tuple], config: TrackerConfig) -> Any:
+    """Run ``workload`` once to number its durable steps, then once killed before each; hold
+    each killed store to the model. The uncrashed run (a ``ChildRun``)."""
     durability, interval, delivery = MODES[mode]
+    WORKLOAD, CONFIG = workload, config  # noqa: N806 - the names the checks below read
     started = time.perf_counter()
     states, answers = TopicModel(CONFIG.tick_time_ms, at_least_once=delivery == "at-least-once").states(WORKLOAD)
-    every = universe()
+    every = universe(WORKLOAD)
     dry = run_ops(tmp_path / "dry", WORKLOAD, durability=durability, sync_interval_ms=interval, config=CONFIG,
                   delivery=delivery)
     assert dry.error is None, dry.error
@@ -124,14 +165,18 @@ def test_killed_topic_writer_recovers_at_every_durable_step(mode: str, tmp_path:
     n = len(dry.steps)
     kinds = {kind for kind, _, _ in dry.steps}
     assert {"topic_commit", "topic_sync"} <= kinds, kinds
+    # Sealed runs: written, fsynced, renamed, listed (a seal's commit) and, once every
+    # subscription is past them, unlinked (their files are the store's file-layer steps).
+    assert {"topic_seal_commit", "create", "write", "fsync", "rename", "fsync_dir", "unlink"} <= kinds, kinds
     # Every kind of call commits somewhere in the run (what each crash point can cut); with a
     # group commit longer than the run, adds and confirmations wait for the next call that
     # writes; at-most-once leaves nothing to confirm.
     committing = {WORKLOAD[op][0] for kind, _, op in dry.steps if kind in COMMITS}
-    calls = {"open", "sub", "delete", "deliver", "mark", "clear", "restart"}
+    calls = {"open", "sub", "delete", "deliver", "mark", "clear", "restart"} & {op[0] for op in WORKLOAD}
     calls |= {"add"} if mode != "journal-grouped" else set()
     calls |= {"flush"} if delivery == "at-least-once" else set()
     calls |= {"confirm"} if delivery == "at-least-once" and mode != "journal-grouped" else set()
+    calls &= {op[0] for op in WORKLOAD}
     assert calls <= committing, committing
     ran, chosen = 0, points(n)
     for k in chosen:  # the dry run is crash point n: it died after its last call
@@ -155,3 +200,4 @@ def test_killed_topic_writer_recovers_at_every_durable_step(mode: str, tmp_path:
         ran += 1
     print(f"\n{mode}: {n} durable steps, {ran} crash points checked in {time.perf_counter() - started:.1f}s")
     assert ran == len(chosen)  # the store's directory exists before the first durable step
+    return dry

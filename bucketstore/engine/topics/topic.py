@@ -27,7 +27,7 @@ import numpy as np
 from ...config import TrackerConfig
 from ...cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ...errors import CatalogError, StoreClosedError
-from ...format.topic_codec import (MAX_KEY, MULTI, ROW_KEY, TopicRecordError, decode_topic, encode_topic, multi_key,
+from ...format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic, encode_topic, multi_key,
                                   position_parts, row_parts, split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ...waiting import DueWaiter
@@ -35,6 +35,7 @@ from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
+from .topic_sealing import LEVEL_ROWS, SealedRuns
 from .topic_windows import Window, WindowCache, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
@@ -42,7 +43,7 @@ __all__ = ["Topic", "START_MODES"]
 START_MODES = ("earliest", "latest")
 
 
-class Topic:
+class Topic(SealedRuns):
     """One topic's shared index. Obtain it with :meth:`bucketstore.Store.topic`."""
 
     def __init__(self, file: TopicFile, name: str, config: TrackerConfig, clock: Clock | None, *,
@@ -69,7 +70,7 @@ class Topic:
         self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
-        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else 10_000
+        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else LEVEL_ROWS // 2
         self._handles: dict[str, Subscription] = {}
         self._raw_name = raw_name = validate_name(name, "topic")
         self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
@@ -84,6 +85,7 @@ class Topic:
             self._id: int = record["id"]
             self._prefix = topic_prefix(self._id)
             self._windows = WindowCache(file.rows, self._id, file.windows)
+            self._open_runs(txn, config)
             self._next_seq: int = record["next_seq"]
             self._inserted: int = record["inserted"]
             #: Rows the topic holds (kept with each change: stats never count them by a pass).
@@ -110,18 +112,19 @@ class Topic:
                 txn.put(sub_key(self._id, state.name), state.encode(), db=file.subs)
             #: Every position with a row is at or before it: an add after it is of a new position
             #: (the common case, positions grow), found so without a lookup.
-            self._last_position = file.tables.last_position(txn, self._id) or (-1, -1)
+            self._last_position = self._view.last_position(txn, self._id) or (-1, -1)
         file.sync()
+        self._runs.remove_orphans()
         self._max_md = self._max_mark_delete()
         file.add_settler(id(self), self._commit_progress)
 
     @contextmanager
-    def _write(self, room: int = 0) -> Iterator[lmdb.Transaction]:
+    def _write(self, room: int = 0, step: str = "topic_commit") -> Iterator[lmdb.Transaction]:
         """A write transaction of the topic's file. If it is undone, the window cache is
         emptied: it may hold windows read inside it (a collection reads what the adds before
         it in the same transaction wrote)."""
         try:
-            with self._file.write(room) as txn:
+            with self._file.write(room, step) as txn:
                 yield txn
         except BaseException:
             self._windows.clear()
@@ -144,7 +147,7 @@ class Topic:
 
     def _versions(self, txn: lmdb.Transaction, ledger: int, entry: int) -> list[tuple[int, int]]:
         """(seq, deliver_at) of every row of the position, oldest first."""
-        return self._file.tables.versions(txn, self._id, ledger, entry)
+        return self._view.versions(txn, self._id, ledger, entry)
 
     def _insert(self, txn: lmdb.Transaction, ts: int, ledger: int, entry: int) -> int:
         seq = self._next_seq
@@ -221,6 +224,7 @@ class Topic:
         self._apply()
         self._commit_progress()
         self._file.sync()
+        self._runs.unlink_dropped()  # their deletion is durable now
         self._last_sync = time.monotonic()
 
     # -- adding ---------------------------------------------------------------------------------
@@ -246,7 +250,8 @@ class Topic:
                         s.count_base -= 1
                         dirty.add(s.name)
                 for seq, vts in versions:
-                    self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq))
+                    if not self._file.tables.delete(txn, self._id, (vts, ledger, entry, seq)):
+                        self._kill(txn, ledger, entry, seq)
                     self._windows.invalidate(vts)
                     self._rows -= 1
                 if pos in self._multi:
@@ -291,11 +296,13 @@ class Topic:
             if self._durability == "journal" and self._sync_interval == 0:
                 self._apply()
                 self._sync()
-            elif len(self._pending) >= self._pending_limit or (
-                    self._durability == "journal"
-                    and (time.monotonic() - self._last_sync) * 1000 >= self._sync_interval):
+            elif self._durability == "journal" and (time.monotonic() - self._last_sync) * 1000 >= self._sync_interval:
                 self._apply()
                 self._sync()
+            elif len(self._pending) >= self._pending_limit:
+                self._apply()
+                if self._durability == "sealed":  # the seal's promise; journal mode syncs by its interval
+                    self._sync()
             return out
 
     def _apply(self) -> None:
@@ -319,6 +326,7 @@ class Topic:
                     self._add_one(txn, *pending[start], dirty)
                     start += 1
             self._save(txn, dirty)
+        self._maybe_seal()
 
     def _append_new(self, txn: lmdb.Transaction, pending: list[tuple[int, int, int, int]], start: int) -> int:
         """Write ``pending[start:]`` up to the first add that is not of a new position (the
@@ -342,7 +350,8 @@ class Topic:
             last = pos
             end += 1
         if rows:
-            self._file.tables.insert_records(txn, rows, positions)
+            if not self._seal_fresh(txn, pending[start:end], self._next_seq):
+                self._file.tables.insert_records(txn, rows, positions)
             self._next_seq, self._last_position = seq, last
             self._rows += len(rows)
             self._inserted += len(rows)
@@ -440,7 +449,7 @@ class Topic:
     # -- reading rows ---------------------------------------------------------------------------
     def _visible(self, txn: lmdb.Transaction, state: SubscriptionState, row: RowKey) -> bool:
         """Whether the row (after the subscription's frontier) is one it tracks."""
-        return visible(txn, self._file.tables, self._id, state, self._multi, row)
+        return visible(txn, self._view, self._id, state, self._judged(), row)
 
     def _first_visible(self, state: SubscriptionState) -> RowKey | None:
         with self._file.read() as txn:
@@ -455,7 +464,8 @@ class Topic:
         ``upto``: each with the indexes of the rows the subscription tracks, and the index after
         the last row of it in range. Whole windows at a time (engine/topics/topic_windows.py); only
         positions with several rows, and the subscription's exceptions, are judged one by one."""
-        special = self._multi | state.lost.keys() if self._multi or state.lost else frozenset()
+        judged = self._judged()
+        special = judged | state.lost.keys() if judged or state.lost else frozenset()
 
         def judge(row: RowKey) -> bool:
             return self._visible(txn, state, row)
@@ -535,23 +545,9 @@ class Topic:
         marks = [s.mark_delete for s in subs]
         if all(m is not None for m in marks):
             self._drop_positions(txn, min(marks), dirty)  # type: ignore[type-var]
-
-    def _drop_rows_upto(self, txn: lmdb.Transaction, bound: RowKey, dirty: set[str]) -> None:
-        """Delete the rows at or before ``bound`` in delivery order, a window at a time."""
-        emptied: set[tuple[int, int]] = set()
-        tables = self._file.tables
-        for window, _, hi in self._windows.scan(txn, None, bound):
-            whole = hi == len(window.keys)
-            tables.delete_records(txn, [] if whole else window.row_records(hi), window.position_records(hi),
-                                  window.raw[:ROW_KEY.size] if whole else None)
-            self._windows.invalidate(int(window.ts[0]))
-            self._rows -= hi
-            if self._multi:
-                emptied.update(p for p in zip(window.ledger[:hi].tolist(), window.entry[:hi].tolist())
-                               if p in self._multi)
-        for pos in emptied:
-            if not self._versions(txn, *pos):
-                self._forget_multi(txn, pos, dirty)
+        if self._runs.runs:
+            self._drop_runs(txn, min(fronts) if all(f is not None for f in fronts) else None,  # type: ignore[type-var]
+                            min(marks) if all(m is not None for m in marks) else None, dirty)  # type: ignore[type-var]
 
     def _drop_positions(self, txn: lmdb.Transaction, upto: tuple[int, int], dirty: set[str]) -> None:
         doomed = []
@@ -571,7 +567,7 @@ class Topic:
         with self._write() as txn:
             # Untrack what the subscription tracks up to the position: one pass over those positions.
             seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            for ts, lg, en, seq in self._file.tables.positions_after(txn, self._id, md):
+            for ts, lg, en, seq in self._view.positions_after(txn, self._id, md, (ledger, entry)):
                 if (lg, en) > (ledger, entry):
                     break
                 seen.setdefault((lg, en), []).append((seq, ts))
@@ -616,7 +612,7 @@ class Topic:
 
     def _last_time(self) -> int | None:
         with self._file.read() as txn:
-            row = self._file.tables.last_row(txn, self._id)
+            row = self._view.last_row(txn, self._id)
         return None if row is None else row[0]
 
     # -- lifecycle, figures ---------------------------------------------------------------------
@@ -661,12 +657,12 @@ class Topic:
 
     def _held(self) -> dict[str, int]:
         with self._file.read() as txn:
-            return held_rows(txn, self._file.tables, self._id, {n: s.frontier for n, s in self._subs.items()})
+            return held_rows(txn, self._view, self._id, {n: s.frontier for n, s in self._subs.items()})
 
     def due_undelivered(self, state: SubscriptionState) -> int:
         """Rows due now that the subscription tracks and has not delivered."""
         with self._file.read() as txn:
-            due = due_rows(txn, self._file.tables, self._id, state, self._multi, self._cutoff.value)[0]
+            due = due_rows(txn, self._view, self._id, state, self._judged(), self._cutoff.value)[0]
         return due + len(state.redeliver)
 
     def stats(self) -> dict[str, Any]:

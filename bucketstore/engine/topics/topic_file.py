@@ -16,6 +16,7 @@ time, which also makes the map's growth (which needs no transaction running) saf
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,9 +24,11 @@ from contextlib import contextmanager
 import lmdb
 
 from ...errors import CatalogError
-from ...format.topic_codec import TOPICS_FORMAT, U64
+from ...format.fs import REAL_FS, FileSystem
+from ...format.topic_codec import TOPICS_FORMAT, U64, TopicRecordError, decode_topic
 from ..catalog.lmdb_file import check_data_file
 from .topic_rows import RowTables
+from .topic_runs import runs_directory
 from .topic_windows import WindowBudget
 
 __all__ = ["TopicFile", "topics_directory", "live_topic_file", "copy_topics"]
@@ -44,7 +47,10 @@ def live_topic_file(store_path: str) -> "TopicFile | None":
 
 #: A testing seam, None in production: when set, called as ``hook(kind, path)`` just before each
 #: durable step of a topic environment, ``"topic_commit"`` (a write transaction is about to
-#: commit: a hook that kills the process leaves it uncommitted) or ``"topic_sync"`` (an fsync).
+#: commit: a hook that kills the process leaves it uncommitted), ``"topic_seal_commit"`` (the
+#: commit of a seal, which lists a new run and moves its rows out of the tables: it changes no
+#: answer) or ``"topic_sync"`` (an fsync). A run file's own steps (create, write, fsync, rename,
+#: directory fsync, unlink) go through the store's ``FileSystem``.
 #: LMDB writes its own files, outside the ``FileSystem`` seam a crash test numbers, so this is
 #: how :mod:`bucketstore.testing.topic_crash` numbers the topics' durable steps and kills a
 #: process before any one of them. Process-wide: it is meant for a forked test child.
@@ -58,7 +64,16 @@ def _step(kind: str, path: str) -> None:
 
 
 _INITIAL_MAP = 64 << 20
+#: The environment's named tables: topics, subs, rows, positions, multi, meta, runs, dead.
+MAX_DBS = 10
 _FORMAT_KEY, _NEXT_ID_KEY = b"format", b"next_topic_id"
+
+
+def _topic_id(record: bytes) -> int:
+    try:
+        return int(decode_topic(record)["id"])
+    except TopicRecordError:
+        return -1  # verify reports it; its files are kept
 
 
 def topics_directory(store_path: str) -> str:
@@ -87,6 +102,7 @@ def copy_topics(store_path: str, dest_store: str) -> bool:
                 live._live().copy(dest)
             except lmdb.Error as exc:
                 raise CatalogError(f"{live.path}: copying the topic index failed: {exc}", path=live.path) from None
+            _copy_runs(live.runs_path, runs_directory(dest))
         return True
     source = topics_directory(store_path)
     data = os.path.join(source, "data.mdb")
@@ -95,21 +111,41 @@ def copy_topics(store_path: str, dest_store: str) -> bool:
     check_data_file(data)
     os.mkdir(dest)
     try:
-        env = lmdb.open(source, readonly=True, max_dbs=8, subdir=True, create=False)
+        env = lmdb.open(source, readonly=True, max_dbs=MAX_DBS, subdir=True, create=False)
         try:
             env.copy(dest)
         finally:
             env.close()
     except lmdb.Error as exc:
         raise CatalogError(f"{source}: copying the topic index failed: {exc}", path=source) from None
+    _copy_runs(runs_directory(source), runs_directory(dest))
     return True
+
+
+def _copy_runs(source: str, dest: str) -> None:
+    """Copy the sealed runs beside the copied index: linked where the file system allows (a run
+    never changes), else copied. Files no entry names (a seal cut short) are removed at open."""
+    if not os.path.isdir(source):
+        return
+    os.mkdir(dest)
+    for name in sorted(os.listdir(source)):
+        if not name.endswith(".run"):
+            continue
+        src, dst = os.path.join(source, name), os.path.join(dest, name)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
 
 
 class TopicFile:
     """One store's topic environment, opened for writing (the store holds the write lock)."""
 
-    def __init__(self, store_path: str) -> None:
+    def __init__(self, store_path: str, fs: FileSystem = REAL_FS) -> None:
         self.path = topics_directory(store_path)
+        #: Where the topics' sealed runs are (engine/topics/topic_runs.py), written through ``fs``.
+        self.runs_path = runs_directory(self.path)
+        self.fs = fs
         self.lock = threading.RLock()
         #: The decoded windows of rows of every topic (engine/topics/topic_windows.py), one budget.
         self.windows = WindowBudget()
@@ -122,7 +158,7 @@ class TopicFile:
         if os.path.exists(data) and os.path.getsize(data) > 0:
             check_data_file(data)  # a truncated file would kill the process with SIGBUS once mapped
         try:
-            self._env = lmdb.open(self.path, map_size=_INITIAL_MAP, max_dbs=8, subdir=True, metasync=False)
+            self._env = lmdb.open(self.path, map_size=_INITIAL_MAP, max_dbs=MAX_DBS, subdir=True, metasync=False)
             self.topics = self._env.open_db(b"topics")
             self.subs = self._env.open_db(b"subs")
             self.rows = self._env.open_db(b"rows", dupsort=True, dupfixed=True)
@@ -130,6 +166,8 @@ class TopicFile:
             self.tables = RowTables(self.rows, self.positions)
             self.multi = self._env.open_db(b"multi")
             self.meta = self._env.open_db(b"meta")
+            self.runs = self._env.open_db(b"runs")
+            self.dead = self._env.open_db(b"dead")
             self._env.reader_check()
             with self._env.begin(write=True) as txn:
                 fmt = txn.get(_FORMAT_KEY, db=self.meta)
@@ -145,6 +183,35 @@ class TopicFile:
             raise CatalogError(f"{self.path}: cannot open the topic index: {exc}", path=self.path) from None
         with _WRITERS_LOCK:
             _WRITERS[os.path.realpath(self.path)] = self
+        self._remove_unowned_runs()
+
+    def _remove_unowned_runs(self) -> None:
+        """Unlink the run files of topics the index no longer has (a deletion killed after its
+        commit, before its unlinks); each topic removes its own files no entry names at open."""
+        if not os.path.isdir(self.runs_path):
+            return
+        with self.read() as txn:
+            owners = {int.from_bytes(key[:4], "big") for key in txn.cursor(db=self.runs).iternext(values=False)}
+            with txn.cursor(db=self.topics) as cur:
+                live = {_topic_id(value) for value in cur.iternext(keys=False)}
+        found = set()
+        for name in os.listdir(self.runs_path):
+            head = name.split("-", 1)[0]
+            if head.isdigit() and int(head) not in live and int(head) not in owners:
+                found.add(int(head))
+        if found:
+            self.remove_runs_of(found)
+
+    def remove_runs_of(self, topic_ids: set[int]) -> None:
+        """Unlink every run file of these topics (deleted: call once their deletion is synced)."""
+        if not os.path.isdir(self.runs_path):
+            return
+        prefixes = tuple(f"{tid:010d}-" for tid in topic_ids)
+        gone = [name for name in os.listdir(self.runs_path) if name.startswith(prefixes)]
+        for name in gone:
+            self.fs.unlink(os.path.join(self.runs_path, name))
+        if gone:
+            self.fs.fsync_dir(self.runs_path)
 
     def add_settler(self, key: int, settle: Callable[[], None] | None) -> None:
         """Register (or with None, drop) an open topic's writer of deferred progress."""
@@ -178,11 +245,14 @@ class TopicFile:
                 raise CatalogError(f"{self.path}: topic index read failed: {exc}", path=self.path) from None
 
     @contextmanager
-    def write(self, room: int = 0) -> Iterator[lmdb.Transaction]:
+    def write(self, room: int = 0, step: str = "topic_commit") -> Iterator[lmdb.Transaction]:
         """A write transaction, committed when the block ends without raising.
 
         :param room: bytes the transaction may add: the map grows first if they might not
             fit, because a full map aborts the transaction after the caller's state changed.
+        :param step: the durable step its commit is to :data:`durable_step_hook`:
+            ``"topic_seal_commit"`` for a seal's, which moves rows without changing what any
+            subscription sees.
         """
         with self.lock:
             env = self._live()
@@ -200,7 +270,7 @@ class TopicFile:
             try:
                 with env.begin(write=True) as txn:
                     yield txn
-                    _step("topic_commit", self.path)
+                    _step(step, self.path)
             except lmdb.Error as exc:
                 raise CatalogError(f"{self.path}: topic index write failed: {exc}", path=self.path) from None
 

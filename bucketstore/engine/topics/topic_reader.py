@@ -16,18 +16,23 @@ from contextlib import contextmanager
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from ...cutoff import Clock, system_clock
 from ...errors import CatalogError, ReadOnlyError
-from ...format.topic_codec import (MULTI, TopicRecordError, decode_topic, row_from, row_parts, split_position,
-                                  split_sub_key, topic_prefix)
+from ...format.fs import REAL_FS
+from ...format.topic_codec import (DEAD_KEY, MULTI, RUN_KEY, U64, TopicRecordError, decode_run_record, decode_topic,
+                                  row_from, row_parts, split_position, split_sub_key, topic_prefix)
 from ..catalog.catalog import _is_permission_error
 from ..catalog.lmdb_file import check_data_file
 from ..directory.store_lock import writer_pid
 from .subscription_state import SubscriptionState
 from .topic_figures import due_rows, held_rows
-from .topic_file import live_topic_file, topics_directory
+from .topic_file import MAX_DBS, live_topic_file, topics_directory
+from .topic_levels import RowView
 from .topic_rows import RowTables
+from .topic_runs import RunSet, runs_directory
+from .topic_windows import WindowBudget
 
 __all__ = ["describe_topics", "verify_topics", "ReadOnlyTopics"]
 
@@ -43,19 +48,21 @@ def _open(store_path: str) -> lmdb.Environment | None:
     # while no writer holds the store.
     try:
         try:
-            return lmdb.open(path, readonly=True, max_dbs=8, subdir=True, create=False)
+            return lmdb.open(path, readonly=True, max_dbs=MAX_DBS, subdir=True, create=False)
         except lmdb.Error as exc:
             if not _is_permission_error(exc):
                 raise
         if writer_pid(store_path) is not None:
             raise CatalogError(f"{path}: cannot register as a reader in lock.mdb (no write access), and a writer "
                                "has the store open: a lock-less read could see a torn view", path=path)
-        return lmdb.open(path, readonly=True, lock=False, max_dbs=8, subdir=True, create=False)
+        return lmdb.open(path, readonly=True, lock=False, max_dbs=MAX_DBS, subdir=True, create=False)
     except lmdb.Error as exc:
         raise CatalogError(f"{path}: cannot open the topic index: {exc}", path=path) from None
 
 
-_NAMES = ("topics", "subs", "rows", "positions", "multi", "meta")
+_NAMES = ("topics", "subs", "rows", "positions", "multi", "meta", "runs", "dead")
+#: Tables an index written before sealed runs lacks (read as empty).
+_LATER = ("runs", "dead")
 _DUPS = ("rows", "positions")
 
 
@@ -69,7 +76,8 @@ def _reading(store_path: str) -> Iterator[tuple[lmdb.Environment, lmdb.Transacti
             live.settle()  # the writer's subscriptions' progress in their group-commit window
             env = live._live()
             with env.begin(buffers=False) as txn:
-                yield env, txn, {name: getattr(live, name) for name in _NAMES}
+                yield env, txn, {**{name: getattr(live, name) for name in _NAMES}, "_path": live.path,
+                                 "_budget": live.windows}  # the writer's cache of run segments
         return
     env = _open(store_path)
     if env is None:
@@ -77,19 +85,42 @@ def _reading(store_path: str) -> Iterator[tuple[lmdb.Environment, lmdb.Transacti
         return
     try:
         with env.begin(buffers=False) as txn:
-            yield env, txn, {name: env.open_db(name.encode(), txn=txn, create=False,
-                                               dupsort=name in _DUPS, dupfixed=name in _DUPS) for name in _NAMES}
+            yield env, txn, {**{name: _open_db(env, txn, name) for name in _NAMES},
+                             "_path": topics_directory(store_path)}
     finally:
         env.close()
 
 
+def _open_db(env: lmdb.Environment, txn: lmdb.Transaction, name: str) -> Any:
+    try:
+        return env.open_db(name.encode(), txn=txn, create=False, dupsort=name in _DUPS, dupfixed=name in _DUPS)
+    except lmdb.NotFoundError:
+        if name in _LATER:
+            return None
+        raise
+
+
 def _each(txn: lmdb.Transaction, db: Any, prefix: bytes = b""):
+    if db is None:
+        return
     with txn.cursor(db=db) as cur:
         if cur.set_range(prefix):
             for key, value in cur:
                 if not key.startswith(prefix):
                     return
                 yield key, value
+
+
+def topic_view(txn: lmdb.Transaction, dbs: dict[str, Any], tid: int) -> RowView:
+    """Topic ``tid``'s rows, in its tables and its sealed runs (read on demand, cached apart
+    from any writer's), less the run rows gone (``dead``)."""
+    runs = None
+    if dbs.get("runs") is not None:
+        # The environment's own directory (dbs come from the writer, or from this path).
+        runs = RunSet(runs_directory(dbs["_path"]), tid, dbs.get("_budget") or WindowBudget(), REAL_FS)
+        runs.load(txn, dbs["runs"])
+    dead = {DEAD_KEY.unpack(k)[1:]: U64.unpack(v)[0] for k, v in _each(txn, dbs.get("dead"), topic_prefix(tid))}
+    return RowView(RowTables(dbs["rows"], dbs["positions"]), runs, dead)
 
 
 def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = None,
@@ -132,7 +163,8 @@ def _sizes(env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict[str, Any]) ->
     pages freed wait for reuse; the difference is what a compacting copy would save."""
     psize = env.stat()["psize"]
     used = 2  # the two meta pages
-    for db in (None, *dbs.values()):  # None: the main table, which names the others
+    tables = [db for name, db in dbs.items() if name in _NAMES and db is not None]
+    for db in (None, *tables):  # None: the main table, which names the others
         st = env.stat() if db is None else txn.stat(db)
         used += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
     return (env.info()["last_pgno"] + 1) * psize, used * psize
@@ -144,8 +176,9 @@ def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any]
     tick = 0 if record["config"].get("deliver_at_time_strict") else int(record["config"].get("tick_time_ms", 0))
     now = system_clock() if now_ms is None else now_ms
     cutoff = max(record["cutoff"], now + tick)
-    tables = RowTables(dbs["rows"], dbs["positions"])
+    tables = topic_view(txn, dbs, tid)
     multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)}
+    judged = multi | set(tables.dead)  # rows judged one by one: several rows, or rows gone from a run
     subs = {}
     for key, value in _each(txn, dbs["subs"], prefix):
         _, sub_name = split_sub_key(key)
@@ -154,7 +187,7 @@ def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any]
     held = held_rows(txn, tables, tid, {name: state.frontier for name, state in subs.items()})
     doc_subs = {}
     for sub_name, state in subs.items():
-        due, first = due_rows(txn, tables, tid, state, multi, cutoff)
+        due, first = due_rows(txn, tables, tid, state, judged, cutoff)
         oldest = min((t for t in (first, *(row[0] for row in state.redeliver)) if t is not None), default=None)
         doc_subs[sub_name] = {
             "number_of_delayed_messages": state.count(record["inserted"]),
@@ -165,8 +198,17 @@ def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any]
             # How long the oldest of those has waited past its time (None: nothing is due).
             "oldest_due_age_ms": None if oldest is None else max(0, now - oldest)}
     # The topic record's count, kept with every change (verify checks it against the rows).
+    runs = tables.runs.runs.values() if tables.runs is not None else ()
     return {"id": tid, "rows": record["rows"], "multi_positions": len(multi), "cutoff": cutoff,
+            "run_files": len(runs), "run_bytes": sum(_size(tables.runs.path(r.run_id)) for r in runs),  # type: ignore[union-attr]
             "subscriptions": dict(sorted(doc_subs.items()))}
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # verify reports a missing run; the figures go on
+        return 0
 
 
 def verify_topics(store_path: str | os.PathLike[str]) -> list[str]:
@@ -232,6 +274,7 @@ def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: li
     for (tid, ledger, entry, seq), ts in rows.items():
         problems.append(f"{where}: row {b''.join(row_parts(tid, ts, ledger, entry, seq)).hex()} has no position "
                         "record")
+    _verify_runs(txn, dbs, where, topics, held, with_rows, problems)
     for key, _ in _each(txn, dbs["multi"]):
         if len(key) != MULTI.size or MULTI.unpack(key) not in with_rows:
             problems.append(f"{where}: multi record {key.hex()} names a position without rows")
@@ -247,6 +290,56 @@ def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: li
     for tid, (name, _) in topics.items():
         if held.get(tid, 0) != recorded_rows[tid]:
             problems.append(f"{where}: topic {name!r} records {recorded_rows[tid]} rows, holds {held.get(tid, 0)}")
+
+
+def _verify_runs(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, topics: dict[int, tuple[str, int]],
+                 held: dict[int, int], with_rows: set[tuple[int, int, int]], problems: list[str]) -> None:
+    """Each sealed run's entry decodes and its file holds what the entry says (rows in delivery
+    order, first and last row, positions, seqs below next_seq); its rows not gone count as held.
+    A file no entry names is not damage: a seal killed before its commit leaves one, removed at
+    the next open."""
+    for key, value in _each(txn, dbs.get("runs")):
+        if len(key) != RUN_KEY.size:
+            problems.append(f"{where}: runs record {key.hex()}: key of {len(key)} bytes")
+            continue
+        tid, run_id = RUN_KEY.unpack(key)
+        try:
+            r = decode_run_record(value)
+        except TopicRecordError as exc:
+            problems.append(f"{where}: run {run_id} of topic id {tid}: {exc}")
+            continue
+        if tid not in topics:
+            problems.append(f"{where}: run {run_id} of unknown topic id {tid}")
+            continue
+        runs = RunSet(runs_directory(dbs["_path"]), tid, WindowBudget(), REAL_FS)
+        runs.load(txn, dbs["runs"])
+        run = runs.runs[run_id]
+        held[tid] = held.get(tid, 0) + r["rows"] - r["killed"]  # as its entry says, read or not
+        try:
+            rows = runs.rows_of(run)
+        except CatalogError as exc:
+            problems.append(str(exc))
+            continue
+        path = runs.path(run_id)
+        keys = np.ascontiguousarray(rows.astype(">u8")).view("S32").ravel()
+        if len(rows) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            problems.append(f"{path}: rows not in delivery order")
+        order = np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1]))
+        found = {"first": tuple(int(x) for x in rows[0]), "last": tuple(int(x) for x in rows[-1]),
+                 "min_pos": (int(rows[order[0], 1]), int(rows[order[0], 2])),
+                 "max_pos": (int(rows[order[-1], 1]), int(rows[order[-1], 2])),
+                 "seq": (int(rows[:, 3].min()), int(rows[:, 3].max()))}
+        for field, got in found.items():
+            if r[field] != got:
+                problems.append(f"{path}: its entry's {field} is {r[field]}, the file's {got}")
+        if found["seq"][1] >= topics[tid][1]:
+            problems.append(f"{path}: holds seq {found['seq'][1]} >= the topic's next_seq {topics[tid][1]}")
+        with_rows.update((tid, int(lg), int(en)) for lg, en in rows[:, 1:3].tolist())
+    for key, value in _each(txn, dbs.get("dead")):
+        if len(key) != DEAD_KEY.size or len(value) != U64.size:
+            problems.append(f"{where}: dead record {key.hex()}/{value.hex()} is not {DEAD_KEY.size}+{U64.size} bytes")
+        elif DEAD_KEY.unpack(key)[0] not in topics:
+            problems.append(f"{where}: dead record {key.hex()} of unknown topic id {DEAD_KEY.unpack(key)[0]}")
 
 
 class ReadOnlyTopics:

@@ -12,6 +12,7 @@ from typing import Any
 from ...config import TrackerConfig, config_or_default
 from ...cutoff import Clock
 from ...errors import BucketStoreError
+from ...format.fs import REAL_FS
 from ...format.topic_codec import decode_topic, topic_prefix, validate_name
 from .topic import Topic
 from .topic_file import TopicFile, topics_directory
@@ -35,7 +36,7 @@ class TopicRegistry:
     def _topic_file(self, create: bool) -> TopicFile | None:
         file = self.__dict__.get("_topics_file")
         if file is None and (create or os.path.isdir(topics_directory(self.path))):
-            file = self.__dict__["_topics_file"] = TopicFile(self.path)
+            file = self.__dict__["_topics_file"] = TopicFile(self.path, getattr(self, "fs", REAL_FS))
         return file
 
     def _open_topics(self) -> dict[str, Topic]:
@@ -104,7 +105,7 @@ class TopicRegistry:
                 topic_id = decode_topic(value)["id"]
                 file.tables.delete_topic(txn, topic_id)
                 prefix = topic_prefix(topic_id)
-                for db in (file.multi, file.subs):
+                for db in (file.multi, file.subs, file.runs, file.dead):
                     with txn.cursor(db=db) as cur:
                         if cur.set_range(prefix):
                             while cur.key()[:4] == prefix:
@@ -112,6 +113,7 @@ class TopicRegistry:
                                     break
                 txn.delete(raw, db=file.topics)
             file.sync()
+            file.remove_runs_of({topic_id})  # after the sync: a kill before leaves files no topic owns
 
     def _flush_topics(self) -> None:
         """Write and sync every open topic's pending adds (a checkpoint holds what was added)."""

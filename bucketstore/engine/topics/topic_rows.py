@@ -62,9 +62,12 @@ class RowTables:
             if cur.putmulti(positions, dupdata=True, append=True)[1] < len(positions):
                 cur.putmulti(positions, dupdata=True)
 
-    def delete(self, txn: lmdb.Transaction, tid: int, row: Row) -> None:
-        txn.delete(*row_parts(tid, *row), db=self.rows)
+    def delete(self, txn: lmdb.Transaction, tid: int, row: Row) -> bool:
+        """Delete the row; False when it is not in these tables (a sealed run's row)."""
+        if not txn.delete(*row_parts(tid, *row), db=self.rows):
+            return False
         txn.delete(*position_parts(tid, *row), db=self.positions)
+        return True
 
     def delete_records(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]],
                        positions: list[tuple[bytes, bytes]], whole_key: bytes | None = None) -> None:
@@ -78,6 +81,13 @@ class RowTables:
                 txn.delete(key, value, db=self.rows)
         for key, value in positions:
             txn.delete(key, value, db=self.positions)
+
+    def delete_keys(self, txn: lmdb.Transaction, rows: list[bytes], positions: list[bytes]) -> None:
+        """Delete these ``rows`` and ``positions`` keys with all their values."""
+        for key in rows:
+            txn.delete(key, db=self.rows)
+        for key in positions:
+            txn.delete(key, db=self.positions)
 
     def delete_topic(self, txn: lmdb.Transaction, tid: int) -> None:
         prefix = topic_prefix(tid)

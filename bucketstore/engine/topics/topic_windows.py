@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import lmdb
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from ...format.topic_codec import POS_DUP, POS_KEY, ROW_DUP, ROW_KEY, WINDOW_BITS, topic_prefix
 from .subscription_state import RowKey, SubscriptionState
 
-__all__ = ["Window", "WindowCache", "WindowBudget", "visible_indexes", "DEFAULT_BUDGET"]
+__all__ = ["Window", "WindowCache", "WindowBudget", "visible_indexes", "DEFAULT_BUDGET", "packed_key"]
 
 _ITEM = np.dtype([("tid", ">u4"), ("win", ">u8"), ("lo", ">u2"), ("ledger", ">u8"), ("entry", ">u8"),
                   ("seq", ">u8")])
@@ -43,6 +44,10 @@ DEFAULT_BUDGET = 32 << 20
 def _packed(tid: int, row: RowKey) -> bytes:
     ts, ledger, entry, seq = row
     return ROW_KEY.pack(tid, ts >> WINDOW_BITS) + ROW_DUP.pack(ts & _LOW_MASK, ledger, entry, seq)
+
+
+#: A row's bytes as a window's ``keys`` hold them (to search a window for it).
+packed_key = _packed
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,16 @@ class Window:
         raw = items.tobytes()
         k, w = POS_KEY.size, _POSITION.itemsize
         return [(raw[i:i + k], raw[i + k:i + w]) for i in range(0, len(raw), w)]
+
+    def records_at(self, idx: np.ndarray) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+        """The ``rows`` and the ``positions`` records of the rows ``idx`` (a seal's, to delete)."""
+        raw, k = np.frombuffer(self.raw, dtype=_ITEM)[idx].tobytes(), ROW_KEY.size
+        rows = [(raw[i:i + k], raw[i + k:i + _WIDTH]) for i in range(0, len(raw), _WIDTH)]
+        items = np.empty(len(idx), dtype=_POSITION)
+        items["tid"], items["ledger"], items["entry"] = self.tid, self.ledger[idx], self.entry[idx]
+        items["seq"], items["ts"] = self.seq[idx], self.ts[idx]
+        praw, pk, w = items.tobytes(), POS_KEY.size, _POSITION.itemsize
+        return rows, [(praw[i:i + pk], praw[i + pk:i + w]) for i in range(0, len(praw), w)]
 
     def row_records(self, hi: int) -> list[tuple[bytes, bytes]]:
         """The ``rows`` key and value of the rows ``:hi``."""
@@ -141,6 +156,8 @@ class WindowCache:
         self._tid = tid
         self._prefix = topic_prefix(tid)
         self._shared = shared
+        #: The topic's sealed runs (engine/topics/topic_runs.py), merged into each window read.
+        self.runs: Any = None
 
     def invalidate(self, ts: int) -> None:
         """A row at ``ts`` is being written or deleted: its window is read again next time."""
@@ -155,34 +172,52 @@ class WindowCache:
         for key in [k for k in self._shared.windows if k[0] == self._tid]:
             self._shared.drop(key)
 
-    def _window(self, txn: lmdb.Transaction, key: bytes, number: int) -> Window:
+    def _raw(self, txn: lmdb.Transaction, key: bytes) -> bytes:
+        with txn.cursor(db=self._db) as cur:
+            return bytes(cur.getmulti([key], dupdata=True, dupfixed_bytes=ROW_DUP.size, keyfixed=True))
+
+    def _window(self, txn: lmdb.Transaction, number: int, in_level: bool) -> Window:
+        """Window ``number``: its rows in LMDB (``in_level``: it has some) and in the sealed runs,
+        merged in delivery order (their bytes sort as the rows do)."""
         found = self._shared.get((self._tid, number))
         if found is not None:
             return found
-        with txn.cursor(db=self._db) as cur:
-            raw = cur.getmulti([key], dupdata=True, dupfixed_bytes=ROW_DUP.size, keyfixed=True)
-        window = Window.decode(bytes(raw))
+        raw = self._raw(txn, ROW_KEY.pack(self._tid, number)) if in_level else b""
+        sealed = self.runs.window_rows(number) if self.runs is not None and self.runs.runs else []
+        if sealed:
+            parts = [raw, *(_packed_rows(self._tid, rows) for rows in sealed)]
+            keys = np.sort(np.frombuffer(b"".join(parts), dtype=f"S{_WIDTH}"))
+            raw = keys.tobytes()
+        window = Window.decode(raw)
         self._shared.put((self._tid, number), window)
         return window
 
     def scan(self, txn: lmdb.Transaction, after: RowKey | None,
              upto: RowKey) -> Iterator[tuple[Window, int, int]]:
         """The topic's rows after ``after`` (from the first when None) and at or before ``upto``,
-        as ``(window, lo, hi)``: the rows ``lo:hi`` of each window, in order. The caller may
-        delete the rows of a window it was given before taking the next."""
+        in LMDB and in the sealed runs, as ``(window, lo, hi)``: the rows ``lo:hi`` of each
+        window, in order. The caller may delete the rows of a window it was given before taking
+        the next."""
         tid = self._tid
         last = upto[0] >> WINDOW_BITS
         first = 0 if after is None else after[0] >> WINDOW_BITS
+        runs = self.runs if self.runs is not None and self.runs.runs else None
+        number = first
         with txn.cursor(db=self._db) as cur:
-            found = cur.set_range(ROW_KEY.pack(tid, first))
-            while found:
-                key = cur.key()
-                if key[:4] != self._prefix:
-                    return
-                number = ROW_KEY.unpack(key)[1]
+            while number <= last:
+                level = None
+                if cur.set_range(ROW_KEY.pack(tid, number)) and cur.key()[:4] == self._prefix:
+                    level = ROW_KEY.unpack(cur.key())[1]
+                sealed = runs.next_window(number) if runs is not None else None
+                if level is None or (sealed is not None and sealed < level):
+                    if sealed is None:
+                        return
+                    number = sealed
+                else:
+                    number = level
                 if number > last:
                     return
-                window = self._window(txn, key, number)
+                window = self._window(txn, number, number == level)
                 lo = 0
                 if after is not None and number == first:
                     lo = int(np.searchsorted(window.keys, _packed(tid, after), side="right"))
@@ -191,7 +226,33 @@ class WindowCache:
                     hi = int(np.searchsorted(window.keys, _packed(tid, upto), side="right"))
                 if lo < hi:
                     yield window, lo, hi
-                found = number < _MAX >> WINDOW_BITS and cur.set_range(ROW_KEY.pack(tid, number + 1))
+                if number >= _MAX >> WINDOW_BITS:
+                    return
+                number += 1
+
+    def scan_level(self, txn: lmdb.Transaction, upto: RowKey) -> Iterator[Window]:
+        """The LMDB level's windows (not the runs') up to ``upto``'s, read afresh (not the cache,
+        which merges the runs in): what a collection deletes from."""
+        last = upto[0] >> WINDOW_BITS
+        with txn.cursor(db=self._db) as cur:
+            found = cur.set_range(self._prefix)
+            while found:
+                key = cur.key()
+                if key[:4] != self._prefix or ROW_KEY.unpack(key)[1] > last:
+                    return
+                number = ROW_KEY.unpack(key)[1]
+                yield Window.decode(self._raw(txn, key))
+                found = number < _MAX >> WINDOW_BITS and cur.set_range(ROW_KEY.pack(self._tid, number + 1))
+
+
+def _packed_rows(tid: int, rows: np.ndarray) -> bytes:
+    """(n, 4) rows as the ``rows`` table's key and value side by side (:data:`_ITEM`)."""
+    items = np.empty(len(rows), dtype=_ITEM)
+    items["tid"] = tid
+    items["win"] = rows[:, 0] >> np.uint64(WINDOW_BITS)
+    items["lo"] = rows[:, 0] & np.uint64(_LOW_MASK)
+    items["ledger"], items["entry"], items["seq"] = rows[:, 1], rows[:, 2], rows[:, 3]
+    return items.tobytes()
 
 
 def visible_indexes(window: Window, lo: int, hi: int, state: SubscriptionState,
