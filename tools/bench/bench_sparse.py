@@ -28,8 +28,9 @@ checkout's bucketstore too, alternating, for ratios measured under the same load
 ``--live`` builds the store the way a long-running broker does instead: one fresh process
 adds the same indexes through ``add_messages`` (a ledger at a time, in publish order), so
 every bucket is sealed and installed by that process, then uses it as ``--use`` says
-(N defaults to 20,000 there). It notes the RSS after the build and after the use (freed heap
-returned first with ``malloc_trim``), its anonymous part (RSS also counts library pages first
+(N defaults to 20,000 there). It notes the RSS after the build (after 1 s idle, first as it is: the
+maintenance worker gives freed heap back by itself; then after its own ``malloc_trim``) and after the
+use (freed heap returned first with ``malloc_trim``), its anonymous part (RSS also counts library pages first
 touched by the build) and the tracker's own ``stats()['memory_bytes']``; each run
 is made back to back with the index pager on and off (``engine/buckets/index_pager.py``), so the two
 are compared within one run; ``--budgets 8192,2048`` runs the pager at each of these budgets
