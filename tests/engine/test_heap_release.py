@@ -54,6 +54,31 @@ def test_idle_trims_only_after_work_since_the_last_trim() -> None:
     assert len(calls) == 2
 
 
+def test_a_trim_in_another_thread_is_never_waited_for() -> None:
+    """A thread finding another trimming goes on (that trim returns its pages too): no job
+    waits on the lock, and a child forked meanwhile gets a free lock."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow_trim(pad: int) -> int:
+        started.set()
+        release.wait(5)
+        return 1
+
+    heap = HeapRelease(slow_trim, interval=0.0)
+    other = threading.Thread(target=heap.after_job)
+    other.start()
+    assert started.wait(5)
+    t0 = time.monotonic()
+    assert not heap.after_job() and not heap.when_idle()
+    assert time.monotonic() - t0 < 1.0
+    heap._after_fork()  # what the child of a fork made now runs
+    assert heap._lock.acquire(blocking=False)
+    heap._lock.release()
+    release.set()
+    other.join(5)
+    assert heap.trims == 1
+
+
 def test_off_without_a_trim_function() -> None:
     heap = HeapRelease(None)
     assert not heap.enabled

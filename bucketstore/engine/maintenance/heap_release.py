@@ -79,16 +79,31 @@ class HeapRelease:
 
     def after_job(self) -> bool:
         """A job was installed: trim if the last trim is ``interval`` old. True if it trimmed."""
-        with self._lock:
+        # Never waits: a thread trimming now returns this job's pages too.
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            return False
+        try:
             self._dirty = True
             if self._clock() - self._last < self.interval:
                 return False
             return self._run()
+        finally:
+            lock.release()
 
     def when_idle(self) -> bool:
         """A maintenance thread has been idle a while: trim if a job finished since the last trim."""
-        with self._lock:
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            return False
+        try:
             return self._dirty and self._run()
+        finally:
+            lock.release()
+
+    def _after_fork(self) -> None:
+        # A fork while another thread trimmed would leave the child's lock held for good.
+        self._lock = threading.Lock()
 
     def _run(self) -> bool:
         if self._trim is None:
@@ -104,3 +119,5 @@ class HeapRelease:
 
 #: The process's: off when ``BUCKETSTORE_MALLOC_TRIM=0`` or not on glibc.
 HEAP = HeapRelease(None if os.environ.get("BUCKETSTORE_MALLOC_TRIM", "1") == "0" else _glibc_trim())
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=HEAP._after_fork)
