@@ -4,18 +4,20 @@ A seal sorts and encodes its bucket's rows in fresh numpy columns, a merge reads
 and rewrites whole buckets; freed, those columns stay resident in a glibc process:
 in the allocator's free lists, and at the top of the heap below its trim
 threshold, which glibc raises each time a large block it had mapped is freed
-(its dynamic mmap threshold), up to 64 MiB. Measured with 10 M sparse indexes
+(its dynamic mmap threshold), up to 32 MiB. Measured with 10 M sparse indexes
 added live in one process (199 seals of 50,000, ``tools/bench/bench_sparse.py
 --live``): after the last seal the process held 34 MB more than the open store,
 and 19 MB after one ``malloc_trim(0)``.
 
 ``malloc_trim(0)`` hands every arena's free pages back (``madvise``), and the top
-of the main heap. It costs about 1 ms at that heap size, up to tens of ms on a
+of the main heap (not a thread heap's top: glibc shrinks that only on a free, past
+the trim threshold). It costs about 1 ms at that heap size, up to tens of ms on a
 loaded machine (it walks the free lists holding each arena's lock), and what it
 returns the next seal faults in again. So the maintenance worker calls it after
 a job's install at most once per :data:`INTERVAL` while jobs keep coming, and
 once when its thread has been idle for :data:`IDLE` after a job: the memory goes
-back when the work stops, and a busy worker pays about 3 ms a second.
+back when the work stops, and a busy worker pays a few ms a second (36 trims took
+0.16 s over a 21 s build; the build took as long with ``BUCKETSTORE_MALLOC_TRIM=0``).
 
 Only on glibc (where ``ctypes`` finds ``malloc_trim``); elsewhere nothing is done.
 ``BUCKETSTORE_MALLOC_TRIM=0`` in the environment turns it off, for a host process
