@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine.mutable.mutable_bucket import PendingCounter
+from bucketstore.engine.mutable.mutable_bucket import MutableBucket, PendingCounter
 
 from helpers import FakeClock, example_count
 
@@ -16,6 +19,7 @@ _ops = st.lists(st.one_of(
     st.tuples(st.just("batch"), st.lists(st.integers(0, 50), max_size=6)),
     st.tuples(st.just("cutoff"), st.integers(-1, 50)),
     st.tuples(st.just("reset"), st.just(0)),
+    st.tuples(st.just("merge"), st.booleans()),
 ), max_size=40)
 
 
@@ -34,10 +38,36 @@ def test_pending_counter_matches_a_scan(ops):
             rows.extend(arg)
         elif op == "cutoff":
             cutoff = max(cutoff, arg)
+        elif op == "merge":
+            # The runs merged into one: its rows are every row counted, less (or not) the due
+            # rows already read from the runs.
+            if arg and cutoff >= 0:
+                rows = [t for t in rows if t > cutoff]
+            counter.replace(np.array(sorted(rows), dtype=np.uint64))
         else:
             counter.reset()
             rows = []
         assert counter.pending(cutoff) == sum(1 for t in rows if t > cutoff)
+
+
+def test_merged_runs_leave_the_seal_gate():
+    """Once the mutable bucket merges its runs, the seal gate counts the merged column and
+    holds none of the merged-away runs' timestamps (it kept each until the seal), with the
+    same counts."""
+    bucket = MutableBucket()
+    old = []
+    for ledger in range(1, 41):
+        ts = np.arange(ledger * 10, ledger * 10 + 5, dtype=np.uint64)
+        run = bucket.add_run(ts, np.full(5, ledger, np.uint64), np.arange(5, dtype=np.uint64))
+        old.append(weakref.ref(run.ts))
+    expected = lambda cutoff: sum(1 for ledger in range(1, 41) for t in range(5)  # noqa: E731
+                                  if ledger * 10 + t > cutoff)
+    assert bucket.pending_count(99) == expected(99)
+    bucket.flush()  # over _MAX_RUNS runs: merged into one
+    gc.collect()
+    assert all(ref() is None for ref in old)
+    for cutoff in (99, 150, 300, 500):
+        assert bucket.pending_count(cutoff) == expected(cutoff)
 
 
 def _seal_gate_store(tmp_path, mode):

@@ -28,8 +28,9 @@ checkout's bucketstore too, alternating, for ratios measured under the same load
 ``--live`` builds the store the way a long-running broker does instead: one fresh process
 adds the same indexes through ``add_messages`` (a ledger at a time, in publish order), so
 every bucket is sealed and installed by that process, then uses it as ``--use`` says
-(N defaults to 20,000 there). It notes the RSS after the build and after the use (freed heap
-returned first with ``malloc_trim``), its anonymous part (RSS also counts library pages first
+(N defaults to 20,000 there). It notes the RSS after the build (after 1 s idle, first as it is: the
+maintenance worker gives freed heap back by itself; then after its own ``malloc_trim``) and after the
+use (freed heap returned first with ``malloc_trim``), its anonymous part (RSS also counts library pages first
 touched by the build) and the tracker's own ``stats()['memory_bytes']``; each run
 is made back to back with the index pager on and off (``engine/buckets/index_pager.py``), so the two
 are compared within one run; ``--budgets 8192,2048`` runs the pager at each of these budgets
@@ -107,6 +108,7 @@ print(json.dumps(out))
 
 _BUILD = r"""
 import numpy as np
+_PIECE = 1 << 13
 def build(t, shape, n, bucket, epoch, ledger_entries):
     # The same indexes as generate(), added through add_messages in publish order; returns the
     # last ledger. (A function: the last publish batch's columns go when it returns, as a
@@ -120,7 +122,11 @@ def build(t, shape, n, bucket, epoch, ledger_entries):
             delay = np.full(k, 60_000, np.uint64)
         else:
             span = int(k / (int(shape) / 100) * 1.2) + ledger_entries
-            chosen = (next_entry + np.flatnonzero(rng.random(span) < int(shape) / 100)[:k]).astype(np.uint64)
+            # Drawn in 64 KiB pieces, the same numbers as one draw: one 6 MB draw, freed, would raise
+            # glibc's dynamic mmap threshold for the whole process, and with it what every heap
+            # keeps resident; a broker's process does not allocate this generator's columns.
+            chosen = (next_entry + np.concatenate([at + np.flatnonzero(rng.random(min(_PIECE, span - at)) < int(shape) / 100)
+                                                   for at in range(0, span, _PIECE)])[:k]).astype(np.uint64)
             delay = rng.integers(0, 600_000, len(chosen)).astype(np.uint64)
         ledgers = np.uint64(1) + chosen // np.uint64(ledger_entries)
         t.add_messages((ledgers, chosen % np.uint64(ledger_entries), np.uint64(epoch + 1_000) + chosen + delay))
@@ -139,10 +145,15 @@ path, shape, n, bucket, uses, budget, epoch, ledger_entries = sys.argv[1], sys.a
 # budget -1: the pager off (it never sweeps: every installed bucket stays in the index).
 config = TrackerConfig(max_resident_ledgers=(1 << 62) if budget < 0 else budget)
 libc = ctypes.CDLL("libc.so.6")
-def rss():
-    libc.malloc_trim(0)  # freed heap (the build's transient columns) back to the system first
+def rss(trim=True):
+    if trim:
+        libc.malloc_trim(0)  # freed heap (the build's transient columns) back to the system first
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+# The generator's modules imported and run once before the first figure: the benchmark's input,
+# not the store (1.6 MB of numpy.random's code pages and 0.5 MB of its modules otherwise).
+np.random.default_rng(0).integers(0, 2, 2)
+np.random.default_rng(0).random(2)
 def anon():
     # Anonymous memory only: RSS also counts the library pages the build first touched.
     with open("/proc/self/smaps_rollup") as f:
@@ -154,7 +165,9 @@ before = rss()
 before_anon = anon()
 started = time.perf_counter()
 last_ledger = build(t, shape, n, bucket, epoch, ledger_entries)
-out = {"build_seconds": time.perf_counter() - started, "held": t.number_of_delayed_messages,
+build_seconds = time.perf_counter() - started
+time.sleep(1)  # idle: the maintenance worker gives freed heap back by itself (heap_release)
+out = {"build_seconds": build_seconds, "held": t.number_of_delayed_messages, "idle_rss": rss(False) - before,
        "buckets": t.stats()["immutable_buckets"], "built_rss": rss() - before, "built_anon": anon() - before_anon,
        "built_memory_bytes": t.stats()["memory_bytes"]}
 import random
@@ -236,7 +249,8 @@ def _print_live(label: str, runs: list[dict]) -> None:
     held = runs[0]["held"]
     med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
     print(f"  {label}: built {held:,} in {runs[0]['buckets']} sealed buckets in {med('build_seconds'):.0f} s; "
-          f"resident after build {med('built_rss') / held:.2f} B/index (anonymous {med('built_anon') / held:.2f}, "
+          f"resident after build {med('built_rss') / held:.2f} B/index (1 s idle, no trim by the benchmark "
+          f"{med('idle_rss') / held:.2f}; anonymous {med('built_anon') / held:.2f}, "
           f"stats {med('built_memory_bytes') / held:.2f}), after {runs[0]['hits']} of the questions tracked + "
           f"first batch {med('used_rss') / held:.2f} B/index (anonymous {med('used_anon') / held:.2f}, "
           f"stats {med('used_memory_bytes') / held:.2f}); questions {med('contains_seconds'):.2f} s, "

@@ -97,6 +97,11 @@ class JobHost(Protocol):
     def mark_delete_position(self) -> tuple[int, int] | None:
         """The acknowledged position, or None."""
 
+    @property
+    def due_soon(self) -> int:
+        """Rows due at or before this time are delivered soon: the last delivery cutoff computed
+        plus one segment's time step (``max_time_step_per_segment_ms``)."""
+
     def unconfirmed_rows(self, start_ledger: int, end_ledger: int) -> HeldRows:
         """The rows of ledgers ``[start, end]`` delivered in a batch not durable yet."""
 

@@ -36,6 +36,7 @@ from typing import Protocol
 
 from ...errors import MaintenanceError
 from ..threads.worker_thread import WorkerThread
+from . import heap_release
 
 __all__ = ["Job", "MaintenanceCounters", "MaintenanceWorker", "close_on_exit"]
 
@@ -109,6 +110,15 @@ class MaintenanceWorker(WorkerThread[tuple[int, Job]]):
             with self._turn:
                 self._installing = number + 1
                 self._turn.notify_all()
+
+    def _handled(self) -> None:
+        heap_release.HEAP.after_job()  # the job's columns are freed: give the pages back (rate-limited)
+
+    #: After a job, an idle thread gives the freed heap back once (see heap_release).
+    idle_after = heap_release.IDLE
+
+    def _on_idle(self) -> None:
+        heap_release.HEAP.when_idle()
 
     def run_while_waiting(self) -> bool:
         """Called by a tracker about to wait (holding its lock) for one of its jobs.

@@ -33,13 +33,14 @@ class PendingCounter:
     into its timestamps that advances with one ``searchsorted`` per step.
     """
 
-    __slots__ = ("count", "_singles", "_batches", "_seq")
+    __slots__ = ("count", "_singles", "_batches", "_seq", "_cutoff")
 
     def __init__(self) -> None:
         self.count = 0
         self._singles: list[int] = []
         self._batches: list[tuple[int, int, int, np.ndarray]] = []  # (head ts, seq, pos, sorted ts)
         self._seq = 0
+        self._cutoff = -1  # the latest cutoff asked: rows at or before it are out of the count
 
     def add_one(self, ts: int) -> None:
         heapq.heappush(self._singles, ts)
@@ -56,6 +57,7 @@ class PendingCounter:
         """Rows with a timestamp after ``cutoff`` (amortised O(log n) per row ever added)."""
         if cutoff < 0:
             return self.count
+        self._cutoff = max(self._cutoff, cutoff)
         singles = self._singles
         while singles and singles[0] <= cutoff:
             heapq.heappop(singles)
@@ -73,6 +75,17 @@ class PendingCounter:
         self.count = 0
         self._singles = []
         self._batches = []
+
+    def replace(self, ts: np.ndarray) -> None:
+        """Count exactly these rows (sorted timestamps), as every row counted now lives on in
+        them: the runs were merged into one. The count holds the merged column, not the old
+        runs' (it would otherwise keep every merged-away run's timestamps until the seal)."""
+        self.reset()
+        pos = int(np.searchsorted(ts, np.uint64(self._cutoff), side="right")) if self._cutoff >= 0 else 0
+        if pos < len(ts):
+            self._seq += 1
+            heapq.heappush(self._batches, (int(ts[pos]), self._seq, pos, ts))
+            self.count = len(ts) - pos
 
 
 class MutableBucket:
@@ -145,6 +158,9 @@ class MutableBucket:
         else:
             merged = sorted_run(*(np.concatenate(cols) for cols in zip(*parts)))
         self._runs = [merged]
+        # Rows leave the runs only by being read, and only due rows are read: every row still
+        # counted is in the merged run.
+        self._pending.replace(merged.ts)
         return merged
 
     def next_timestamp(self) -> int | None:

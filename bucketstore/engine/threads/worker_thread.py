@@ -60,19 +60,42 @@ class WorkerThread(Generic[T]):
             return True
 
     def _loop(self) -> None:
+        worked = False  # an item handled since this thread last called _on_idle
         while True:
             with self._cond:
+                idle = False
                 while not self._items and not self._stopping:
                     self._idle += 1
-                    self._cond.wait()
+                    notified = self._cond.wait(self.idle_after if worked else None)
                     self._idle -= 1
-                if not self._items or (self._stopping and not self.finish_queued_on_stop):
-                    return
-                item = self._items.popleft()
+                    if not notified and not self._items:
+                        idle = True
+                        break
+                if not idle:
+                    if not self._items or (self._stopping and not self.finish_queued_on_stop):
+                        return
+                    item = self._items.popleft()
+            if idle:
+                worked = False
+                self._on_idle()  # (holding no lock: an item queued meanwhile waits for it at most)
+                continue
             self._handle(item)
+            # Let go of it now, not when the next item comes: a job holds its columns until then.
+            del item
+            worked = True
+            self._handled()
+
+    #: Seconds a thread waits idle after an item before :meth:`_on_idle`; None: never.
+    idle_after: float | None = None
 
     def _handle(self, item: T) -> None:
         raise NotImplementedError
+
+    def _handled(self) -> None:
+        """Called after an item is handled and let go (no lock held)."""
+
+    def _on_idle(self) -> None:
+        """Called on a thread idle for :attr:`idle_after` seconds after handling an item."""
 
     def stop(self, timeout: float | None = None) -> bool:
         """End the threads (after the queued items, or dropping them: see

@@ -205,6 +205,10 @@ class JobRunning:
     def mark_delete_position(self) -> tuple[int, int] | None:
         return self._mark_delete
 
+    @property
+    def due_soon(self) -> int:
+        return self._cutoff.value + self.config.max_time_step_per_segment_ms
+
     def unconfirmed_rows(self, start_ledger: int, end_ledger: int) -> HeldRows:
         return self._handoff.held_rows(start_ledger, end_ledger)
 
