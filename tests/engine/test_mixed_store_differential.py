@@ -10,7 +10,8 @@ its catalog, in journal mode with random store options (background or not, read-
 adds and confirmations, at-most-once, one pending job, a backlog budget of one row), and the
 trackers run with small buckets, merging (``max_num_buckets`` 1 and 2) and paging
 (``max_resident_ledgers=1``). Trackers and subscriptions are deleted and created mid-run, and a
-read-only handle looks beside the writer.
+read-only handle looks beside the writer. Half the programs use ledger and entry ids at the edges
+of 32 and 64 bits.
 
 A reopen either confirms first ("restart": nothing comes back) or not ("reopen"): then, in the
 default at-least-once mode, the batches returned and not confirmed are delivered again first and
@@ -42,7 +43,9 @@ CONFIGS = {
     "t2": TrackerConfig(**{**BASE, "tick_time_ms": 3}, max_num_buckets=2),
 }
 TOPIC_CONFIG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4)
-LEDGERS, ENTRIES = 4, 6
+#: Positions: small ids, or ids at the edges of 32 and 64 bits (bitmaps switch width at 2**32).
+NARROW = (list(range(4)), list(range(6)))
+WIDE = ([0, 1, 2**40, 2**63 - 1], [0, 1, 2**32 - 1, 2**32, 2**62, 2**63 - 1])
 STEPS = 80
 KINDS = ["add"] * 6 + ["batch"] * 2 + ["advance"] * 3 + ["get"] * 3 + [
     "wait", "confirm", "mark", "clear", "look", "look", "flush", "restart", "reopen",
@@ -54,6 +57,7 @@ class MixedRun:
 
     def __init__(self, rnd: random.Random, path: str) -> None:
         self.r, self.path = rnd, path
+        self.ledgers, self.entries = rnd.choice([NARROW, WIDE])
         self.opts = dict(background=rnd.choice([True, False]), confirm_sync_ms=rnd.choice([0, 100]),
                          sync_interval_ms=rnd.choice([0, 0, 30]), max_pending_maintenance=rnd.choice([1, 2]),
                          max_backlog_bytes=rnd.choice([24, 1 << 28]),
@@ -152,8 +156,8 @@ class MixedRun:
         assert handle.next_delivery_time() == (min(r[0] for r in again) if again else model.next_delivery_time())
         assert handle.has_message_available() == (bool(again) or model.has_message_available())
         back = {r[1:] for r in again}
-        for ledger in range(LEDGERS):
-            for entry in range(ENTRIES):
+        for ledger in self.ledgers:
+            for entry in self.entries:
                 expect = model.contains_message(ledger, entry) or (ledger, entry) in back
                 assert handle.contains_message(ledger, entry) == expect, (name, ledger, entry)
 
@@ -202,7 +206,7 @@ class MixedRun:
 
         def row() -> tuple[int, int, int]:
             ahead = r.choice([r.randint(-5, 40), r.randint(-5, 40), 4_096, 8_200, r.randint(0, 600)])
-            return r.randrange(LEDGERS), r.randrange(ENTRIES), self.clock() + ahead
+            return r.choice(self.ledgers), r.choice(self.entries), self.clock() + ahead
 
         if kind == "add":
             self.add(target, [row()])
@@ -216,7 +220,7 @@ class MixedRun:
             self.handles[name].confirm_delivered() if kind == "confirm" else self.handles[name].flush()
             self.unconfirmed[name] = []
         elif kind == "mark" and name:
-            self.mark(name, r.randrange(LEDGERS), r.randrange(ENTRIES))
+            self.mark(name, r.choice(self.ledgers), r.choice(self.entries))
         elif kind == "clear" and name:
             self.handles[name].clear()
             self.models[name].clear()

@@ -429,8 +429,11 @@ class DelayedIndexSet:
                 continue
             ents = entries[rows]
             wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
+            narrowed = isinstance(wanted, BitMap64) and isinstance(bm, BitMap)
+            if narrowed:  # entry ids beyond 2**32 cannot be in a 32-bit bitmap: not tracked
+                wanted = BitMap(v for v in wanted if v < _U32_LIMIT)
             hits = bm & wanted
-            if len(hits) == len(wanted):
+            if len(hits) == len(wanted) and not narrowed:
                 mask[rows] = True  # every row's entry is tracked: no per-row lookup needed
             elif hits:
                 mask[rows] = np.isin(ents, np.asarray(hits.to_array() if isinstance(hits, BitMap)
