@@ -10,8 +10,8 @@ its catalog, in journal mode with random store options (background or not, read-
 adds and confirmations, at-most-once, one pending job, a backlog budget of one row), and the
 trackers run with small buckets, merging (``max_num_buckets`` 1 and 2) and paging
 (``max_resident_ledgers=1``). Trackers and subscriptions are deleted and created mid-run, and a
-read-only handle looks beside the writer. Half the programs use ledger and entry ids at the edges
-of 32 and 64 bits.
+read-only handle looks beside the writer. Two programs in three use ledger and entry ids at the
+edges of 32 and 64 bits.
 
 A reopen either confirms first ("restart": nothing comes back) or not ("reopen"): then, in the
 default at-least-once mode, the batches returned and not confirmed are delivered again first and
@@ -46,6 +46,9 @@ TOPIC_CONFIG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4)
 #: Positions: small ids, or ids at the edges of 32 and 64 bits (bitmaps switch width at 2**32).
 NARROW = (list(range(4)), list(range(6)))
 WIDE = ([0, 1, 2**40, 2**63 - 1], [0, 1, 2**32 - 1, 2**32, 2**62, 2**63 - 1])
+#: One narrow and one wide entry per ledger: a ledger's bitmap empties often and comes back
+#: 32-bit beside stale rows of its wide entry (how a wide row was once delivered again).
+TWO = ([0, 1, 2**40, 2**63 - 1], [1, 2**40])
 STEPS = 80
 KINDS = ["add"] * 6 + ["batch"] * 2 + ["advance"] * 3 + ["get"] * 3 + [
     "wait", "confirm", "mark", "clear", "look", "look", "flush", "restart", "reopen",
@@ -57,7 +60,7 @@ class MixedRun:
 
     def __init__(self, rnd: random.Random, path: str) -> None:
         self.r, self.path = rnd, path
-        self.ledgers, self.entries = rnd.choice([NARROW, WIDE])
+        self.ledgers, self.entries = rnd.choice([NARROW, WIDE, TWO])
         self.opts = dict(background=rnd.choice([True, False]), confirm_sync_ms=rnd.choice([0, 100]),
                          sync_interval_ms=rnd.choice([0, 0, 30]), max_pending_maintenance=rnd.choice([1, 2]),
                          max_backlog_bytes=rnd.choice([24, 1 << 28]),
