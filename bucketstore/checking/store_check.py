@@ -41,7 +41,7 @@ from ..engine.topics.topic_reader import describe_topics, verify_topics
 from ..engine.durability.journal import journal_directory
 from ..errors import CatalogError, CorruptLedgerError, JournalError
 from ..format.journal_codec import parse_file
-from ..format.ledger_file import ledger_file_name
+from ..format.ledger_file import LedgerReader, ledger_file_name
 from ..format.snapshot import BucketFile, parse_bucket_key
 from .ledger_check import FileReport, Finding, check_file
 
@@ -338,17 +338,44 @@ def verify_store(path: str | os.PathLike[str],
                 findings.extend(_check_summary(path, where, b, bf))
     ledgers_dir = os.path.join(path, "ledgers")
     for f in doc["orphan_files"]:
-        findings.append(Finding(os.path.join(ledgers_dir, f), None,
-                                "orphan ledger file: no catalog key references it (removed on next open)"))
+        file = os.path.join(ledgers_dir, f)
+        kept = _why_open_keeps(file, int(f[:20]), doc.get("store_id"))
+        if kept is None:  # what a crash leaves between a file and its catalog commit: open tidies it
+            findings.append(Finding(file, None, "orphan ledger file: no catalog key references it "
+                                                "(removed on next open)", warning=True))
+        else:
+            findings.append(Finding(file, None, f"orphan ledger file: no catalog key references it, "
+                                                f"and open keeps it: {kept}"))
     for f in doc["temporary_files"]:
         findings.append(Finding(os.path.join(ledgers_dir, f), None,
-                                "temporary file of an unfinished seal (removed on next open)"))
+                                "temporary file of an unfinished seal (removed on next open)", warning=True))
     counts["in_flight"] += len(doc["in_flight_files"])
     writer_live = doc["writer_pid"] is not None
     owners = {os.path.basename(journal_directory(path, name)): name for name in doc["trackers"]}
     findings += _verify_journals(path, writer_live, counts, doc.get("store_id"), owners)
     findings += [Finding(topics_directory(path), None, problem) for problem in verify_topics(path)]
     return findings, counts
+
+
+def _why_open_keeps(path: str, ledger_id: int, store_id: str | None) -> str | None:
+    """Why the next open would not delete this unreferenced ledger file, or None if it would.
+
+    The same evidence open asks for before it deletes (``Store._provably_garbage``): a
+    readable header naming this ledger id and this store. A crash cannot leave anything else
+    (files are renamed into place only after an fsync), so anything else is damage.
+    """
+    try:
+        with LedgerReader(path) as reader:
+            header_id, owner = reader.ledger_id, reader.properties.get("store_id")
+    except FileNotFoundError:
+        return None  # removed meanwhile
+    except (CorruptLedgerError, OSError) as exc:
+        return f"it cannot be read ({exc})"
+    if owner is not None and owner != store_id:  # (a catalog naming no store: a new one, refused too)
+        return f"it belongs to store {owner}, not to this catalog's store {store_id} (open refuses the store)"
+    if header_id != ledger_id:
+        return f"its header says ledger {header_id}"
+    return None
 
 
 def _verify_journals(path: str, writer_live: bool, counts: dict[str, int], store_id: str | None,

@@ -207,12 +207,13 @@ class DelayedIndexSet:
                 continue
             ents = es[a:b]
             wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
-            if isinstance(wanted, BitMap64) and isinstance(bm, BitMap):
-                wanted = BitMap(v for v in wanted if v < _U32_LIMIT)  # beyond 2**32: not in a 32-bit bitmap
+            narrowed = isinstance(wanted, BitMap64) and isinstance(bm, BitMap)
+            if narrowed:  # beyond 2**32: not in a 32-bit bitmap, so not tracked
+                wanted = BitMap(v for v in wanted if v < _U32_LIMIT)
             hit = bm.intersection_cardinality(wanted)
             if not hit:
                 continue
-            if hit == len(wanted):
+            if hit == len(wanted) and not narrowed:
                 live = np.ones(b - a, dtype=bool)
             else:
                 hits = bm & wanted
@@ -333,6 +334,8 @@ class DelayedIndexSet:
         bm = self._bitmap_for(ledger_id, entries.max())
         if isinstance(bm, BitMap64) and isinstance(entries, BitMap):
             entries = BitMap64(entries)
+        elif isinstance(bm, BitMap) and isinstance(entries, BitMap64):
+            entries = BitMap(entries)  # every id fits 32 bits, or _bitmap_for would have widened bm
         before = len(bm)
         bm |= entries
         added = len(bm) - before
@@ -429,8 +432,11 @@ class DelayedIndexSet:
                 continue
             ents = entries[rows]
             wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
+            narrowed = isinstance(wanted, BitMap64) and isinstance(bm, BitMap)
+            if narrowed:  # entry ids beyond 2**32 cannot be in a 32-bit bitmap: not tracked
+                wanted = BitMap(v for v in wanted if v < _U32_LIMIT)
             hits = bm & wanted
-            if len(hits) == len(wanted):
+            if len(hits) == len(wanted) and not narrowed:
                 mask[rows] = True  # every row's entry is tracked: no per-row lookup needed
             elif hits:
                 mask[rows] = np.isin(ents, np.asarray(hits.to_array() if isinstance(hits, BitMap)

@@ -178,23 +178,28 @@ class Adding:
             expired = deliver_at <= cutoff
         else:
             expired = deliver_at <= np.uint64(max(cutoff, 0)) if cutoff >= 0 else np.zeros(len(deliver_at), bool)
+        untracked_later = None
         if expired.any():
-            # Expired rows untrack their position, as add_message does. (Should one
-            # batch hold both an expired and a live row of one position, the live
-            # row wins whatever their order.)
+            # Expired rows untrack their position, as add_message does.
             for e in np.unique(entries[expired]).tolist():
                 if self._index.expire(ledger_id, e):
                     self._mutable.discard(ledger_id, e)
                     if self._journal is not None:
                         self._journal.untrack(ledger_id, e)
+            untracked_later = _followed_by_expiry(entries, expired)
         live = ~expired
         md = self._mark_delete
         if md is not None and ledger_id <= md[0]:
             live &= entries > np.uint64(md[1]) if ledger_id == md[0] else False  # acknowledged already
+        # Row by row, a live row that a due row of its position follows is tracked (add_message
+        # returns True) and then untracked: it counts, but is not stored.
+        counted = int(np.count_nonzero(live))
+        if untracked_later is not None:
+            live &= ~untracked_later
         live_e = entries[live]
         live_t = deliver_at[live].astype(_U64)
         if not len(live_e):
-            return 0
+            return counted
         ledgers = np.full(len(live_e), ledger_id, dtype=_U64)
         if self._bits and trim:  # (a replay's times were trimmed when first added)
             live_t = self._trim_times(live_t, ledgers, live_e)
@@ -209,7 +214,7 @@ class Adding:
             keep[first] = True
             new &= keep
             if not new.any():
-                return len(live_e)
+                return counted
         ts, ls, es = (live_t, ledgers, live_e) if new is None else (live_t[new], ledgers[new], live_e[new])
         target = self._route(ledger_id, cutoff)
         if target == self._mutable.add:
@@ -234,7 +239,7 @@ class Adding:
         else:
             self._index.add_many(ls, es, ts)
         self._horizon.added(int(ts.max()))
-        return len(live_e)
+        return counted
 
     def _supersede(self, ledger_id: int, entries: np.ndarray) -> None:
         """Positions delivered in a batch that is not durably confirmed are tracked again.
@@ -278,3 +283,13 @@ class Adding:
         if frontier is None or int(floor.min()) > frontier[0]:
             return floor  # the common case: the whole run is after the frontier
         return np.where(after_key(floor, ledgers, entries, frontier), floor, ts).astype(_U64)
+
+
+def _followed_by_expiry(entries: np.ndarray, expired: np.ndarray) -> np.ndarray:
+    """The rows of one ledger's run that a later expired row of the same entry follows."""
+    at = np.flatnonzero(expired)
+    # The last expired row of each entry: unique over the reversed rows keeps the last.
+    uniq, rev = np.unique(entries[at][::-1], return_index=True)
+    last = at[::-1][rev]
+    slot = np.minimum(np.searchsorted(uniq, entries), len(uniq) - 1)
+    return ~expired & (uniq[slot] == entries) & (np.arange(len(entries)) < last[slot])
