@@ -239,3 +239,17 @@ def test_sealed_mode_writes_a_seal_s_new_positions_straight_into_a_run(tmp_path,
         assert topic.stats()["rows"] == 500 and verify_topics(str(tmp_path)) == []
         clock.advance(20_000)
         assert sorted(sub.get_scheduled_messages(1_000)) == sorted((lg, en) for lg, en, _ in rows)
+
+
+def test_a_wide_entry_id_asked_of_a_run_whose_ledger_holds_narrow_ids_is_simply_absent(tmp_path) -> None:
+    """A run's range can cover (ledger, 2**40) while that ledger's bitmap is 32-bit: the question
+    has the answer "no", not pyroaring's OverflowError (found by the mixed-store differential)."""
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path) as store:
+        topic = store.topic("t", config=CFG, clock=clock)
+        sub = topic.subscription("a")
+        fill(topic, 500)  # ledgers 0..4, entries below 100, sealed into runs
+        assert run_files(tmp_path)
+        assert not sub.contains_message(2, 2**40)
+        topic.add_message(2, 2**40, 5_000)
+        assert sub.contains_message(2, 2**40) and sub.number_of_delayed_messages == 501

@@ -24,6 +24,7 @@ from typing import Any
 
 import lmdb
 import numpy as np
+from pyroaring import BitMap64
 
 from ...errors import CatalogError
 from ...format.fs import FileSystem
@@ -32,6 +33,8 @@ from ...format.topic_run import (HEADER, TRAILER, RunDirectory, TopicRunError, d
                                  decode_segment, decode_trailer, encode_run, run_file_name)
 from .subscription_state import RowKey
 from .topic_windows import WindowBudget
+
+_U32_LIMIT = 1 << 32
 
 __all__ = ["Run", "RunSet", "runs_directory"]
 
@@ -281,7 +284,8 @@ class RunSet:
         if not run.min_pos <= (ledger, entry) <= run.max_pos:
             return False
         bitmap = self._bitmaps(run).get(ledger)
-        return bitmap is not None and entry in bitmap
+        # A ledger whose ids all fit 32 bits has a 32-bit bitmap, which cannot be asked of a wider id.
+        return bitmap is not None and (entry < _U32_LIMIT or isinstance(bitmap, BitMap64)) and entry in bitmap
 
     def versions(self, ledger: int, entry: int) -> list[tuple[int, int, int]]:
         """(seq, deliver_at, run id) of every row of the position in a run."""
