@@ -31,6 +31,7 @@ from .bucket_job import BucketJob, JobHost
 from .liveness import index_snapshot
 from .sealed_bucket import SealedBucket
 from .shared_queue import Slot
+from .side_thread import run_beside
 
 __all__ = ["MergeJob"]
 
@@ -77,8 +78,9 @@ class MergeJob(BucketJob):
         self.ledger_id = self.tracker.store_services.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
-        # (No concatenated copy of the parts; each is sorted, a bucket's segments one run.)
-        self._write(*drop_repeats(*sort_row_parts(parts, sorted_parts=True)))
+        # (No concatenated copy of the parts; each is sorted, a bucket's segments one run. A big
+        # merge sorts the rows below a median timestamp on a second thread.)
+        self._write(*drop_repeats(*sort_row_parts(parts, sorted_parts=True, run_beside=run_beside)))
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: JobHost) -> None:

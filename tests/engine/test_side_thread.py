@@ -53,3 +53,53 @@ def test_a_failure_beside_reaches_the_caller(monkeypatch) -> None:
     with pytest.raises(OSError, match="encode failed beside"):
         build_bucket(1, 3, *rows, time_step_ms=3_000, max_indexes_per_segment=400, run_beside=failing)
     assert run_beside(lambda: 7)() == 7
+
+
+def _sorted_parts(sizes: list[int], seed: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Sorted runs (a seal's, a merge's sources) over shared ledgers, with equal timestamps across runs."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for k, n in enumerate(sizes):
+        ledgers = 1 + rng.integers(0, 3, n).astype(np.uint64)
+        entries = np.uint64(100_000 * k) + rng.permutation(n).astype(np.uint64)
+        parts.append(sort_rows(1_000 + rng.integers(0, 2_000, n).astype(np.uint64), ledgers, entries))
+    return parts
+
+
+@pytest.mark.parametrize("sizes", [[3_000, 2_500, 1_000, 4_000], [6_000], [2_000] * 12])
+def test_split_sort_is_the_whole_sort(monkeypatch, sizes) -> None:
+    """Sorted parts of SPLIT_ROWS rows or more are sorted in two halves, one beside the caller:
+    the same columns as one sort of their concatenation."""
+    from bucketstore.format import row_sort
+    from bucketstore.format.row_sort import sort_row_parts
+
+    monkeypatch.setattr(row_sort, "SPLIT_ROWS", 1_000)
+    parts = _sorted_parts(sizes, len(sizes))
+    threads: list[str] = []
+
+    def beside(fn):
+        def named():
+            threads.append(threading.current_thread().name)
+            return fn()
+        return run_beside(named)
+
+    got = sort_row_parts(parts, sorted_parts=True, run_beside=beside)
+    assert threads == ["bucketstore-encode"]
+    whole = [np.concatenate(c) for c in zip(*parts)]
+    order = np.lexsort((whole[2], whole[1], whole[0]))
+    for g, c in zip(got, whole):
+        assert g.dtype == np.uint64 and np.array_equal(g, c[order])
+
+
+def test_a_sort_failure_beside_reaches_the_caller(monkeypatch) -> None:
+    from bucketstore.format import row_sort
+
+    monkeypatch.setattr(row_sort, "SPLIT_ROWS", 1_000)
+
+    def failing(fn):
+        def boom():
+            raise MemoryError("sort failed beside")
+        return run_beside(boom)
+
+    with pytest.raises(MemoryError, match="sort failed beside"):
+        row_sort.sort_row_parts(_sorted_parts([3_000, 3_000], 5), sorted_parts=True, run_beside=failing)
