@@ -57,7 +57,7 @@ def sort_row_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *
     short runs, it is slower.)
 
     ``run_beside(fn)`` starts ``fn`` on another thread and returns a callable that waits for
-    its result (``engine.side_thread.run_beside``): given one, sorted parts of
+    its result (``engine.threads.side_thread.run_beside``): given one, sorted parts of
     :data:`SPLIT_ROWS` rows or more are cut at a timestamp near their median, each part at
     its own position (a binary search), and the rows below the cut are packed, sorted and
     unpacked there while this thread does the rows above it, each half into its own slice of
