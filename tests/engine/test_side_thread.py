@@ -103,3 +103,55 @@ def test_a_sort_failure_beside_reaches_the_caller(monkeypatch) -> None:
 
     with pytest.raises(MemoryError, match="sort failed beside"):
         row_sort.sort_row_parts(_sorted_parts([3_000, 3_000], 5), sorted_parts=True, run_beside=failing)
+
+
+def _merged_entries(path: str, split: bool, monkeypatch) -> tuple[list[bytes], list[str]]:
+    """Four sealed buckets with delivered rows, merged; the merged file's entries, and the names
+    of the threads the merge's reads ran beside on."""
+    from bucketstore import TrackerConfig, open as open_store
+    from bucketstore.engine.maintenance import merge_pipeline
+    from bucketstore.format import row_sort
+    from bucketstore.format.snapshot import BucketFile
+
+    rows = 1_000 if split else 1 << 62
+    for module in (merge_pipeline, row_sort, snapshot):
+        monkeypatch.setattr(module, "SPLIT_ROWS", rows)
+    threads: list[str] = []
+
+    def beside(fn):
+        def named():
+            threads.append(threading.current_thread().name)
+            return fn()
+        return run_beside(named)
+
+    monkeypatch.setattr(merge_pipeline, "run_beside", beside)
+    epoch = 1_700_000_000_000
+    now = [epoch]
+    rng = np.random.default_rng(9)
+    cfg = TrackerConfig(min_index_count_per_bucket=3_000, max_num_buckets=4, max_indexes_per_segment=500)
+    with open_store(path, durability="sealed", background=False) as store:
+        t = store.tracker("t", cfg, lambda: now[0])
+        for ledger in range(1, 6):
+            # (The fifth ledger's rows fall due after the deliveries: it is sealed whole.)
+            at = epoch + (50_000 if ledger == 5 else 1_000) + rng.integers(0, 100_000, 3_000).astype(np.uint64)
+            t.add_messages((np.full(3_000, ledger, np.uint64), np.arange(3_000, dtype=np.uint64), at))
+            if ledger == 5:  # four buckets sealed: some of their rows fall due and go
+                now[0] = epoch + 20_000
+                while t.get_scheduled_messages(500):
+                    pass
+        t.add_message(6, 0, epoch + 10 ** 8)  # the fifth seal, then the merge of four
+        assert t.stats()["merge"]["succeeded"] == 1
+        merged = [b for b in t.buckets() if b.start_ledger == 1][0]
+        with BucketFile(merged.path) as bf:
+            assert 3_000 < bf.metadata.count < 12_000  # the delivered rows were left out
+            entries = [bytes(bf.ledger.read_entry(k)) for k in range(bf.ledger.entry_count)]
+    return entries, threads
+
+
+def test_merge_read_in_halves_writes_the_same_bucket(tmp_path, monkeypatch) -> None:
+    """A merge of SPLIT_ROWS rows or more reads and filters half its sources' segments beside
+    its own thread: the merged file's entries are those of a merge on one thread."""
+    split, threads = _merged_entries(str(tmp_path / "split"), True, monkeypatch)
+    one, none = _merged_entries(str(tmp_path / "one"), False, monkeypatch)
+    assert threads == ["bucketstore-encode"] * 2 and none == []  # the reads', then the sort's
+    assert len(split) > 3 and split == one

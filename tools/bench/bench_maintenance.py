@@ -30,13 +30,19 @@ within one run on a noisy machine.
   (reads, index lookups, sort, encode, write), wall and the process's CPU (the work done,
   which a loaded machine inflates less than the wall time), then each step alone on a thread beside a
   pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
+  ``--halves on,off`` runs each repeat with a big job's second thread (half the rows sorted
+  and encoded beside the job's own) and without it, interleaved, and prints both. (The two
+  halves' encode calls are each counted under *encode segments*: it may exceed *encode (all)*.)
+  ``stepgil`` prints that last table alone, with for each step the wall time of two calls at once
+  on two threads over one call's (1.0: they overlap wholly; 2.0: the GIL runs them one by one).
 * ``gil``: is a seal's encode GIL-bound? A pure-Python counting thread runs
   alone, then while a ``--per-bucket`` seal runs on the maintenance thread; the
   ratio of its rates is the share of the CPU the seal left to Python code (1.0:
   the seal holds the GIL never; 0.5: always, with two cores).
 
-Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,steps,gil] [--repeats R]
+Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,steps,stepgil,gil] [--repeats R]
       [--ledgers N] [--per-bucket N] [--total N] [--messages N] [--gap-ms MS] [--seal-at N] [--backlog-mb MB]
+      [--halves on|off|on,off]
 The issue-26 workload: --cases stalls --per-bucket 1e6 --seal-at 5e5 --total 7e6
 """
 
@@ -393,7 +399,7 @@ def trace_steps() -> None:
     liveness, the sort, the encode (segments and bitmaps), the write and each fsync, a
     merge's segment reads and its index lookups."""
     from bucketstore.engine.maintenance import bucket_job
-    from bucketstore.engine.queue import liveness
+    from bucketstore.engine.queue import index_set, liveness
     from bucketstore.engine.buckets import sealed_bucket
     from bucketstore.format import fs as fs_module, snapshot
 
@@ -428,7 +434,8 @@ def trace_steps() -> None:
     for module in (seal_pipeline, merge_pipeline):
         name = "sort_row_parts" if hasattr(module, "sort_row_parts") else "sort_rows"  # (older trees)
         setattr(module, name, timed("sort", getattr(module, name)))
-        module.drop_repeats = timed("drop repeats", module.drop_repeats)
+        if hasattr(module, "drop_repeats"):  # (a merge drops none: its sources hold each position once)
+            module.drop_repeats = timed("drop repeats", module.drop_repeats)
     snapshot.encode_segments = timed("encode segments", snapshot.encode_segments)
     snapshot.serialized_bitmaps = timed("encode bitmaps", snapshot.serialized_bitmaps)
     bucket_job.build_bucket = timed("encode (all)", bucket_job.build_bucket)
@@ -436,6 +443,7 @@ def trace_steps() -> None:
     fs_module.FileSystem.fsync = timed("fsync", fs_module.FileSystem.fsync)
     fs_module.FileSystem.fsync_dir = timed("fsync dir", fs_module.FileSystem.fsync_dir)
     liveness.FrozenMutableLiveness.mask = timed("liveness", liveness.FrozenMutableLiveness.mask)
+    index_set.DelayedIndexSet.present_mask = timed("liveness", index_set.DelayedIndexSet.present_mask)
     sealed_bucket.SealedBucket.read_segment = timed("read + decode segments", sealed_bucket.SealedBucket.read_segment)
 
 
@@ -459,14 +467,46 @@ def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
         stats = t.stats()
     shutil.rmtree(path)
     jobs = {"seal": stats["create"]["succeeded"], "merge": stats["merge"]["succeeded"]}
-    rows = {"seal": per_bucket, "merge": 4 * per_bucket}
     out: dict[str, object] = {"jobs": jobs}
     for (kind, label), values in sorted(STEPS.items()):
         if kind in jobs and jobs[kind]:
-            ms = sum(values) / jobs[kind] * 1000
-            cpu = sum(STEPS_CPU[(kind, label)]) / jobs[kind] * 1000
-            out[f"{kind}: {label}"] = f"{ms:.1f} ms ({rows[kind] / ms / 1000:.1f} M/s), cpu {cpu:.1f} ms"
+            # (wall ms, CPU ms) per job: CPU above wall is the second core at work.
+            out[f"{kind}: {label}"] = (sum(values) / jobs[kind] * 1000,
+                                       sum(STEPS_CPU[(kind, label)]) / jobs[kind] * 1000)
     return out
+
+
+def halves(on: bool) -> None:
+    """Whether a big seal or merge puts its second core to work: sorting (``row_sort``), encoding
+    (``snapshot``) and a merge's reading (``merge_pipeline``) half of its rows on a thread beside
+    its own (on: the defaults)."""
+    from bucketstore.format import row_sort, snapshot
+    for module in (row_sort, snapshot, merge_pipeline):
+        default = getattr(module, "_BENCH_SPLIT_ROWS", module.SPLIT_ROWS)
+        module._BENCH_SPLIT_ROWS = default
+        module.SPLIT_ROWS = default if on else 1 << 62
+
+
+def print_steps(per_bucket: int, runs: dict[str, list[dict[str, object]]]) -> None:
+    """Per step, the median over repeats of each variant's wall and CPU ms per job (and M rows/s of wall)."""
+    rows = {"seal": per_bucket, "merge": 4 * per_bucket}
+    variants = list(runs)
+    labels = sorted({k for rs in runs.values() for r in rs for k in r if k != "jobs"})
+    print(f"steps ({per_bucket:,}-index random-delay seals and a {4 * per_bucket:,}-index merge; ms per job, median "
+          f"of {len(next(iter(runs.values())))}; jobs {next(iter(runs.values()))[0]['jobs']}):")
+    print("  " + "step".ljust(40) + "".join(f"{v + ' wall':>22}{'cpu':>8}" for v in variants))
+    for label in labels:
+        cells = []
+        for v in variants:
+            got = [r[label] for r in runs[v] if label in r]
+            if not got:
+                cells.append(f"{'-':>22}{'-':>8}")
+                continue
+            wall = float(np.median([w for w, _ in got]))
+            cpu = float(np.median([c for _, c in got]))
+            rate = rows[label.split(":")[0]] / wall / 1000 if wall else 0.0
+            cells.append(f"{wall:9.1f} ({rate:6.1f} M/s){cpu:8.1f}")
+        print("  " + label.ljust(40) + "".join(cells))
 
 
 def _step_gil_ratio(fn, repeats: int, window: float = 0.4) -> tuple[float, float]:
@@ -531,7 +571,10 @@ def _step_sleeper_lateness(fn, window: float = 0.4) -> tuple[float, float]:
 def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
     """Which steps of a seal and a merge release the GIL: each run on a thread beside a pure-Python one."""
     from bucketstore.engine.buckets.sealed_bucket import SealedBucket
+    from bucketstore.engine.queue.index_set import DelayedIndexSet
+    from bucketstore.engine.threads.side_thread import run_beside
     from bucketstore.format.fs import FileSystem
+    from bucketstore.format.row_sort import sort_row_parts
     from bucketstore.format.snapshot import (cut_segments, drop_repeats, encode_segments, serialized_bitmaps,
                                              write_bucket)
 
@@ -564,14 +607,50 @@ def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
         "write + fsyncs": lambda: write_bucket(directory, next(ids), meta, payloads),
         "read + decode segments": lambda: [bucket.read_segment(k) for k in range(1, bucket.segment_count + 1)],
     }
+    # A merge's sort: four sources, each one sorted run of four segments.
+    merge_parts = []
+    for source in range(4):
+        src = sort_rows(EPOCH + 60_000 + rng.integers(0, 3_600_000, per_bucket).astype(np.uint64),
+                        np.full(per_bucket, source + 1, np.uint64), np.arange(per_bucket, dtype=np.uint64))
+        quarter = -(-per_bucket // 4)
+        merge_parts += [tuple(c[k:k + quarter] for c in src) for k in range(0, per_bucket, quarter)]
+    live = DelayedIndexSet()
+    live.add_many(rows[1], rows[2], rows[0])
+    steps.update({
+        "merge sort, 4 x 4 sorted segments, one thread": lambda: sort_row_parts(merge_parts, sorted_parts=True),
+        "merge sort, 4 x 4 sorted segments, halves": lambda: sort_row_parts(merge_parts, sorted_parts=True,
+                                                                             run_beside=run_beside),
+        "liveness lookups (present_mask, 4 segments)": lambda: [
+            live.present_mask(rows[1][k:k + per_bucket // 4], rows[2][k:k + per_bucket // 4])
+            for k in range(0, per_bucket, per_bucket // 4)],
+    })
     out = {}
     for name, fn in steps.items():
         seconds, ratio = _step_gil_ratio(fn, repeats)
         p99, worst = _step_sleeper_lateness(fn)
+        pair = _step_pair_ratio(fn, repeats)
         out[name] = (f"{seconds * 1000:.1f} ms, other thread keeps {ratio:.2f}, a 1-ms sleeper beside it "
-                     f"wakes late by p99 {p99:.1f} / max {worst:.1f} ms")
+                     f"wakes late by p99 {p99:.1f} / max {worst:.1f} ms, two at once take {pair:.2f}x one's wall")
     shutil.rmtree(directory)
     return out
+
+
+def _step_pair_ratio(fn, repeats: int) -> float:
+    """The wall time of ``fn`` called on two threads at once over one call's (median of
+    ``repeats`` each, interleaved): 1.0 when the two calls overlap wholly (the GIL released
+    throughout, two free cores), 2.0 when they run one after the other (the GIL held)."""
+    one, two = [], []
+    for _ in range(repeats):
+        one.append(_timed(fn))
+
+        def pair() -> None:
+            threads = [threading.Thread(target=fn) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        two.append(_timed(pair))
+    return float(np.median(two) / np.median(one))
 
 
 def _encode(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> tuple:
@@ -660,6 +739,9 @@ def main() -> None:
     p.add_argument("--backlog-mb", type=float, default=None, help="stalls: max_backlog_bytes in MiB (default 256)")
     p.add_argument("--trace-holds", action="store_true",
                    help="stalls: time the steps the background design runs under the tracker's lock")
+    p.add_argument("--halves", default="on",
+                   help="stalls, steps: 'on', 'off' or 'on,off': whether a big seal or merge sorts and encodes half "
+                        "its rows on a second thread (row_sort / snapshot SPLIT_ROWS); both: interleaved, with ratios")
     p.add_argument("--switch-interval-ms", type=float, default=None,
                    help="sys.setswitchinterval for the run (default: Python's 5 ms)")
     args = p.parse_args()
@@ -679,18 +761,26 @@ def main() -> None:
         if "stalls" in cases:
             if args.trace_holds:
                 trace_holds()
-            runs = {m: [] for m in modes}
+            runs = {(m, h): [] for h in args.halves.split(",") for m in modes}
             for _ in range(args.repeats):
-                for m in modes:
+                for m, h in runs:
                     if m and args.trace_holds:
                         TRACING.set()
-                    runs[m].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending,
-                                                int(args.seal_at) if args.seal_at else None, args.backlog_mb))
+                    halves(h == "on")
+                    runs[(m, h)].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending,
+                                                     int(args.seal_at) if args.seal_at else None, args.backlog_mb))
                     TRACING.clear()
-            for m in modes:
-                print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges):",
-                      _median_of(runs[m]))
-            print("stalls, background / synchronous (median of paired ratios):", _paired_ratios(*runs.values()))
+            halves(True)
+            for m, h in runs:
+                print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges; "
+                      f"halves {h}):", _median_of(runs[(m, h)]))
+            for h in args.halves.split(","):
+                print(f"stalls, halves {h}, background / synchronous (median of paired ratios):",
+                      _paired_ratios(runs[(False, h)], runs[(True, h)]))
+            if "on" in args.halves and "off" in args.halves:
+                for m in modes:
+                    print(f"stalls, {'background' if m else 'synchronous'}, halves on / off (median of paired "
+                          "ratios):", _paired_ratios(runs[(m, "off")], runs[(m, "on")]))
             if HOLDS:
                 print("stalls, background: lock-holding steps (ms, all repeats): ",
                       {k: {"n": len(v), "median": round(float(np.median(v)), 1), "max": round(max(v), 1)}
@@ -720,10 +810,19 @@ def main() -> None:
         if "steps" in cases:
             trace_steps()
             n = int(args.per_bucket)
+            variants = {"halves " + v: v == "on" for v in args.halves.split(",")}
+            steps = {v: [] for v in variants}
             for _ in range(args.repeats):
-                print(f"steps (one thread; {n:,}-index random-delay seals and a {4 * n:,}-index merge):",
-                      bench_steps(tmp, n))
-            print(f"steps: what releases the GIL ({n:,} rows):", bench_step_gil(tmp, n, args.repeats))
+                for v, on in variants.items():  # interleaved: a load change hits every variant alike
+                    halves(on)
+                    steps[v].append(bench_steps(tmp, n))
+            halves(True)
+            print_steps(n, steps)
+        if "steps" in cases or "stepgil" in cases:
+            n = int(args.per_bucket)
+            print(f"steps: what releases the GIL ({n:,} rows):")
+            for name, line in bench_step_gil(tmp, n, args.repeats).items():
+                print(f"  {name}: {line}")
         if "gil" in cases:
             print(f"gil ({int(args.per_bucket):,}-index seals on the maintenance thread):",
                   bench_gil(tmp, int(args.per_bucket), args.repeats))

@@ -7,6 +7,8 @@
                       confirmation is not durable yet: they stay in the file)
     work (no lock)    read every segment of every source, keep the rows live in
                       the snapshot, sort, encode, write + fsync the merged ledger
+                      (a big merge reads, sorts and encodes half its rows on a
+                      second thread)
     install (lock)    one catalog commit adds the merged key and removes the
                       sources' keys; the sources die (their runs and slots leave
                       the queue); then their files are unlinked
@@ -25,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...format.row_sort import sort_row_parts
-from ...format.snapshot import drop_repeats
 from ..buckets.sealed_bucket import SealedBucket
 from ..queue.liveness import index_snapshot
 from ..queue.shared_queue import Slot
@@ -36,6 +37,8 @@ from .bucket_job import BucketJob, JobHost
 __all__ = ["MergeJob"]
 
 _U64 = np.dtype("<u8")
+#: Rows from which a merge reads and filters half of its sources' segments on a second thread.
+SPLIT_ROWS = 200_000
 
 
 class MergeJob(BucketJob):
@@ -60,27 +63,46 @@ class MergeJob(BucketJob):
 
     # -- off the lock ---------------------------------------------------------------------------
     def _work(self) -> None:
-        parts = []
-        for bucket in self.window:
-            for number in range(1, bucket.segment_count + 1):
-                if self.cancelled or bucket.dead:
-                    return
-                # Every segment, loaded ones included: they may hold undelivered rows (Pulsar #26251).
-                run = bucket.read_segment(number)
-                keep = self._live.present_mask(run.ledgers, run.entries, run.ts)
-                if self._held:
-                    keep |= self._held.mask(run.ts, run.ledgers, run.entries)
-                if keep.all():  # usually: no three gathers (a 4 M-row merge's would copy 96 MB)
-                    parts.append((run.ts, run.ledgers, run.entries))
-                elif keep.any():
-                    parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
+        segments = [(bucket, number) for bucket in self.window for number in range(1, bucket.segment_count + 1)]
+        # A big merge reads, decodes and filters its first half of segments on a thread beside
+        # this one (the reads, zstd and most of numpy's work release the GIL); the parts keep
+        # their order either way.
+        rows = np.cumsum([int(bucket.counts[number - 1]) for bucket, number in segments])
+        half = int(np.searchsorted(rows, rows[-1] // 2)) if len(rows) and rows[-1] >= SPLIT_ROWS else 0
+        first = run_beside(lambda: self._live_parts(segments[:half])) if half else None
+        try:
+            rest = self._live_parts(segments[half:])
+        finally:
+            parts = first() if first is not None else []  # (waited for even when this side failed)
+        if parts is None or rest is None:
+            return  # cancelled, or a source deleted meanwhile: install abandons the merge
+        parts += rest
         self._live = self._held = None  # type: ignore[assignment]
         self.ledger_id = self.tracker.store_services.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
         # (No concatenated copy of the parts; each is sorted, a bucket's segments one run. A big
-        # merge sorts the rows below a median timestamp on a second thread.)
-        self._write(*drop_repeats(*sort_row_parts(parts, sorted_parts=True, run_beside=run_beside)))
+        # merge sorts the rows below a median timestamp on a second thread.) No row repeats:
+        # the sources cover disjoint ledgers and each holds a position once (build_bucket
+        # refuses a repeat all the same).
+        self._write(*sort_row_parts(parts, sorted_parts=True, run_beside=run_beside))
+
+    def _live_parts(self, segments: list[tuple[SealedBucket, int]]) -> list[tuple[np.ndarray, ...]] | None:
+        """The live rows of these segments of the sources, as parts (None: cancelled meanwhile)."""
+        parts = []
+        for bucket, number in segments:
+            if self.cancelled or bucket.dead:
+                return None
+            # Every segment, loaded ones included: they may hold undelivered rows (Pulsar #26251).
+            run = bucket.read_segment(number)
+            keep = self._live.present_mask(run.ledgers, run.entries, run.ts)
+            if self._held:
+                keep |= self._held.mask(run.ts, run.ledgers, run.entries)
+            if keep.all():  # usually: no three gathers (a 4 M-row merge's would copy 96 MB)
+                parts.append((run.ts, run.ledgers, run.entries))
+            elif keep.any():
+                parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
+        return parts
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: JobHost) -> None:
