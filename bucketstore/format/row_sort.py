@@ -12,10 +12,13 @@ without a gather. When the ranges are too wide for 64 bits, lexsort it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+
+from .shared_work import RunBeside, share
 
 __all__ = ["SPLIT_ROWS", "sort_row_parts", "sort_rows"]
 
@@ -58,11 +61,11 @@ def sort_row_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *
 
     ``run_beside(fn)`` starts ``fn`` on another thread and returns a callable that waits for
     its result (``engine.threads.side_thread.run_beside``): given one, sorted parts of
-    :data:`SPLIT_ROWS` rows or more are cut at a timestamp near their median, each part at
-    its own position (a binary search), and the rows below the cut are packed, sorted and
-    unpacked there while this thread does the rows above it, each half into its own slice of
-    the output. Every row below the cut precedes every row above it, so the result is the
-    same as one sort's.
+    :data:`SPLIT_ROWS` rows or more are cut into ranges of timestamps holding about as many
+    rows each (at sampled quantiles, each part at its own binary searches), and each range is
+    packed, sorted and unpacked into its own slice of the output, by this thread or the one
+    beside it (:func:`~bucketstore.format.shared_work.share`). Every row of a range precedes
+    every row of the next, so the result is one sort's.
     """
     cols = [tuple(np.asarray(c, dtype=_U64) for c in part) for part in parts if len(part[0])]
     n = sum(len(c[0]) for c in cols)
@@ -85,29 +88,31 @@ def sort_row_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *
         return ts[order], ledgers[order], entries[order]
     fields = _Fields(t0, l0, e0, tb, lb, eb)
     kind = "stable" if sorted_parts and _runs(cols) <= STABLE_RUNS else "quicksort"
-    cuts = _cuts(cols, n) if run_beside is not None and sorted_parts and n >= SPLIT_ROWS else None
-    if cuts is None:
+    bounds = _ranges(cols, n) if run_beside is not None and sorted_parts and n >= SPLIT_ROWS else None
+    if bounds is None:
         return _sort_keys(cols, n, fields, kind)
-    low = [(ts[:k], ledgers[:k], entries[:k]) for (ts, ledgers, entries), k in zip(cols, cuts)]
-    high = [(ts[k:], ledgers[k:], entries[k:]) for (ts, ledgers, entries), k in zip(cols, cuts)]
-    m = sum(cuts)
     out = tuple(np.empty(n, dtype=_U64) for _ in range(3))
-    # (Fresh pages: each half's are first written, and so faulted in, by the thread sorting it.)
-    first = run_beside(lambda: _sort_into(low, fields, kind, tuple(c[:m] for c in out)))
-    try:
-        _sort_into(high, fields, kind, tuple(c[m:] for c in out))
-    finally:
-        first()  # (waited for even when this side failed: nothing runs on after the call)
+    pieces, lo = [], 0
+    for a, b in zip(bounds, bounds[1:]):
+        piece = [(ts[i:j], ledgers[i:j], entries[i:j]) for (ts, ledgers, entries), i, j in zip(cols, a, b)]
+        hi = lo + sum(j - i for i, j in zip(a, b))
+        if hi > lo:
+            # (Fresh pages: each range's are first written, and so faulted in, by the thread sorting it.)
+            pieces.append(functools.partial(_sort_into, piece, fields, kind, tuple(c[lo:hi] for c in out)))
+        lo = hi
+    share(pieces, run_beside)
     return out
 
 
-RunBeside = Callable[[Callable[[], None]], Callable[[], None]]
-#: Rows from which :func:`sort_row_parts` given ``run_beside`` sorts half of them beside the
-#: other half (below it, starting a thread costs about what the second core saves).
+#: Rows from which :func:`sort_row_parts` given ``run_beside`` sorts ranges of them on two
+#: threads (below it, starting a thread costs about what the second core saves).
 SPLIT_ROWS = 200_000
+#: Rows of a range, about: enough ranges for the two threads to even out, few enough that each
+#: range's calls cost little beside its sort.
+RANGE_ROWS = 250_000
 #: Runs of sorted parts up to which the stable sort (a timsort merging them) is chosen.
 STABLE_RUNS = 8
-#: Timestamps sampled to place the cut near the median row.
+#: Timestamps sampled to place the cuts between ranges.
 _SAMPLE = 4096
 
 
@@ -132,15 +137,23 @@ def _runs(cols: list[tuple[np.ndarray, ...]]) -> int:
     return runs
 
 
-def _cuts(cols: list[tuple[np.ndarray, ...]], n: int) -> list[int] | None:
-    """Per sorted part, how many of its rows lie below a timestamp near the median of all rows
-    (None when no such cut leaves rows on both sides: every row has the smallest timestamp)."""
+def _ranges(cols: list[tuple[np.ndarray, ...]], n: int) -> list[list[int]] | None:
+    """Cuts of sorted parts into ranges of timestamps: per cut, the position in each part of
+    its first row at or above the cut's timestamp, from all zeros to the parts' lengths (None
+    when no cut leaves rows on both sides: every row has the smallest timestamp)."""
+    ranges = max(2, min(8, -(-n // RANGE_ROWS)))
     step = max(1, n // _SAMPLE)
-    sample = np.concatenate([ts[::step] for ts, _, _ in cols])  # (about as many from a part as it has rows)
-    middle = sample[np.argpartition(sample, len(sample) // 2)[len(sample) // 2]]
-    cuts = [int(np.searchsorted(ts, middle, side="left")) for ts, _, _ in cols]
-    below = sum(cuts)
-    return cuts if 0 < below < n else None
+    sample = np.sort(np.concatenate([ts[::step] for ts, _, _ in cols]))  # (as many from a part as it has rows)
+    cuts = np.unique(sample[[len(sample) * k // ranges for k in range(1, ranges)]])
+    bounds = [[0] * len(cols)]
+    for cut in cuts.tolist():
+        at = [int(np.searchsorted(ts, np.uint64(cut), side="left")) for ts, _, _ in cols]
+        if 0 < sum(at) < n:
+            bounds.append(at)
+    if len(bounds) == 1:
+        return None
+    bounds.append([len(ts) for ts, _, _ in cols])
+    return bounds
 
 
 def _sort_keys(cols: list[tuple[np.ndarray, ...]], n: int, f: _Fields, kind: str
@@ -173,15 +186,16 @@ def _sort_keys(cols: list[tuple[np.ndarray, ...]], n: int, f: _Fields, kind: str
 
 def _sort_into(cols: list[tuple[np.ndarray, ...]], f: _Fields, kind: str,
                out: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
-    """Sort the rows of ``cols`` into the given output slices (as many rows as the parts hold)."""
+    """Sort the rows of ``cols`` into the given output slices (as many rows as the parts hold),
+    with no other buffer: the keys are packed into the timestamp slice (the entry slice is the
+    packing's scratch) and unpacked from it, the timestamps last."""
     cols = [c for c in cols if len(c[0])]
     if not cols:
         return
-    n = len(out[0])
-    key = np.empty(n, dtype=_U64)
-    _pack(cols, key, np.empty(max(len(c[0]) for c in cols), dtype=_U64), f)
-    key.sort(kind=kind)
     out_t, out_l, out_e = out
+    key = out_t
+    _pack(cols, key, out_e, f)
+    key.sort(kind=kind)
     if f.eb:
         np.bitwise_and(key, np.uint64((1 << f.eb) - 1), out=out_e)
         out_e += np.uint64(f.e0)
@@ -191,8 +205,9 @@ def _sort_into(cols: list[tuple[np.ndarray, ...]], f: _Fields, kind: str,
     if not f.tb:
         out_t.fill(f.t0)
     else:
-        np.right_shift(key, np.uint64(f.lb + f.eb), out=out_t)
-        out_t += np.uint64(f.t0)
+        if f.lb + f.eb:
+            key >>= np.uint64(f.lb + f.eb)
+        key += np.uint64(f.t0)
 
 
 def _pack(cols: list[tuple[np.ndarray, ...]], key: np.ndarray, scratch: np.ndarray, f: _Fields) -> None:

@@ -47,6 +47,7 @@ from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _
 from .entry_lists import EntryLists, ListsError, decode_lists, encode_lists
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
+from .shared_work import share
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
                             encode_segments)
 
@@ -489,9 +490,20 @@ def union_bitmaps(parts: Iterable[Mapping[int, EntryBitmap]]) -> dict[int, Entry
     return union
 
 
-#: Rows from which :func:`build_bucket` given ``run_beside`` encodes its first half of segments
-#: beside the rest (below it, the second thread costs about what it saves).
+#: Rows from which :func:`build_bucket` given ``run_beside`` encodes its segments on two threads
+#: (below it, the second thread costs about what it saves).
 SPLIT_ROWS = 200_000
+#: Rows of a piece of segments encoded at once by either thread, about: enough pieces for the two
+#: threads to even out, few enough that each piece's calls cost little beside its encoding.
+PIECE_ROWS = 125_000
+
+
+def _encode_cuts(starts: np.ndarray, n: int) -> list[int]:
+    """Segment numbers (0-based, increasing, inside ``(0, len(starts))``) that cut ``n`` rows
+    into pieces of about :data:`PIECE_ROWS` rows of whole segments (at least two pieces)."""
+    pieces = max(2, min(16, -(-n // PIECE_ROWS)))
+    at = np.searchsorted(starts, [n * k // pieces for k in range(1, pieces)])
+    return sorted({int(a) for a in at.tolist() if 0 < a < len(starts)})
 
 
 def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *,
@@ -509,10 +521,11 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     (per-segment bitmaps, zlib), for tests and golden files.
 
     ``run_beside(fn)`` starts ``fn`` elsewhere and returns a callable that waits for its
-    result: given one, a bucket of :data:`SPLIT_ROWS` rows or more has its first half of
-    segments encoded there while this thread encodes the second half and the bitmaps. Each
-    segment's bytes depend on its rows alone, so the output is the same; numpy and zstd
-    release the GIL, so on two cores the halves overlap.
+    result: given one, a bucket of :data:`SPLIT_ROWS` rows or more has its segments cut into
+    pieces of whole segments, which the thread beside and this one (once it has made the
+    bitmaps) encode, each taking the next piece (:func:`~bucketstore.format.shared_work.share`).
+    Each segment's bytes depend on its rows alone, so the output is the same; numpy and zstd
+    release the GIL, so on two cores the pieces overlap.
     """
     ts = np.ascontiguousarray(ts, dtype=_U64)
     ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
@@ -534,18 +547,22 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     # All segments in one pass (the rows were checked above): a bucket's segments are often
     # small (a day of random delays cut every 5 minutes: ~170 rows), where per-segment calls
     # would cost more than the encoding itself.
-    half = int(np.searchsorted(starts, len(ts) // 2)) if run_beside is not None and len(ts) >= SPLIT_ROWS else 0
-    if 0 < half < len(starts):
-        mid = int(starts[half])
-        first = run_beside(lambda: encode_segments(ts[:mid], ledgers[:mid], entries[:mid], starts[:half],
-                                                   compress=compress, codec=codec, check=False))
-        try:
-            rest = encode_segments(ts[mid:], ledgers[mid:], entries[mid:], starts[half:] - mid, compress=compress,
-                                   codec=codec, check=False)
-            whole = serialized_bitmaps(ledgers, entries) if version != 1 else None
-        finally:
-            payloads = first()  # (waited for even when this side failed: nothing runs on after the call)
-        payloads += rest
+    cuts = _encode_cuts(starts, len(ts)) if run_beside is not None and len(ts) >= SPLIT_ROWS else []
+    if cuts:
+        firsts = [0, *cuts, len(starts)]  # each piece's first segment, then the end
+        rows = [*starts[firsts[:-1]].tolist(), len(ts)]
+
+        def piece(k: int) -> Callable[[], list[bytes]]:
+            lo, hi = rows[k], rows[k + 1]
+            return lambda: encode_segments(ts[lo:hi], ledgers[lo:hi], entries[lo:hi],
+                                           starts[firsts[k]:firsts[k + 1]] - lo, compress=compress, codec=codec,
+                                           check=False)
+
+        held: list[LedgerBitmaps] = []
+        pieces = share([piece(k) for k in range(len(firsts) - 1)], run_beside,  # type: ignore[arg-type]
+                       first=(lambda: held.append(serialized_bitmaps(ledgers, entries))) if version != 1 else None)
+        payloads = [p for chunk in pieces for p in chunk]
+        whole = held[0] if held else None
     else:
         payloads = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec, check=False)
         whole = None

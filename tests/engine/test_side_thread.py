@@ -24,6 +24,7 @@ def _rows(n: int, seed: int):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_split_encode_is_byte_identical(monkeypatch, seed) -> None:
     monkeypatch.setattr(snapshot, "SPLIT_ROWS", 1_000)
+    monkeypatch.setattr(snapshot, "PIECE_ROWS", 700)  # several pieces, taken by either thread
     rows = _rows(5_000, seed)
     threads: list[str] = []
 
@@ -68,12 +69,13 @@ def _sorted_parts(sizes: list[int], seed: int) -> list[tuple[np.ndarray, np.ndar
 
 @pytest.mark.parametrize("sizes", [[3_000, 2_500, 1_000, 4_000], [6_000], [2_000] * 12])
 def test_split_sort_is_the_whole_sort(monkeypatch, sizes) -> None:
-    """Sorted parts of SPLIT_ROWS rows or more are sorted in two halves, one beside the caller:
-    the same columns as one sort of their concatenation."""
+    """Sorted parts of SPLIT_ROWS rows or more are sorted as ranges of timestamps by the caller
+    and a thread beside it: the same columns as one sort of their concatenation."""
     from bucketstore.format import row_sort
     from bucketstore.format.row_sort import sort_row_parts
 
     monkeypatch.setattr(row_sort, "SPLIT_ROWS", 1_000)
+    monkeypatch.setattr(row_sort, "RANGE_ROWS", 1_500)  # several ranges, taken by either thread
     parts = _sorted_parts(sizes, len(sizes))
     threads: list[str] = []
 
@@ -116,6 +118,8 @@ def _merged_entries(path: str, split: bool, monkeypatch) -> tuple[list[bytes], l
     rows = 1_000 if split else 1 << 62
     for module in (merge_pipeline, row_sort, snapshot):
         monkeypatch.setattr(module, "SPLIT_ROWS", rows)
+    for module, piece in ((merge_pipeline, "PIECE_ROWS"), (row_sort, "RANGE_ROWS"), (snapshot, "PIECE_ROWS")):
+        monkeypatch.setattr(module, piece, 1_500)  # several pieces of each step
     threads: list[str] = []
 
     def beside(fn):
@@ -149,9 +153,46 @@ def _merged_entries(path: str, split: bool, monkeypatch) -> tuple[list[bytes], l
 
 
 def test_merge_read_in_halves_writes_the_same_bucket(tmp_path, monkeypatch) -> None:
-    """A merge of SPLIT_ROWS rows or more reads and filters half its sources' segments beside
-    its own thread: the merged file's entries are those of a merge on one thread."""
+    """A merge of SPLIT_ROWS rows or more reads and filters its sources' segments, sorts and
+    encodes in pieces on its own thread and one beside it: the merged file's entries are those
+    of a merge on one thread."""
     split, threads = _merged_entries(str(tmp_path / "split"), True, monkeypatch)
     one, none = _merged_entries(str(tmp_path / "one"), False, monkeypatch)
     assert threads == ["bucketstore-encode"] * 2 and none == []  # the reads', then the sort's
     assert len(split) > 3 and split == one
+
+
+def test_share_returns_the_pieces_results_in_order_and_raises_a_failure() -> None:
+    """Both threads take pieces as they come (here the thread beside is slowed at first), the
+    results come back in piece order, and a failing piece's error reaches the caller once every
+    other piece is done."""
+    import time
+
+    from bucketstore.format.shared_work import share
+
+    ran: list[tuple[int, str]] = []
+
+    def piece(k: int):
+        def run():
+            time.sleep(0.05 if k == 0 and threading.current_thread().name == "bucketstore-encode" else 0.002)
+            ran.append((k, threading.current_thread().name))
+            return k * k
+        return run
+
+    assert share([piece(k) for k in range(12)], run_beside, first=lambda: ran.append((-1, "first"))) == \
+        [k * k for k in range(12)]
+    assert sorted(k for k, _ in ran) == list(range(-1, 12))
+    assert {name for _, name in ran} == {"first", "MainThread", "bucketstore-encode"}
+
+    done: list[int] = []
+
+    def failing(k: int):
+        def run():
+            if k == 3:
+                raise OSError("piece 3 failed")
+            done.append(k)
+        return run
+
+    with pytest.raises(OSError, match="piece 3 failed"):
+        share([failing(k) for k in range(8)], run_beside)
+    assert sorted(done) == [0, 1, 2, 4, 5, 6, 7]

@@ -247,8 +247,8 @@ def test_sort_row_parts_matches_lexsort_of_the_concatenation(rows, cuts, runs, h
     """A seal's runs and a merge's segments are sorted as parts, never concatenated first:
     the result must be the concatenation's sort, whatever the parts' sizes (empty ones too);
     ``runs``: each part sorted first, as a seal's and a merge's are (then sorted by the stable
-    sort when they make few runs); ``halves``: sorted parts are cut at a median timestamp and
-    each half sorted into its slice of the output (here one after the other)."""
+    sort when they make few runs); ``halves``: sorted parts are cut into ranges of timestamps,
+    each sorted into its slice of the output (here one after the other)."""
     from unittest import mock
 
     from bucketstore.format import row_sort
@@ -262,7 +262,7 @@ def test_sort_row_parts_matches_lexsort_of_the_concatenation(rows, cuts, runs, h
                 c[lo:hi] = c[lo:hi][part_order]
     parts = [tuple(c[lo:hi] for c in cols) for lo, hi in zip(bounds, bounds[1:])]
     before = [c.copy() for c in cols]
-    with mock.patch.object(row_sort, "SPLIT_ROWS", 2):
+    with mock.patch.object(row_sort, "SPLIT_ROWS", 2), mock.patch.object(row_sort, "RANGE_ROWS", 8):
         got = sort_row_parts(parts, sorted_parts=runs, run_beside=(lambda fn: (fn(), lambda: None)[1]) if halves else None)
     order = np.lexsort((cols[2], cols[1], cols[0]))
     for g, c in zip(got, cols):

@@ -7,8 +7,8 @@
                       confirmation is not durable yet: they stay in the file)
     work (no lock)    read every segment of every source, keep the rows live in
                       the snapshot, sort, encode, write + fsync the merged ledger
-                      (a big merge reads, sorts and encodes half its rows on a
-                      second thread)
+                      (a big merge reads, sorts and encodes pieces of its rows
+                      on two threads)
     install (lock)    one catalog commit adds the merged key and removes the
                       sources' keys; the sources die (their runs and slots leave
                       the queue); then their files are unlinked
@@ -24,9 +24,12 @@ the queue directly, never into a bucket.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...format.row_sort import sort_row_parts
+from ...format.shared_work import share
 from ..buckets.sealed_bucket import SealedBucket
 from ..queue.liveness import index_snapshot
 from ..queue.shared_queue import Slot
@@ -37,8 +40,10 @@ from .bucket_job import BucketJob, JobHost
 __all__ = ["MergeJob"]
 
 _U64 = np.dtype("<u8")
-#: Rows from which a merge reads and filters half of its sources' segments on a second thread.
+#: Rows from which a merge reads and filters its sources' segments on two threads.
 SPLIT_ROWS = 200_000
+#: Rows of the segments read at once by either thread, about (whole segments).
+PIECE_ROWS = 250_000
 
 
 class MergeJob(BucketJob):
@@ -64,25 +69,26 @@ class MergeJob(BucketJob):
     # -- off the lock ---------------------------------------------------------------------------
     def _work(self) -> None:
         segments = [(bucket, number) for bucket in self.window for number in range(1, bucket.segment_count + 1)]
-        # A big merge reads, decodes and filters its first half of segments on a thread beside
-        # this one (the reads, zstd and most of numpy's work release the GIL); the parts keep
-        # their order either way.
+        # A big merge reads, decodes and filters its segments a piece at a time on this thread
+        # and one beside it (the reads, zstd and most of numpy's work release the GIL); the
+        # parts keep their order either way.
         rows = np.cumsum([int(bucket.counts[number - 1]) for bucket, number in segments])
-        half = int(np.searchsorted(rows, rows[-1] // 2)) if len(rows) and rows[-1] >= SPLIT_ROWS else 0
-        first = run_beside(lambda: self._live_parts(segments[:half])) if half else None
-        try:
-            rest = self._live_parts(segments[half:])
-        finally:
-            parts = first() if first is not None else []  # (waited for even when this side failed)
-        if parts is None or rest is None:
+        if len(rows) > 1 and rows[-1] >= SPLIT_ROWS:
+            cuts = np.searchsorted(rows, np.arange(PIECE_ROWS, int(rows[-1]), PIECE_ROWS), side="right").tolist()
+            firsts = sorted({0, *(c for c in cuts if 0 < c < len(segments)), len(segments)})
+            pieces = share([functools.partial(self._live_parts, segments[a:b]) for a, b in zip(firsts, firsts[1:])],
+                           run_beside)
+        else:
+            pieces = [self._live_parts(segments)]
+        if any(p is None for p in pieces):
             return  # cancelled, or a source deleted meanwhile: install abandons the merge
-        parts += rest
+        parts = [part for piece in pieces for part in piece]  # type: ignore[union-attr]
         self._live = self._held = None  # type: ignore[assignment]
         self.ledger_id = self.tracker.store_services.allocate_ledger_id()
         if not parts:
             return  # nothing live: install only removes the sources
         # (No concatenated copy of the parts; each is sorted, a bucket's segments one run. A big
-        # merge sorts the rows below a median timestamp on a second thread.) No row repeats:
+        # merge sorts ranges of timestamps on two threads.) No row repeats:
         # the sources cover disjoint ledgers and each holds a position once (build_bucket
         # refuses a repeat all the same).
         self._write(*sort_row_parts(parts, sorted_parts=True, run_beside=run_beside))

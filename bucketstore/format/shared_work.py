@@ -1,0 +1,49 @@
+"""Independent pieces of one job done by two threads, each taking the next piece not taken yet.
+
+A big seal or merge cuts its sort (by timestamp ranges), its segment encode (by runs of whole
+segments) and a merge its reads into pieces whose results do not depend on which thread made
+them. The caller's thread and one beside it (``run_beside``, from the engine) take pieces in
+order until none is left; the results come back in piece order, so the output is what one
+thread makes. Taking pieces as they come, not a half each, keeps both threads busy when one
+of them also has work of its own (the bitmaps of entry 0) or loses its core for a while to
+another process: the other one takes more pieces.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+__all__ = ["RunBeside", "share"]
+
+T = TypeVar("T")
+
+#: ``run_beside(fn)`` starts ``fn()`` on another thread and returns a callable that waits for it
+#: and returns its result, or raises what it raised (``engine.threads.side_thread.run_beside``).
+RunBeside = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+def share(pieces: Sequence[Callable[[], T]], run_beside: RunBeside, *,
+          first: Callable[[], object] | None = None) -> list[T]:
+    """Run ``pieces`` on this thread and one beside it; their results in piece order.
+
+    ``first`` runs on this thread before it takes pieces (the thread beside starts on them at
+    once). A piece that raises stops the thread it ran on; the other takes the pieces left, and
+    the first failure is raised once both are done (nothing runs on after the call).
+    """
+    results: list[T | None] = [None] * len(pieces)
+    taken = itertools.count()  # (its __next__ is one C call: no piece is taken twice)
+
+    def drain() -> None:
+        while (i := next(taken)) < len(pieces):
+            results[i] = pieces[i]()
+
+    beside = run_beside(drain)
+    try:
+        if first is not None:
+            first()
+        drain()
+    finally:
+        beside()  # (waited for even when this side failed)
+    return results  # type: ignore[return-value]
