@@ -25,6 +25,7 @@ the queue directly, never into a bucket.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 
@@ -96,18 +97,19 @@ class MergeJob(BucketJob):
     def _live_parts(self, segments: list[tuple[SealedBucket, int]]) -> list[tuple[np.ndarray, ...]] | None:
         """The live rows of these segments of the sources, as parts (None: cancelled meanwhile)."""
         parts = []
-        for bucket, number in segments:
+        for bucket, group in itertools.groupby(segments, key=lambda s: s[0]):
             if self.cancelled or bucket.dead:
                 return None
             # Every segment, loaded ones included: they may hold undelivered rows (Pulsar #26251).
-            run = bucket.read_segment(number)
-            keep = self._live.present_mask(run.ledgers, run.entries, run.ts)
-            if self._held:
-                keep |= self._held.mask(run.ts, run.ledgers, run.entries)
-            if keep.all():  # usually: no three gathers (a 4 M-row merge's would copy 96 MB)
-                parts.append((run.ts, run.ledgers, run.entries))
-            elif keep.any():
-                parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
+            # A bucket's segments of this piece are read with one open of its file.
+            for run in bucket.read_segments([number for _, number in group]):
+                keep = self._live.present_mask(run.ledgers, run.entries, run.ts)
+                if self._held:
+                    keep |= self._held.mask(run.ts, run.ledgers, run.entries)
+                if keep.all():  # usually: no three gathers (a 4 M-row merge's would copy 96 MB)
+                    parts.append((run.ts, run.ledgers, run.entries))
+                elif keep.any():
+                    parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
         return parts
 
     # -- under the lock -------------------------------------------------------------------------
