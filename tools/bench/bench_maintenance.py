@@ -161,7 +161,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
         thread = threading.Thread(target=other)
         thread.start()
         batch = 10_000
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         for lo in range(0, total, batch):
             seq = np.arange(lo, lo + batch, dtype=np.uint64)
             ledgers = 1 + seq // np.uint64(per_bucket)
@@ -173,6 +173,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
         while tracker.stats()["maintenance"]["queued"]:  # merges that the last seals started
             tracker.flush()
         sealed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
         stop.set()
         thread.join()
         stats = tracker.stats()
@@ -181,7 +182,10 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
     return {"background": background, "other_p50_ms": round(float(np.percentile(lat, 50)), 3),
             "other_p99_ms": round(float(np.percentile(lat, 99)), 3), "other_max_ms": round(float(lat.max()), 3),
             "other_calls": len(lat), "caller_M_per_s": round(total / caller / 1e6, 3),
-            "all_sealed_M_per_s": round(total / sealed / 1e6, 3), "seals": stats["create"]["succeeded"],
+            "all_sealed_M_per_s": round(total / sealed / 1e6, 3),
+            # The process's CPU until all is installed (every thread): on a loaded machine, what the
+            # run cost, where its wall time also holds the waits for a core.
+            "cpu_s": round(cpu, 3), "seals": stats["create"]["succeeded"],
             "merges": stats["merge"]["succeeded"], "rss_start_mb": round(rss_start / 2 ** 20, 1),
             "rss_peak_mb": round(rss_peak[0] / 2 ** 20, 1),
             # (absent before backpressure by memory: the script also runs against older trees)
