@@ -85,7 +85,7 @@ class SealJob(BucketJob):
             parts.append((ts, ledgers, entries) if keep.all() else (ts[keep], ledgers[keep], entries[keep]))
         self._views = []
         # The runs (each sorted) are sorted together without concatenating them first, a big
-        # seal's two halves of the rows on two threads. A position re-added with the time of one
+        # seal's ranges of timestamps on two threads. A position re-added with the time of one
         # of its stale rows leaves two equal rows.
         ts, ledgers, entries = drop_repeats(*sort_row_parts(parts, sorted_parts=True, run_beside=run_beside))
         # Rows already due at the freeze belong to no snapshot (as in Pulsar): they stay in the queue.
