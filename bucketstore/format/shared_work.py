@@ -15,7 +15,9 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["RunBeside", "share"]
+import numpy as np
+
+__all__ = ["RunBeside", "piece_bounds", "share"]
 
 T = TypeVar("T")
 
@@ -47,3 +49,13 @@ def share(pieces: Sequence[Callable[[], T]], run_beside: RunBeside, *,
     finally:
         beside()  # (waited for even when this side failed)
     return results  # type: ignore[return-value]
+
+
+def piece_bounds(starts: np.ndarray, n: int, rows: int, most: int = 16) -> list[int]:
+    """Cut ``n`` rows of consecutive items (item ``i`` begins at row ``starts[i]``, the first at
+    0: a bucket's segments) into pieces of whole items of about ``rows`` rows each, at least two
+    and at most ``most`` of them where the items allow: each piece's first item, then
+    ``len(starts)``."""
+    pieces = max(2, min(most, -(-n // rows)))
+    at = np.searchsorted(starts, [n * k // pieces for k in range(1, pieces)]).tolist()
+    return [0, *sorted({a for a in at if 0 < a < len(starts)}), len(starts)]

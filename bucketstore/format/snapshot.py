@@ -47,7 +47,7 @@ from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _
 from .entry_lists import EntryLists, ListsError, decode_lists, encode_lists
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
-from .shared_work import share
+from .shared_work import piece_bounds, share
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
                             encode_segments)
 
@@ -498,14 +498,6 @@ SPLIT_ROWS = 200_000
 PIECE_ROWS = 125_000
 
 
-def _encode_cuts(starts: np.ndarray, n: int) -> list[int]:
-    """Segment numbers (0-based, increasing, inside ``(0, len(starts))``) that cut ``n`` rows
-    into pieces of about :data:`PIECE_ROWS` rows of whole segments (at least two pieces)."""
-    pieces = max(2, min(16, -(-n // PIECE_ROWS)))
-    at = np.searchsorted(starts, [n * k // pieces for k in range(1, pieces)])
-    return sorted({int(a) for a in at.tolist() if 0 < a < len(starts)})
-
-
 def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *,
                  time_step_ms: int, max_indexes_per_segment: int, compress: bool = True,
                  version: int = SNAPSHOT_VERSION,
@@ -547,9 +539,8 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     # All segments in one pass (the rows were checked above): a bucket's segments are often
     # small (a day of random delays cut every 5 minutes: ~170 rows), where per-segment calls
     # would cost more than the encoding itself.
-    cuts = _encode_cuts(starts, len(ts)) if run_beside is not None and len(ts) >= SPLIT_ROWS else []
-    if cuts:
-        firsts = [0, *cuts, len(starts)]  # each piece's first segment, then the end
+    firsts = piece_bounds(starts, len(ts), PIECE_ROWS) if run_beside is not None and len(ts) >= SPLIT_ROWS else []
+    if len(firsts) > 2:
         rows = [*starts[firsts[:-1]].tolist(), len(ts)]
 
         def piece(k: int) -> Callable[[], list[bytes]]:

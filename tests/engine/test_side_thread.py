@@ -196,3 +196,13 @@ def test_share_returns_the_pieces_results_in_order_and_raises_a_failure() -> Non
     with pytest.raises(OSError, match="piece 3 failed"):
         share([failing(k) for k in range(8)], run_beside)
     assert sorted(done) == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_piece_bounds_cut_at_whole_items() -> None:
+    from bucketstore.format.shared_work import piece_bounds
+
+    starts = np.array([0, 10, 20, 30, 40], dtype=np.int64)
+    assert piece_bounds(starts, 50, 20) == [0, 2, 4, 5]  # three pieces of about 17 rows
+    assert piece_bounds(starts, 50, 1_000) == [0, 3, 5]  # at least two (the first item at or past row 25)
+    assert piece_bounds(starts, 50, 1, most=4) == [0, 2, 3, 4, 5]  # at most four
+    assert piece_bounds(np.array([0]), 50, 10) == [0, 1]  # one item: one piece

@@ -30,7 +30,7 @@ import itertools
 import numpy as np
 
 from ...format.row_sort import sort_row_parts
-from ...format.shared_work import share
+from ...format.shared_work import piece_bounds, share
 from ..buckets.sealed_bucket import SealedBucket
 from ..queue.liveness import index_snapshot
 from ..queue.shared_queue import Slot
@@ -43,7 +43,7 @@ __all__ = ["MergeJob"]
 _U64 = np.dtype("<u8")
 #: Rows from which a merge reads and filters its sources' segments on two threads.
 SPLIT_ROWS = 200_000
-#: Rows of the segments read at once by either thread, about (whole segments).
+#: Rows of the segments read at once by either thread, about (whole segments, at most 16 pieces).
 PIECE_ROWS = 250_000
 
 
@@ -73,10 +73,9 @@ class MergeJob(BucketJob):
         # A big merge reads, decodes and filters its segments a piece at a time on this thread
         # and one beside it (the reads, zstd and most of numpy's work release the GIL); the
         # parts keep their order either way.
-        rows = np.cumsum([int(bucket.counts[number - 1]) for bucket, number in segments])
-        if len(rows) > 1 and rows[-1] >= SPLIT_ROWS:
-            cuts = np.searchsorted(rows, np.arange(PIECE_ROWS, int(rows[-1]), PIECE_ROWS), side="right").tolist()
-            firsts = sorted({0, *(c for c in cuts if 0 < c < len(segments)), len(segments)})
+        rows = np.cumsum([0] + [int(bucket.counts[number - 1]) for bucket, number in segments])
+        if len(segments) > 1 and rows[-1] >= SPLIT_ROWS:
+            firsts = piece_bounds(rows[:-1], int(rows[-1]), PIECE_ROWS)
             pieces = share([functools.partial(self._live_parts, segments[a:b]) for a, b in zip(firsts, firsts[1:])],
                            run_beside)
         else:
