@@ -17,7 +17,9 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["RunBeside", "piece_bounds", "share"]
+from .segment_codec import encode_segments
+
+__all__ = ["ENCODE_PIECE_ROWS", "RunBeside", "encode_in_pieces", "piece_bounds", "share"]
 
 T = TypeVar("T")
 
@@ -59,3 +61,26 @@ def piece_bounds(starts: np.ndarray, n: int, rows: int, most: int = 16) -> list[
     pieces = max(2, min(most, -(-n // rows)))
     at = np.searchsorted(starts, [n * k // pieces for k in range(1, pieces)]).tolist()
     return [0, *sorted({a for a in at if 0 < a < len(starts)}), len(starts)]
+
+
+#: Rows of a piece of segments encoded at once by either thread, about: enough pieces for the two
+#: threads to even out, few enough that each piece's calls cost little beside its encoding.
+ENCODE_PIECE_ROWS = 125_000
+
+
+def encode_in_pieces(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, starts: np.ndarray,
+                     run_beside: RunBeside, *, first: Callable[[], object] | None = None,
+                     **options: object) -> list[bytes]:
+    """``encode_segments(ts, ledgers, entries, starts, check=False, **options)``, in pieces of
+    whole segments (:data:`ENCODE_PIECE_ROWS` rows, about) that this thread (once ``first`` has
+    run) and one beside it take as they come: the same payloads, since each segment's bytes
+    depend on its rows alone."""
+    firsts = piece_bounds(starts, len(ts), ENCODE_PIECE_ROWS)
+    rows = [*starts[firsts[:-1]].tolist(), len(ts)]
+
+    def piece(k: int) -> Callable[[], list[bytes]]:
+        lo, hi = rows[k], rows[k + 1]
+        return lambda: encode_segments(ts[lo:hi], ledgers[lo:hi], entries[lo:hi],
+                                       starts[firsts[k]:firsts[k + 1]] - lo, check=False, **options)  # type: ignore[arg-type]
+
+    return [p for chunk in share([piece(k) for k in range(len(firsts) - 1)], run_beside, first=first) for p in chunk]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -47,7 +47,7 @@ from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _
 from .entry_lists import EntryLists, ListsError, decode_lists, encode_lists
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
-from .shared_work import piece_bounds, share
+from .shared_work import RunBeside, encode_in_pieces
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
                             encode_segments)
 
@@ -493,15 +493,12 @@ def union_bitmaps(parts: Iterable[Mapping[int, EntryBitmap]]) -> dict[int, Entry
 #: Rows from which :func:`build_bucket` given ``run_beside`` encodes its segments on two threads
 #: (below it, the second thread costs about what it saves).
 SPLIT_ROWS = 200_000
-#: Rows of a piece of segments encoded at once by either thread, about: enough pieces for the two
-#: threads to even out, few enough that each piece's calls cost little beside its encoding.
-PIECE_ROWS = 125_000
 
 
 def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *,
                  time_step_ms: int, max_indexes_per_segment: int, compress: bool = True,
                  version: int = SNAPSHOT_VERSION,
-                 run_beside: Callable[[Callable[[], list[bytes]]], Callable[[], list[bytes]]] | None = None
+                 run_beside: RunBeside | None = None
                  ) -> tuple[BucketMetadata, list[bytes]]:
     """Cut sorted columns into segments and encode them.
 
@@ -513,11 +510,11 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     (per-segment bitmaps, zlib), for tests and golden files.
 
     ``run_beside(fn)`` starts ``fn`` elsewhere and returns a callable that waits for its
-    result: given one, a bucket of :data:`SPLIT_ROWS` rows or more has its segments cut into
-    pieces of whole segments, which the thread beside and this one (once it has made the
-    bitmaps) encode, each taking the next piece (:func:`~bucketstore.format.shared_work.share`).
-    Each segment's bytes depend on its rows alone, so the output is the same; numpy and zstd
-    release the GIL, so on two cores the pieces overlap.
+    result: given one, a bucket of :data:`SPLIT_ROWS` rows or more has its segments encoded in
+    pieces by the thread beside and this one, once it has made the bitmaps
+    (:func:`~bucketstore.format.shared_work.encode_in_pieces`). Each segment's bytes depend on
+    its rows alone, so the output is the same; numpy and zstd release the GIL, so on two cores
+    the pieces overlap.
     """
     ts = np.ascontiguousarray(ts, dtype=_U64)
     ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
@@ -539,20 +536,10 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     # All segments in one pass (the rows were checked above): a bucket's segments are often
     # small (a day of random delays cut every 5 minutes: ~170 rows), where per-segment calls
     # would cost more than the encoding itself.
-    firsts = piece_bounds(starts, len(ts), PIECE_ROWS) if run_beside is not None and len(ts) >= SPLIT_ROWS else []
-    if len(firsts) > 2:
-        rows = [*starts[firsts[:-1]].tolist(), len(ts)]
-
-        def piece(k: int) -> Callable[[], list[bytes]]:
-            lo, hi = rows[k], rows[k + 1]
-            return lambda: encode_segments(ts[lo:hi], ledgers[lo:hi], entries[lo:hi],
-                                           starts[firsts[k]:firsts[k + 1]] - lo, compress=compress, codec=codec,
-                                           check=False)
-
-        held: list[LedgerBitmaps] = []
-        pieces = share([piece(k) for k in range(len(firsts) - 1)], run_beside,  # type: ignore[arg-type]
-                       first=(lambda: held.append(serialized_bitmaps(ledgers, entries))) if version != 1 else None)
-        payloads = [p for chunk in pieces for p in chunk]
+    if run_beside is not None and len(ts) >= SPLIT_ROWS:
+        held: list[LedgerBitmaps] = []  # entry 0's bitmaps, made on this thread as the one beside encodes
+        payloads = encode_in_pieces(ts, ledgers, entries, starts, run_beside, compress=compress, codec=codec, first=(
+            lambda: held.append(serialized_bitmaps(ledgers, entries))) if version != 1 else None)
         whole = held[0] if held else None
     else:
         payloads = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec, check=False)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bucketstore.engine.threads.side_thread import run_beside
-from bucketstore.format import snapshot
+from bucketstore.format import shared_work, snapshot
 from bucketstore.format.row_sort import sort_rows
 from bucketstore.format.snapshot import build_bucket, encode_metadata
 
@@ -24,7 +24,7 @@ def _rows(n: int, seed: int):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_split_encode_is_byte_identical(monkeypatch, seed) -> None:
     monkeypatch.setattr(snapshot, "SPLIT_ROWS", 1_000)
-    monkeypatch.setattr(snapshot, "PIECE_ROWS", 700)  # several pieces, taken by either thread
+    monkeypatch.setattr(shared_work, "ENCODE_PIECE_ROWS", 700)  # several pieces, taken by either thread
     rows = _rows(5_000, seed)
     threads: list[str] = []
 
@@ -118,7 +118,7 @@ def _merged_entries(path: str, split: bool, monkeypatch) -> tuple[list[bytes], l
     rows = 1_000 if split else 1 << 62
     for module in (merge_pipeline, row_sort, snapshot):
         monkeypatch.setattr(module, "SPLIT_ROWS", rows)
-    for module, piece in ((merge_pipeline, "PIECE_ROWS"), (row_sort, "RANGE_ROWS"), (snapshot, "PIECE_ROWS")):
+    for module, piece in ((merge_pipeline, "PIECE_ROWS"), (row_sort, "RANGE_ROWS"), (shared_work, "ENCODE_PIECE_ROWS")):
         monkeypatch.setattr(module, piece, 1_500)  # several pieces of each step
     threads: list[str] = []
 
