@@ -30,9 +30,13 @@ within one run on a noisy machine.
   (reads, index lookups, sort, encode, write), wall and the process's CPU (the work done,
   which a loaded machine inflates less than the wall time), then each step alone on a thread beside a
   pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
-  ``--halves on,off`` runs each repeat with a big job's second thread (half the rows sorted
-  and encoded beside the job's own) and without it, interleaved, and prints both. (The two
-  halves' encode calls are each counted under *encode segments*: it may exceed *encode (all)*.)
+  ``--halves on,off`` runs each repeat with a big job's second thread (pieces of its reads, sort
+  and encode taken by it and the job's own) and without it, interleaved, and prints both. Steps done in
+  pieces on either thread (a merge's reads and liveness, the segment encode) add up both threads'
+  wall and CPU (each its own thread's), so they may exceed the step around them; the steps
+  around them count the process's CPU. *pieces: CPU two cores could overlap* is, summed over the
+  job's shared steps, the smaller of the two threads' CPU in each; the job's CPU less it
+  estimates its time on two free cores.
   ``stepgil`` prints that last table alone, with for each step the wall time of two calls at once
   on two threads over one call's (1.0: they overlap wholly; 2.0: the GIL runs them one by one).
 * ``gil``: is a seal's encode GIL-bound? A pure-Python counting thread runs
@@ -407,16 +411,20 @@ def trace_steps() -> None:
     from bucketstore.engine.buckets import sealed_bucket
     from bucketstore.format import fs as fs_module, snapshot
 
-    def timed(label: str, fn):
+    def timed(label: str, fn, piece: bool = False):
+        # A step done in pieces on either thread counts its own thread's CPU (the process's would
+        # count the other thread's pieces too); the others the process's, side thread included.
+        clock = time.thread_time if piece else time.process_time
+
         def run(*args, **kwargs):
-            started, cpu = time.perf_counter(), time.process_time()
+            started, cpu = time.perf_counter(), clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 if STEPS_ON.is_set():
                     kind = getattr(_STEP_KIND, "kind", "?")
                     STEPS.setdefault((kind, label), []).append(time.perf_counter() - started)
-                    STEPS_CPU.setdefault((kind, label), []).append(time.process_time() - cpu)
+                    STEPS_CPU.setdefault((kind, label), []).append(clock() - cpu)
         return run
 
     def job_kind(cls, kind: str) -> None:
@@ -441,13 +449,16 @@ def trace_steps() -> None:
         if hasattr(module, "drop_repeats"):  # (a merge drops none: its sources hold each position once)
             module.drop_repeats = timed("drop repeats", module.drop_repeats)
     snapshot.encode_segments = timed("encode segments", snapshot.encode_segments)
+    from bucketstore.format import shared_work
+    if hasattr(shared_work, "encode_segments"):  # (the pieces of a big bucket, on either thread)
+        shared_work.encode_segments = timed("encode segments", shared_work.encode_segments, piece=True)
     snapshot.serialized_bitmaps = timed("encode bitmaps", snapshot.serialized_bitmaps)
     bucket_job.build_bucket = timed("encode (all)", bucket_job.build_bucket)
     bucket_job.write_bucket = timed("write (all, fsyncs included)", bucket_job.write_bucket)
     fs_module.FileSystem.fsync = timed("fsync", fs_module.FileSystem.fsync)
     fs_module.FileSystem.fsync_dir = timed("fsync dir", fs_module.FileSystem.fsync_dir)
     liveness.FrozenMutableLiveness.mask = timed("liveness", liveness.FrozenMutableLiveness.mask)
-    index_set.DelayedIndexSet.present_mask = timed("liveness", index_set.DelayedIndexSet.present_mask)
+    index_set.DelayedIndexSet.present_mask = timed("liveness", index_set.DelayedIndexSet.present_mask, piece=True)
     # Pieces on two threads: each thread's CPU in each share() call, for the two-core estimate.
     from bucketstore.format import row_sort, shared_work
     for module in (row_sort, snapshot, merge_pipeline):
@@ -455,7 +466,8 @@ def trace_steps() -> None:
             module.share = _accounted(shared_work.share)
     # (read_segment calls read_segments, which a merge calls: timed once.)
     reads = "read_segments" if hasattr(sealed_bucket.SealedBucket, "read_segments") else "read_segment"
-    setattr(sealed_bucket.SealedBucket, reads, timed("read + decode segments", getattr(sealed_bucket.SealedBucket, reads)))
+    setattr(sealed_bucket.SealedBucket, reads, timed("read + decode segments", getattr(sealed_bucket.SealedBucket, reads),
+                                                   piece=True))
 
 
 def _accounted(share):
@@ -466,13 +478,16 @@ def _accounted(share):
     def accounted(pieces, run_beside, *, first=None):
         spent: dict[str, float] = {}
         lock = threading.Lock()
+        kind = getattr(_STEP_KIND, "kind", "?")
 
         def timed(fn):
             def run():
                 started = time.thread_time()
+                before, _STEP_KIND.kind = getattr(_STEP_KIND, "kind", "?"), kind  # (the steps of the job's pieces)
                 try:
                     return fn()
                 finally:
+                    _STEP_KIND.kind = before
                     with lock:
                         name = threading.current_thread().name
                         spent[name] = spent.get(name, 0.0) + time.thread_time() - started
@@ -482,7 +497,6 @@ def _accounted(share):
             return share([timed(p) for p in pieces], run_beside, first=timed(first) if first is not None else None)
         finally:
             if STEPS_ON.is_set():
-                kind = getattr(_STEP_KIND, "kind", "?")
                 values = list(spent.values()) + [0.0, 0.0]
                 STEPS_CPU.setdefault((kind, OVERLAP), []).append(min(values[:2]) if len(spent) > 1 else 0.0)
                 STEPS.setdefault((kind, OVERLAP), []).append(0.0)
