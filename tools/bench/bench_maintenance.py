@@ -461,9 +461,10 @@ def trace_steps() -> None:
     index_set.DelayedIndexSet.present_mask = timed("liveness", index_set.DelayedIndexSet.present_mask, piece=True)
     # Pieces on two threads: each thread's CPU in each share() call, for the two-core estimate.
     from bucketstore.format import row_sort, shared_work
-    for module in (row_sort, snapshot, merge_pipeline):
+    original = shared_work.share
+    for module in (row_sort, snapshot, merge_pipeline, shared_work):  # (shared_work: its encode_in_pieces)
         if hasattr(module, "share"):
-            module.share = _accounted(shared_work.share)
+            module.share = _accounted(original)
     # (read_segment calls read_segments, which a merge calls: timed once.)
     reads = "read_segments" if hasattr(sealed_bucket.SealedBucket, "read_segments") else "read_segment"
     setattr(sealed_bucket.SealedBucket, reads, timed("read + decode segments", getattr(sealed_bucket.SealedBucket, reads),
