@@ -145,11 +145,9 @@ def _ranges(cols: list[tuple[np.ndarray, ...]], n: int) -> list[list[int]] | Non
     step = max(1, n // _SAMPLE)
     sample = np.sort(np.concatenate([ts[::step] for ts, _, _ in cols]))  # (as many from a part as it has rows)
     cuts = np.unique(sample[[len(sample) * k // ranges for k in range(1, ranges)]])
-    bounds = [[0] * len(cols)]
-    for cut in cuts.tolist():
-        at = [int(np.searchsorted(ts, np.uint64(cut), side="left")) for ts, _, _ in cols]
-        if 0 < sum(at) < n:
-            bounds.append(at)
+    # (One search of all the cuts a part: a merge of small segments has hundreds of parts.)
+    at = np.array([np.searchsorted(ts, cuts, side="left") for ts, _, _ in cols]).T.tolist()
+    bounds = [[0] * len(cols)] + [a for a in at if 0 < sum(a) < n]
     if len(bounds) == 1:
         return None
     bounds.append([len(ts) for ts, _, _ in cols])
