@@ -30,7 +30,7 @@ within one run on a noisy machine.
   (reads, index lookups, sort, encode, write), wall and the process's CPU (the work done,
   which a loaded machine inflates less than the wall time), then each step alone on a thread beside a
   pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
-  ``--halves on,off`` runs each repeat with a big job's second thread (pieces of its reads, sort
+  ``--pieces on,off`` runs each repeat with a big job's second thread (pieces of its reads, sort
   and encode taken by it and the job's own) and without it, interleaved, and prints both. Steps done in
   pieces on either thread (a merge's reads and liveness, the segment encode) add up both threads'
   wall and CPU (each its own thread's), so they may exceed the step around them; the steps
@@ -46,7 +46,7 @@ within one run on a noisy machine.
 
 Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,steps,stepgil,gil] [--repeats R]
       [--ledgers N] [--per-bucket N] [--total N] [--messages N] [--gap-ms MS] [--seal-at N] [--backlog-mb MB]
-      [--halves on|off|on,off]
+      [--pieces on|off|on,off]
 The issue-26 workload: --cases stalls --per-bucket 1e6 --seal-at 5e5 --total 7e6
 """
 
@@ -543,7 +543,7 @@ def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
     return out
 
 
-def halves(on: bool) -> None:
+def pieces(on: bool) -> None:
     """Whether a big seal or merge puts its second core to work: sorting (``row_sort``), encoding
     (``snapshot``) and a merge's reading (``merge_pipeline``) half of its rows on a thread beside
     its own (on: the defaults)."""
@@ -689,7 +689,7 @@ def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
     live.add_many(rows[1], rows[2], rows[0])
     steps.update({
         "merge sort, 4 x 4 sorted segments, one thread": lambda: sort_row_parts(merge_parts, sorted_parts=True),
-        "merge sort, 4 x 4 sorted segments, halves": lambda: sort_row_parts(merge_parts, sorted_parts=True,
+        "merge sort, 4 x 4 sorted segments, pieces on two threads": lambda: sort_row_parts(merge_parts, sorted_parts=True,
                                                                              run_beside=run_beside),
         "liveness lookups (present_mask, 4 segments)": lambda: [
             live.present_mask(rows[1][k:k + per_bucket // 4], rows[2][k:k + per_bucket // 4])
@@ -810,9 +810,10 @@ def main() -> None:
     p.add_argument("--backlog-mb", type=float, default=None, help="stalls: max_backlog_bytes in MiB (default 256)")
     p.add_argument("--trace-holds", action="store_true",
                    help="stalls: time the steps the background design runs under the tracker's lock")
-    p.add_argument("--halves", default="on",
-                   help="stalls, steps: 'on', 'off' or 'on,off': whether a big seal or merge sorts and encodes half "
-                        "its rows on a second thread (row_sort / snapshot SPLIT_ROWS); both: interleaved, with ratios")
+    p.add_argument("--pieces", default="on",
+                   help="stalls, steps: 'on', 'off' or 'on,off': whether a big seal or merge reads, sorts and "
+                        "encodes in pieces on two threads (the SPLIT_ROWS of row_sort, snapshot, merge_pipeline); "
+                        "both: interleaved, with ratios")
     p.add_argument("--switch-interval-ms", type=float, default=None,
                    help="sys.setswitchinterval for the run (default: Python's 5 ms)")
     args = p.parse_args()
@@ -832,25 +833,25 @@ def main() -> None:
         if "stalls" in cases:
             if args.trace_holds:
                 trace_holds()
-            runs = {(m, h): [] for h in args.halves.split(",") for m in modes}
+            runs = {(m, h): [] for h in args.pieces.split(",") for m in modes}
             for _ in range(args.repeats):
                 for m, h in runs:
                     if m and args.trace_holds:
                         TRACING.set()
-                    halves(h == "on")
+                    pieces(h == "on")
                     runs[(m, h)].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending,
                                                      int(args.seal_at) if args.seal_at else None, args.backlog_mb))
                     TRACING.clear()
-            halves(True)
+            pieces(True)
             for m, h in runs:
                 print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges; "
-                      f"halves {h}):", _median_of(runs[(m, h)]))
-            for h in args.halves.split(","):
-                print(f"stalls, halves {h}, background / synchronous (median of paired ratios):",
+                      f"pieces {h}):", _median_of(runs[(m, h)]))
+            for h in args.pieces.split(","):
+                print(f"stalls, pieces {h}, background / synchronous (median of paired ratios):",
                       _paired_ratios(runs[(False, h)], runs[(True, h)]))
-            if "on" in args.halves and "off" in args.halves:
+            if "on" in args.pieces and "off" in args.pieces:
                 for m in modes:
-                    print(f"stalls, {'background' if m else 'synchronous'}, halves on / off (median of paired "
+                    print(f"stalls, {'background' if m else 'synchronous'}, pieces on / off (median of paired "
                           "ratios):", _paired_ratios(runs[(m, "off")], runs[(m, "on")]))
             if HOLDS:
                 print("stalls, background: lock-holding steps (ms, all repeats): ",
@@ -881,13 +882,13 @@ def main() -> None:
         if "steps" in cases:
             trace_steps()
             n = int(args.per_bucket)
-            variants = {"halves " + v: v == "on" for v in args.halves.split(",")}
+            variants = {"pieces " + v: v == "on" for v in args.pieces.split(",")}
             steps = {v: [] for v in variants}
             for _ in range(args.repeats):
                 for v, on in variants.items():  # interleaved: a load change hits every variant alike
-                    halves(on)
+                    pieces(on)
                     steps[v].append(bench_steps(tmp, n))
-            halves(True)
+            pieces(True)
             print_steps(n, steps)
         if "steps" in cases or "stepgil" in cases:
             n = int(args.per_bucket)
