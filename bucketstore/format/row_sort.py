@@ -105,8 +105,10 @@ def sort_row_parts(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *
 
 
 #: Rows from which :func:`sort_row_parts` given ``run_beside`` sorts ranges of them on two
-#: threads (below it, starting a thread costs about what the second core saves).
-SPLIT_ROWS = 200_000
+#: threads: a merge of big buckets, not a seal (docs/maintenance.md, "Both cores for one job":
+#: a 1 M seal would save about a tenth of its CPU time on two free cores, and lose half its wall
+#: time to a second thread on a busy machine).
+SPLIT_ROWS = 2_000_000
 #: Rows of a range, about: enough ranges for the two threads to even out, few enough that each
 #: range's calls cost little beside its sort.
 RANGE_ROWS = 250_000

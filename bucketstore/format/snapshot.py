@@ -491,8 +491,8 @@ def union_bitmaps(parts: Iterable[Mapping[int, EntryBitmap]]) -> dict[int, Entry
 
 
 #: Rows from which :func:`build_bucket` given ``run_beside`` encodes its segments on two threads
-#: (below it, the second thread costs about what it saves).
-SPLIT_ROWS = 200_000
+#: (a merge of big buckets, not a seal: as ``row_sort.SPLIT_ROWS``).
+SPLIT_ROWS = 2_000_000
 
 
 def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *,

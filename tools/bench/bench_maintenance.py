@@ -30,8 +30,9 @@ within one run on a noisy machine.
   (reads, index lookups, sort, encode, write), wall and the process's CPU (the work done,
   which a loaded machine inflates less than the wall time), then each step alone on a thread beside a
   pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
-  ``--pieces on,off`` runs each repeat with a big job's second thread (pieces of its reads, sort
-  and encode taken by it and the job's own) and without it, interleaved, and prints both. Steps done in
+  ``--pieces on,off,all`` runs each repeat with the defaults' second thread for big jobs (pieces of
+  their reads, sort and encode taken by it and the job's own thread: merges of big buckets),
+  without it, and with it for every job of 200,000 rows or more, interleaved, and prints each. Steps done in
   pieces on either thread (a merge's reads and liveness, the segment encode) add up both threads'
   wall and CPU (each its own thread's), so they may exceed the step around them; the steps
   around them count the process's CPU. *pieces: CPU two cores could overlap* is, summed over the
@@ -46,7 +47,7 @@ within one run on a noisy machine.
 
 Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,steps,stepgil,gil] [--repeats R]
       [--ledgers N] [--per-bucket N] [--total N] [--messages N] [--gap-ms MS] [--seal-at N] [--backlog-mb MB]
-      [--pieces on|off|on,off]
+      [--pieces on,off,all]
 The issue-26 workload: --cases stalls --per-bucket 1e6 --seal-at 5e5 --total 7e6
 """
 
@@ -543,15 +544,15 @@ def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
     return out
 
 
-def pieces(on: bool) -> None:
-    """Whether a big seal or merge puts its second core to work: sorting (``row_sort``), encoding
-    (``snapshot``) and a merge's reading (``merge_pipeline``) half of its rows on a thread beside
-    its own (on: the defaults)."""
+def pieces(mode: str) -> None:
+    """Which seals and merges work in pieces on two threads (their reads, sort and encode):
+    ``on`` those the defaults choose (``SPLIT_ROWS`` of row_sort, snapshot and merge_pipeline:
+    merges of big buckets), ``off`` none, ``all`` every job of 200,000 rows or more."""
     from bucketstore.format import row_sort, snapshot
     for module in (row_sort, snapshot, merge_pipeline):
         default = getattr(module, "_BENCH_SPLIT_ROWS", module.SPLIT_ROWS)
         module._BENCH_SPLIT_ROWS = default
-        module.SPLIT_ROWS = default if on else 1 << 62
+        module.SPLIT_ROWS = {"on": default, "off": 1 << 62, "all": 200_000}[mode]
 
 
 def print_steps(per_bucket: int, runs: dict[str, list[dict[str, object]]]) -> None:
@@ -811,9 +812,9 @@ def main() -> None:
     p.add_argument("--trace-holds", action="store_true",
                    help="stalls: time the steps the background design runs under the tracker's lock")
     p.add_argument("--pieces", default="on",
-                   help="stalls, steps: 'on', 'off' or 'on,off': whether a big seal or merge reads, sorts and "
-                        "encodes in pieces on two threads (the SPLIT_ROWS of row_sort, snapshot, merge_pipeline); "
-                        "both: interleaved, with ratios")
+                   help="stalls, steps: variants among on (the defaults: big merges read, sort and encode in "
+                        "pieces on two threads), off (no job does), all (every job of 200,000 rows or more does), "
+                        "comma-separated: interleaved, with ratios")
     p.add_argument("--switch-interval-ms", type=float, default=None,
                    help="sys.setswitchinterval for the run (default: Python's 5 ms)")
     args = p.parse_args()
@@ -834,25 +835,27 @@ def main() -> None:
             if args.trace_holds:
                 trace_holds()
             runs = {(m, h): [] for h in args.pieces.split(",") for m in modes}
-            for _ in range(args.repeats):
-                for m, h in runs:
+            for i in range(args.repeats):
+                for m, h in (list(runs) if i % 2 == 0 else list(runs)[::-1]):  # (the order turned, as for steps)
                     if m and args.trace_holds:
                         TRACING.set()
-                    pieces(h == "on")
+                    pieces(h)
                     runs[(m, h)].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending,
                                                      int(args.seal_at) if args.seal_at else None, args.backlog_mb))
                     TRACING.clear()
-            pieces(True)
+            pieces("on")
             for m, h in runs:
                 print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges; "
                       f"pieces {h}):", _median_of(runs[(m, h)]))
             for h in args.pieces.split(","):
                 print(f"stalls, pieces {h}, background / synchronous (median of paired ratios):",
                       _paired_ratios(runs[(False, h)], runs[(True, h)]))
-            if "on" in args.pieces and "off" in args.pieces:
-                for m in modes:
-                    print(f"stalls, {'background' if m else 'synchronous'}, pieces on / off (median of paired "
-                          "ratios):", _paired_ratios(runs[(m, "off")], runs[(m, "on")]))
+            chosen = args.pieces.split(",")
+            for other in (v for v in chosen if v != "off"):
+                if "off" in chosen:
+                    for m in modes:
+                        print(f"stalls, {'background' if m else 'synchronous'}, pieces {other} / off (median of "
+                              "paired ratios):", _paired_ratios(runs[(m, "off")], runs[(m, other)]))
             if HOLDS:
                 print("stalls, background: lock-holding steps (ms, all repeats): ",
                       {k: {"n": len(v), "median": round(float(np.median(v)), 1), "max": round(max(v), 1)}
@@ -882,13 +885,15 @@ def main() -> None:
         if "steps" in cases:
             trace_steps()
             n = int(args.per_bucket)
-            variants = {"pieces " + v: v == "on" for v in args.pieces.split(",")}
+            variants = {"pieces " + v: v for v in args.pieces.split(",")}
             steps = {v: [] for v in variants}
-            for _ in range(args.repeats):
-                for v, on in variants.items():  # interleaved: a load change hits every variant alike
-                    pieces(on)
+            for i in range(args.repeats):
+                # Interleaved, the order turned every other repeat: a load change, or the process's
+                # first (cold) run, hits every variant alike.
+                for v, mode in (list(variants.items()) if i % 2 == 0 else list(variants.items())[::-1]):
+                    pieces(mode)
                     steps[v].append(bench_steps(tmp, n))
-            pieces(True)
+            pieces("on")
             print_steps(n, steps)
         if "steps" in cases or "stepgil" in cases:
             n = int(args.per_bucket)

@@ -41,8 +41,9 @@ from .bucket_job import BucketJob, JobHost
 __all__ = ["MergeJob"]
 
 _U64 = np.dtype("<u8")
-#: Rows from which a merge reads and filters its sources' segments on two threads.
-SPLIT_ROWS = 200_000
+#: Rows from which a merge reads and filters its sources' segments on two threads (as
+#: ``format.row_sort.SPLIT_ROWS``).
+SPLIT_ROWS = 2_000_000
 #: Rows of the segments read at once by either thread, about (whole segments, at most 16 pieces).
 PIECE_ROWS = 250_000
 
