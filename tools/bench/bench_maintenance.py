@@ -30,12 +30,12 @@ within one run on a noisy machine.
   (reads, index lookups, sort, encode, write), wall and the process's CPU (the work done,
   which a loaded machine inflates less than the wall time), then each step alone on a thread beside a
   pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
-  ``--pieces on,off,all`` runs each repeat with the defaults' second thread for big jobs (pieces of
-  their reads, sort and encode taken by it and the job's own thread: merges of big buckets),
-  without it, and with it for every job of 200,000 rows or more, interleaved, and prints each. Steps done in
-  pieces on either thread (a merge's reads and liveness, the segment encode) add up both threads'
-  wall and CPU (each its own thread's), so they may exceed the step around them; the steps
-  around them count the process's CPU. *pieces: CPU two cores could overlap* is, summed over the
+  ``--pieces on,off,all`` runs each repeat with the defaults' second thread for big jobs (pieces
+  of their reads, sort and encode taken by it and the job's own thread: merges of big buckets),
+  without it, and with it for every job of 200,000 rows or more, interleaved, and prints each.
+  Steps done in pieces on either thread (a merge's reads and liveness, the segment encode) add
+  up both threads' wall and CPU (each its own thread's), so they may exceed the step around
+  them; the steps around them count the process's CPU. *pieces: CPU two cores could overlap* is, summed over the
   job's shared steps, the smaller of the two threads' CPU in each; the job's CPU less it
   estimates its time on two free cores.
   ``stepgil`` prints that last table alone, with for each step the wall time of two calls at once
