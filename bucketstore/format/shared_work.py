@@ -80,7 +80,8 @@ def encode_in_pieces(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, s
 
     def piece(k: int) -> Callable[[], list[bytes]]:
         lo, hi = rows[k], rows[k + 1]
-        return lambda: encode_segments(ts[lo:hi], ledgers[lo:hi], entries[lo:hi],
-                                       starts[firsts[k]:firsts[k + 1]] - lo, check=False, **options)  # type: ignore[arg-type]
+        segments = starts[firsts[k]:firsts[k + 1]] - lo
+        return lambda: encode_segments(ts[lo:hi], ledgers[lo:hi], entries[lo:hi], segments, check=False,
+                                       **options)  # type: ignore[arg-type]
 
     return [p for chunk in share([piece(k) for k in range(len(firsts) - 1)], run_beside, first=first) for p in chunk]
