@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate
@@ -50,6 +50,7 @@ from .entry_lists import (COUNTS_ONLY_VERSION, EntryLists, ListedRows, ListsErro
                           encode_lists, lists_from_rows)
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
+from .shared_work import RunBeside, encode_in_pieces
 from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
                             encode_segments)
 
@@ -479,15 +480,15 @@ def _sorted_flat(flat: list[object]) -> list[object]:
     return [v for t in triples for v in t]
 
 
-#: Rows from which :func:`build_bucket` given ``run_beside`` encodes its first half of segments
-#: beside the rest (below it, the second thread costs about what it saves).
-SPLIT_ROWS = 200_000
+#: Rows from which :func:`build_bucket` given ``run_beside`` encodes its segments on two threads
+#: (a merge of big buckets, not a seal: as ``row_sort.SPLIT_ROWS``).
+SPLIT_ROWS = 2_000_000
 
 
 def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *,
                  time_step_ms: int, max_indexes_per_segment: int, compress: bool = True,
                  version: int = SNAPSHOT_VERSION,
-                 run_beside: Callable[[Callable[[], list[bytes]]], Callable[[], list[bytes]]] | None = None
+                 run_beside: RunBeside | None = None
                  ) -> tuple[BucketMetadata, list[bytes]]:
     """Cut sorted columns into segments and encode them.
 
@@ -499,10 +500,11 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     (per-segment bitmaps, zlib), for tests and golden files.
 
     ``run_beside(fn)`` starts ``fn`` elsewhere and returns a callable that waits for its
-    result: given one, a bucket of :data:`SPLIT_ROWS` rows or more has its first half of
-    segments encoded there while this thread encodes the second half and the bitmaps. Each
-    segment's bytes depend on its rows alone, so the output is the same; numpy and zstd
-    release the GIL, so on two cores the halves overlap.
+    result: given one, a bucket of :data:`SPLIT_ROWS` rows or more has its segments encoded in
+    pieces by the thread beside and this one, once it has made the bitmaps
+    (:func:`~bucketstore.format.shared_work.encode_in_pieces`). Each segment's bytes depend on
+    its rows alone, so the output is the same; numpy and zstd release the GIL, so on two cores
+    the pieces overlap.
     """
     ts = np.ascontiguousarray(ts, dtype=_U64)
     ledgers = np.ascontiguousarray(ledgers, dtype=_U64)
@@ -524,18 +526,11 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     # All segments in one pass (the rows were checked above): a bucket's segments are often
     # small (a day of random delays cut every 5 minutes: ~170 rows), where per-segment calls
     # would cost more than the encoding itself.
-    half = int(np.searchsorted(starts, len(ts) // 2)) if run_beside is not None and len(ts) >= SPLIT_ROWS else 0
-    if 0 < half < len(starts):
-        mid = int(starts[half])
-        first = run_beside(lambda: encode_segments(ts[:mid], ledgers[:mid], entries[:mid], starts[:half],
-                                                   compress=compress, codec=codec, check=False))
-        try:
-            rest = encode_segments(ts[mid:], ledgers[mid:], entries[mid:], starts[half:] - mid, compress=compress,
-                                   codec=codec, check=False)
-            whole = serialized_bitmaps(ledgers, entries) if version != 1 else None
-        finally:
-            payloads = first()  # (waited for even when this side failed: nothing runs on after the call)
-        payloads += rest
+    if run_beside is not None and len(ts) >= SPLIT_ROWS:
+        held: list[LedgerBitmaps] = []  # entry 0's bitmaps, made on this thread as the one beside encodes
+        payloads = encode_in_pieces(ts, ledgers, entries, starts, run_beside, compress=compress, codec=codec, first=(
+            lambda: held.append(serialized_bitmaps(ledgers, entries))) if version != 1 else None)
+        whole = held[0] if held else None
     else:
         payloads = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec, check=False)
         whole = None

@@ -103,3 +103,35 @@ def test_delivery_stays_exact_when_more_ledgers_change_than_are_named(tmp_path, 
         rest = t.get_scheduled_messages(1_000)
         assert not set(rest) & set(expired) and not set(rest) & set(first)
         assert len(first) + len(rest) == 32 - len(expired) and t.number_of_delayed_messages == 0
+
+
+def test_present_mask_of_a_fully_tracked_span_builds_no_bitmap(monkeypatch) -> None:
+    """A ledger that tracks every id of the rows' span (a merge's source nothing was taken from)
+    answers without a bitmap of the rows' entries; a hole in the span, a retimed position, a
+    64-bit ledger and ids at the top of the 32-bit range still answer as contains does."""
+    rng = np.random.default_rng(4)
+    index = DelayedIndexSet()
+    index.add_many(np.full(1_000, 3, np.uint64), np.arange(1_000, dtype=np.uint64), np.arange(1_000, dtype=np.uint64))
+    entries = rng.permutation(1_000).astype(np.uint64)[:600]
+
+    def no_bitmap(*args, **kwargs):
+        raise AssertionError("a bitmap of the rows was built")
+
+    with monkeypatch.context() as m:
+        m.setattr(index_set, "bitmap_of", no_bitmap)
+        assert index.present_mask(np.full(600, 3, np.uint64), entries).all()
+    index.discard(3, int(entries[5]))  # a hole in the span: the rows' bitmap decides
+    assert index.present_mask(np.full(600, 3, np.uint64), entries).tolist() == [i != 5 for i in range(600)]
+    index.expire(3, int(entries[7]))
+    index.add(3, int(entries[7]), 5_000)  # retimed: only its row at 5,000 is live
+    ts = np.arange(600, dtype=np.uint64)
+    got = index.present_mask(np.full(600, 3, np.uint64), entries, ts).tolist()
+    assert got == [i not in (5, 7) for i in range(600)]
+    top = (1 << 32) - 3
+    wide = [top, top + 1, top + 2, top + 3, top + 4]  # across 2**32: a 64-bit ledger
+    for e in wide:
+        index.add(9, e)
+    assert index.present_mask(np.full(5, 9, np.uint64), np.array(wide, dtype=np.uint64)).all()
+    for e in (top, top + 1, top + 2):
+        index.add(10, e)
+    assert index.present_mask(np.full(3, 10, np.uint64), np.array([top, top + 2, top + 1], np.uint64)).all()

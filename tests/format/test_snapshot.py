@@ -243,11 +243,16 @@ def test_sort_rows_matches_lexsort(rows) -> None:
                                st.integers(0, 5) | st.integers(0, (1 << 64) - 1),
                                st.integers(0, 9) | st.integers((1 << 32) - 3, (1 << 32) + 3)),
                      max_size=60),
-       cuts=st.lists(st.integers(0, 60), max_size=5), runs=st.booleans())
-def test_sort_row_parts_matches_lexsort_of_the_concatenation(rows, cuts, runs) -> None:
+       cuts=st.lists(st.integers(0, 60), max_size=5), runs=st.booleans(), ranges=st.booleans())
+def test_sort_row_parts_matches_lexsort_of_the_concatenation(rows, cuts, runs, ranges) -> None:
     """A seal's runs and a merge's segments are sorted as parts, never concatenated first:
     the result must be the concatenation's sort, whatever the parts' sizes (empty ones too);
-    ``runs``: each part sorted first, as a merge's are (then sorted by the stable sort)."""
+    ``runs``: each part sorted first, as a seal's and a merge's are (then sorted by the stable
+    sort when they make few runs); ``ranges``: sorted parts are cut into ranges of timestamps,
+    each sorted into its slice of the output (here one after the other)."""
+    from unittest import mock
+
+    from bucketstore.format import row_sort
     from bucketstore.format.row_sort import sort_row_parts
     cols = [np.array(c, dtype=np.uint64) for c in zip(*rows)] if rows else [np.zeros(0, np.uint64)] * 3
     bounds = [0, *sorted(min(c, len(rows)) for c in cuts), len(rows)]
@@ -258,7 +263,9 @@ def test_sort_row_parts_matches_lexsort_of_the_concatenation(rows, cuts, runs) -
                 c[lo:hi] = c[lo:hi][part_order]
     parts = [tuple(c[lo:hi] for c in cols) for lo, hi in zip(bounds, bounds[1:])]
     before = [c.copy() for c in cols]
-    got = sort_row_parts(parts, sorted_parts=runs)
+    with mock.patch.object(row_sort, "SPLIT_ROWS", 2), mock.patch.object(row_sort, "RANGE_ROWS", 8):
+        inline = (lambda fn: (fn(), lambda: None)[1]) if ranges else None  # (the "thread beside" runs first)
+        got = sort_row_parts(parts, sorted_parts=runs, run_beside=inline)
     order = np.lexsort((cols[2], cols[1], cols[0]))
     for g, c in zip(got, cols):
         assert g.dtype == np.uint64 and np.array_equal(g, c[order])

@@ -30,13 +30,24 @@ within one run on a noisy machine.
   (reads, index lookups, sort, encode, write), wall and the process's CPU (the work done,
   which a loaded machine inflates less than the wall time), then each step alone on a thread beside a
   pure-Python one: the share of that thread's rate it keeps says what releases the GIL.
+  ``--pieces on,off,all`` runs each repeat with the defaults' second thread for big jobs (pieces
+  of their reads, sort and encode taken by it and the job's own thread: merges of big buckets),
+  without it, and with it for every job of 200,000 rows or more, interleaved, and prints each.
+  Steps done in pieces on either thread (a merge's reads and liveness, the segment encode) add
+  up both threads' wall and CPU (each its own thread's), so they may exceed the step around
+  them; the steps around them count the process's CPU. *pieces: CPU two cores could overlap* is, summed over the
+  job's shared steps, the smaller of the two threads' CPU in each; the job's CPU less it
+  estimates its time on two free cores.
+  ``stepgil`` prints that last table alone, with for each step the wall time of two calls at once
+  on two threads over one call's (1.0: they overlap wholly; 2.0: the GIL runs them one by one).
 * ``gil``: is a seal's encode GIL-bound? A pure-Python counting thread runs
   alone, then while a ``--per-bucket`` seal runs on the maintenance thread; the
   ratio of its rates is the share of the CPU the seal left to Python code (1.0:
   the seal holds the GIL never; 0.5: always, with two cores).
 
-Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,steps,gil] [--repeats R]
+Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,steps,stepgil,gil] [--repeats R]
       [--ledgers N] [--per-bucket N] [--total N] [--messages N] [--gap-ms MS] [--seal-at N] [--backlog-mb MB]
+      [--pieces on,off,all]
 The issue-26 workload: --cases stalls --per-bucket 1e6 --seal-at 5e5 --total 7e6
 """
 
@@ -155,7 +166,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
         thread = threading.Thread(target=other)
         thread.start()
         batch = 10_000
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         for lo in range(0, total, batch):
             seq = np.arange(lo, lo + batch, dtype=np.uint64)
             ledgers = 1 + seq // np.uint64(per_bucket)
@@ -167,6 +178,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
         while tracker.stats()["maintenance"]["queued"]:  # merges that the last seals started
             tracker.flush()
         sealed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
         stop.set()
         thread.join()
         stats = tracker.stats()
@@ -175,7 +187,10 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
     return {"background": background, "other_p50_ms": round(float(np.percentile(lat, 50)), 3),
             "other_p99_ms": round(float(np.percentile(lat, 99)), 3), "other_max_ms": round(float(lat.max()), 3),
             "other_calls": len(lat), "caller_M_per_s": round(total / caller / 1e6, 3),
-            "all_sealed_M_per_s": round(total / sealed / 1e6, 3), "seals": stats["create"]["succeeded"],
+            "all_sealed_M_per_s": round(total / sealed / 1e6, 3),
+            # The process's CPU until all is installed (every thread): on a loaded machine, what the
+            # run cost, where its wall time also holds the waits for a core.
+            "cpu_s": round(cpu, 3), "seals": stats["create"]["succeeded"],
             "merges": stats["merge"]["succeeded"], "rss_start_mb": round(rss_start / 2 ** 20, 1),
             "rss_peak_mb": round(rss_peak[0] / 2 ** 20, 1),
             # (absent before backpressure by memory: the script also runs against older trees)
@@ -393,20 +408,24 @@ def trace_steps() -> None:
     liveness, the sort, the encode (segments and bitmaps), the write and each fsync, a
     merge's segment reads and its index lookups."""
     from bucketstore.engine.maintenance import bucket_job
-    from bucketstore.engine.queue import liveness
+    from bucketstore.engine.queue import index_set, liveness
     from bucketstore.engine.buckets import sealed_bucket
     from bucketstore.format import fs as fs_module, snapshot
 
-    def timed(label: str, fn):
+    def timed(label: str, fn, piece: bool = False):
+        # A step done in pieces on either thread counts its own thread's CPU (the process's would
+        # count the other thread's pieces too); the others the process's, side thread included.
+        clock = time.thread_time if piece else time.process_time
+
         def run(*args, **kwargs):
-            started, cpu = time.perf_counter(), time.process_time()
+            started, cpu = time.perf_counter(), clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 if STEPS_ON.is_set():
                     kind = getattr(_STEP_KIND, "kind", "?")
                     STEPS.setdefault((kind, label), []).append(time.perf_counter() - started)
-                    STEPS_CPU.setdefault((kind, label), []).append(time.process_time() - cpu)
+                    STEPS_CPU.setdefault((kind, label), []).append(clock() - cpu)
         return run
 
     def job_kind(cls, kind: str) -> None:
@@ -428,15 +447,66 @@ def trace_steps() -> None:
     for module in (seal_pipeline, merge_pipeline):
         name = "sort_row_parts" if hasattr(module, "sort_row_parts") else "sort_rows"  # (older trees)
         setattr(module, name, timed("sort", getattr(module, name)))
-        module.drop_repeats = timed("drop repeats", module.drop_repeats)
+        if hasattr(module, "drop_repeats"):  # (a merge drops none: its sources hold each position once)
+            module.drop_repeats = timed("drop repeats", module.drop_repeats)
     snapshot.encode_segments = timed("encode segments", snapshot.encode_segments)
+    from bucketstore.format import shared_work
+    if hasattr(shared_work, "encode_segments"):  # (the pieces of a big bucket, on either thread)
+        shared_work.encode_segments = timed("encode segments", shared_work.encode_segments, piece=True)
     snapshot.serialized_bitmaps = timed("encode bitmaps", snapshot.serialized_bitmaps)
     bucket_job.build_bucket = timed("encode (all)", bucket_job.build_bucket)
     bucket_job.write_bucket = timed("write (all, fsyncs included)", bucket_job.write_bucket)
     fs_module.FileSystem.fsync = timed("fsync", fs_module.FileSystem.fsync)
     fs_module.FileSystem.fsync_dir = timed("fsync dir", fs_module.FileSystem.fsync_dir)
     liveness.FrozenMutableLiveness.mask = timed("liveness", liveness.FrozenMutableLiveness.mask)
-    sealed_bucket.SealedBucket.read_segment = timed("read + decode segments", sealed_bucket.SealedBucket.read_segment)
+    index_set.DelayedIndexSet.present_mask = timed("liveness", index_set.DelayedIndexSet.present_mask, piece=True)
+    # Pieces on two threads: each thread's CPU in each share() call, for the two-core estimate.
+    from bucketstore.format import row_sort, shared_work
+    original = shared_work.share
+    for module in (row_sort, snapshot, merge_pipeline, shared_work):  # (shared_work: its encode_in_pieces)
+        if hasattr(module, "share"):
+            module.share = _accounted(original)
+    # (read_segment calls read_segments, which a merge calls: timed once.)
+    reads = "read_segments" if hasattr(sealed_bucket.SealedBucket, "read_segments") else "read_segment"
+    setattr(sealed_bucket.SealedBucket, reads, timed("read + decode segments", getattr(sealed_bucket.SealedBucket, reads),
+                                                   piece=True))
+
+
+def _accounted(share):
+    """``share`` that adds, per job kind, the CPU seconds the two threads' overlap could save:
+    of each call, the smaller of the two threads' CPU (the pieces each ran, the caller's
+    ``first`` included). A job's CPU less that is its time on two free cores, were the pieces'
+    work free of the GIL (what ``stepgil`` measures)."""
+    def accounted(pieces, run_beside, *, first=None):
+        spent: dict[str, float] = {}
+        lock = threading.Lock()
+        kind = getattr(_STEP_KIND, "kind", "?")
+
+        def timed(fn):
+            def run():
+                started = time.thread_time()
+                before, _STEP_KIND.kind = getattr(_STEP_KIND, "kind", "?"), kind  # (the steps of the job's pieces)
+                try:
+                    return fn()
+                finally:
+                    _STEP_KIND.kind = before
+                    with lock:
+                        name = threading.current_thread().name
+                        spent[name] = spent.get(name, 0.0) + time.thread_time() - started
+            return run
+
+        try:
+            return share([timed(p) for p in pieces], run_beside, first=timed(first) if first is not None else None)
+        finally:
+            if STEPS_ON.is_set():
+                values = list(spent.values()) + [0.0, 0.0]
+                STEPS_CPU.setdefault((kind, OVERLAP), []).append(min(values[:2]) if len(spent) > 1 else 0.0)
+                STEPS.setdefault((kind, OVERLAP), []).append(0.0)
+    return accounted
+
+
+#: The pseudo-step under which ``_accounted`` keeps the CPU the pieces' overlap could save.
+OVERLAP = "pieces: CPU two cores could overlap"
 
 
 def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
@@ -459,14 +529,56 @@ def bench_steps(tmp: str, per_bucket: int) -> dict[str, object]:
         stats = t.stats()
     shutil.rmtree(path)
     jobs = {"seal": stats["create"]["succeeded"], "merge": stats["merge"]["succeeded"]}
-    rows = {"seal": per_bucket, "merge": 4 * per_bucket}
     out: dict[str, object] = {"jobs": jobs}
     for (kind, label), values in sorted(STEPS.items()):
         if kind in jobs and jobs[kind]:
-            ms = sum(values) / jobs[kind] * 1000
-            cpu = sum(STEPS_CPU[(kind, label)]) / jobs[kind] * 1000
-            out[f"{kind}: {label}"] = f"{ms:.1f} ms ({rows[kind] / ms / 1000:.1f} M/s), cpu {cpu:.1f} ms"
+            # (wall ms, CPU ms) per job: CPU above wall is the second core at work.
+            out[f"{kind}: {label}"] = (sum(values) / jobs[kind] * 1000,
+                                       sum(STEPS_CPU[(kind, label)]) / jobs[kind] * 1000)
+    for kind in jobs:
+        whole, overlap = out.get(f"{kind}: job work (all)"), out.get(f"{kind}: {OVERLAP}")
+        if whole is not None:
+            # The job's CPU less what its pieces could overlap: its time on two free cores, about.
+            out[f"{kind}: job work on two free cores (estimate)"] = (
+                0.0, whole[1] - (overlap[1] if overlap is not None else 0.0))
     return out
+
+
+def pieces(mode: str) -> None:
+    """Which seals and merges work in pieces on two threads (their reads, sort and encode):
+    ``on`` those the defaults choose (``SPLIT_ROWS`` of row_sort, snapshot and merge_pipeline:
+    merges of big buckets), ``off`` none, ``all`` every job of 200,000 rows or more."""
+    from bucketstore.format import row_sort, snapshot
+    for module in (row_sort, snapshot, merge_pipeline):
+        default = getattr(module, "_BENCH_SPLIT_ROWS", module.SPLIT_ROWS)
+        module._BENCH_SPLIT_ROWS = default
+        module.SPLIT_ROWS = {"on": default, "off": 1 << 62, "all": 200_000}[mode]
+
+
+def print_steps(per_bucket: int, runs: dict[str, list[dict[str, object]]]) -> None:
+    """Per step, the median over repeats of each variant's wall and CPU ms per job (and M rows/s of wall)."""
+    rows = {"seal": per_bucket, "merge": 4 * per_bucket}
+    variants = list(runs)
+    labels = sorted({k for rs in runs.values() for r in rs for k in r if k != "jobs"})
+    print(f"steps ({per_bucket:,}-index random-delay seals and a {4 * per_bucket:,}-index merge; ms per job, median "
+          f"of {len(next(iter(runs.values())))}; jobs {next(iter(runs.values()))[0]['jobs']}):")
+    print("  " + "step".ljust(46) + "".join(f"{v + ' wall':>22}{'cpu':>8}" for v in variants))
+    for label in labels:
+        cells = []
+        for v in variants:
+            got = [r[label] for r in runs[v] if label in r]
+            if not got:
+                cells.append(f"{'-':>22}{'-':>8}")
+                continue
+            wall = float(np.median([w for w, _ in got]))
+            cpu = float(np.median([c for _, c in got]))
+            if not wall:  # a figure of CPU only (the overlap, the estimate): its rate is of CPU time
+                rate = rows[label.split(":")[0]] / cpu / 1000 if cpu and "estimate" in label else 0.0
+                cells.append(f"{'-':>9} ({rate:6.1f} M/s){cpu:8.1f}" if rate else f"{'-':>22}{cpu:8.1f}")
+                continue
+            rate = rows[label.split(":")[0]] / wall / 1000
+            cells.append(f"{wall:9.1f} ({rate:6.1f} M/s){cpu:8.1f}")
+        print("  " + label.ljust(46) + "".join(cells))
 
 
 def _step_gil_ratio(fn, repeats: int, window: float = 0.4) -> tuple[float, float]:
@@ -531,7 +643,10 @@ def _step_sleeper_lateness(fn, window: float = 0.4) -> tuple[float, float]:
 def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
     """Which steps of a seal and a merge release the GIL: each run on a thread beside a pure-Python one."""
     from bucketstore.engine.buckets.sealed_bucket import SealedBucket
+    from bucketstore.engine.queue.index_set import DelayedIndexSet
+    from bucketstore.engine.threads.side_thread import run_beside
     from bucketstore.format.fs import FileSystem
+    from bucketstore.format.row_sort import sort_row_parts
     from bucketstore.format.snapshot import (cut_segments, drop_repeats, encode_segments, serialized_bitmaps,
                                              write_bucket)
 
@@ -564,14 +679,50 @@ def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
         "write + fsyncs": lambda: write_bucket(directory, next(ids), meta, payloads),
         "read + decode segments": lambda: [bucket.read_segment(k) for k in range(1, bucket.segment_count + 1)],
     }
+    # A merge's sort: four sources, each one sorted run of four segments.
+    merge_parts = []
+    for source in range(4):
+        src = sort_rows(EPOCH + 60_000 + rng.integers(0, 3_600_000, per_bucket).astype(np.uint64),
+                        np.full(per_bucket, source + 1, np.uint64), np.arange(per_bucket, dtype=np.uint64))
+        quarter = -(-per_bucket // 4)
+        merge_parts += [tuple(c[k:k + quarter] for c in src) for k in range(0, per_bucket, quarter)]
+    live = DelayedIndexSet()
+    live.add_many(rows[1], rows[2], rows[0])
+    steps.update({
+        "merge sort, 4 x 4 sorted segments, one thread": lambda: sort_row_parts(merge_parts, sorted_parts=True),
+        "merge sort, 4 x 4 sorted segments, pieces on two threads": lambda: sort_row_parts(merge_parts, sorted_parts=True,
+                                                                             run_beside=run_beside),
+        "liveness lookups (present_mask, 4 segments)": lambda: [
+            live.present_mask(rows[1][k:k + per_bucket // 4], rows[2][k:k + per_bucket // 4])
+            for k in range(0, per_bucket, per_bucket // 4)],
+    })
     out = {}
     for name, fn in steps.items():
         seconds, ratio = _step_gil_ratio(fn, repeats)
         p99, worst = _step_sleeper_lateness(fn)
+        pair = _step_pair_ratio(fn, repeats)
         out[name] = (f"{seconds * 1000:.1f} ms, other thread keeps {ratio:.2f}, a 1-ms sleeper beside it "
-                     f"wakes late by p99 {p99:.1f} / max {worst:.1f} ms")
+                     f"wakes late by p99 {p99:.1f} / max {worst:.1f} ms, two at once take {pair:.2f}x one's wall")
     shutil.rmtree(directory)
     return out
+
+
+def _step_pair_ratio(fn, repeats: int) -> float:
+    """The wall time of ``fn`` called on two threads at once over one call's (median of
+    ``repeats`` each, interleaved): 1.0 when the two calls overlap wholly (the GIL released
+    throughout, two free cores), 2.0 when they run one after the other (the GIL held)."""
+    one, two = [], []
+    for _ in range(repeats):
+        one.append(_timed(fn))
+
+        def pair() -> None:
+            threads = [threading.Thread(target=fn) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        two.append(_timed(pair))
+    return float(np.median(two) / np.median(one))
 
 
 def _encode(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray) -> tuple:
@@ -660,6 +811,10 @@ def main() -> None:
     p.add_argument("--backlog-mb", type=float, default=None, help="stalls: max_backlog_bytes in MiB (default 256)")
     p.add_argument("--trace-holds", action="store_true",
                    help="stalls: time the steps the background design runs under the tracker's lock")
+    p.add_argument("--pieces", default="on",
+                   help="stalls, steps: variants among on (the defaults: big merges read, sort and encode in "
+                        "pieces on two threads), off (no job does), all (every job of 200,000 rows or more does), "
+                        "comma-separated: interleaved, with ratios")
     p.add_argument("--switch-interval-ms", type=float, default=None,
                    help="sys.setswitchinterval for the run (default: Python's 5 ms)")
     args = p.parse_args()
@@ -679,18 +834,28 @@ def main() -> None:
         if "stalls" in cases:
             if args.trace_holds:
                 trace_holds()
-            runs = {m: [] for m in modes}
-            for _ in range(args.repeats):
-                for m in modes:
+            runs = {(m, h): [] for h in args.pieces.split(",") for m in modes}
+            for i in range(args.repeats):
+                for m, h in (list(runs) if i % 2 == 0 else list(runs)[::-1]):  # (the order turned, as for steps)
                     if m and args.trace_holds:
                         TRACING.set()
-                    runs[m].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending,
-                                                int(args.seal_at) if args.seal_at else None, args.backlog_mb))
+                    pieces(h)
+                    runs[(m, h)].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending,
+                                                     int(args.seal_at) if args.seal_at else None, args.backlog_mb))
                     TRACING.clear()
-            for m in modes:
-                print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges):",
-                      _median_of(runs[m]))
-            print("stalls, background / synchronous (median of paired ratios):", _paired_ratios(*runs.values()))
+            pieces("on")
+            for m, h in runs:
+                print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges; "
+                      f"pieces {h}):", _median_of(runs[(m, h)]))
+            for h in args.pieces.split(","):
+                print(f"stalls, pieces {h}, background / synchronous (median of paired ratios):",
+                      _paired_ratios(runs[(False, h)], runs[(True, h)]))
+            chosen = args.pieces.split(",")
+            for other in (v for v in chosen if v != "off"):
+                if "off" in chosen:
+                    for m in modes:
+                        print(f"stalls, {'background' if m else 'synchronous'}, pieces {other} / off (median of "
+                              "paired ratios):", _paired_ratios(runs[(m, "off")], runs[(m, other)]))
             if HOLDS:
                 print("stalls, background: lock-holding steps (ms, all repeats): ",
                       {k: {"n": len(v), "median": round(float(np.median(v)), 1), "max": round(max(v), 1)}
@@ -720,10 +885,21 @@ def main() -> None:
         if "steps" in cases:
             trace_steps()
             n = int(args.per_bucket)
-            for _ in range(args.repeats):
-                print(f"steps (one thread; {n:,}-index random-delay seals and a {4 * n:,}-index merge):",
-                      bench_steps(tmp, n))
-            print(f"steps: what releases the GIL ({n:,} rows):", bench_step_gil(tmp, n, args.repeats))
+            variants = {"pieces " + v: v for v in args.pieces.split(",")}
+            steps = {v: [] for v in variants}
+            for i in range(args.repeats):
+                # Interleaved, the order turned every other repeat: a load change, or the process's
+                # first (cold) run, hits every variant alike.
+                for v, mode in (list(variants.items()) if i % 2 == 0 else list(variants.items())[::-1]):
+                    pieces(mode)
+                    steps[v].append(bench_steps(tmp, n))
+            pieces("on")
+            print_steps(n, steps)
+        if "steps" in cases or "stepgil" in cases:
+            n = int(args.per_bucket)
+            print(f"steps: what releases the GIL ({n:,} rows):")
+            for name, line in bench_step_gil(tmp, n, args.repeats).items():
+                print(f"  {name}: {line}")
         if "gil" in cases:
             print(f"gil ({int(args.per_bucket):,}-index seals on the maintenance thread):",
                   bench_gil(tmp, int(args.per_bucket), args.repeats))

@@ -194,7 +194,7 @@ class BucketJob:
         """Encode sorted rows as ledger ``self.ledger_id`` and write it durably, unless cancelled."""
         tracker = self.tracker
         store, cfg = tracker.store_services, tracker.config
-        # A big bucket's segments are encoded in two halves, one on a thread beside this one.
+        # A big bucket's segments are encoded in pieces by this thread and one beside it.
         self.meta, payloads = build_bucket(self.start, self.end, ts, ledgers, entries,
                                            time_step_ms=cfg.max_time_step_per_segment_ms,
                                            max_indexes_per_segment=cfg.max_indexes_per_segment,

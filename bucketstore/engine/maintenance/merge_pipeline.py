@@ -7,6 +7,8 @@
                       confirmation is not durable yet: they stay in the file)
     work (no lock)    read every segment of every source, keep the rows live in
                       the snapshot, sort, encode, write + fsync the merged ledger
+                      (a big merge reads, sorts and encodes pieces of its rows
+                      on two threads)
     install (lock)    one catalog commit adds the merged key and removes the
                       sources' keys; the sources die (their runs and slots leave
                       the queue); then their files are unlinked
@@ -22,19 +24,28 @@ the queue directly, never into a bucket.
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import numpy as np
 
 from ...format.row_sort import sort_row_parts
-from ...format.snapshot import drop_repeats
+from ...format.shared_work import piece_bounds, share
 from ..buckets.sealed_bucket import SealedBucket
 from ..queue.liveness import index_snapshot
 from ..queue.shared_queue import Slot
+from ..threads.side_thread import run_beside
 from .backlog_budget import ROW_BYTES
 from .bucket_job import BucketJob, JobHost
 
 __all__ = ["MergeJob"]
 
 _U64 = np.dtype("<u8")
+#: Rows from which a merge reads and filters its sources' segments on two threads (as
+#: ``format.row_sort.SPLIT_ROWS``).
+SPLIT_ROWS = 2_000_000
+#: Rows of the segments read at once by either thread, about (whole segments, at most 16 pieces).
+PIECE_ROWS = 250_000
 
 
 class MergeJob(BucketJob):
@@ -59,13 +70,39 @@ class MergeJob(BucketJob):
 
     # -- off the lock ---------------------------------------------------------------------------
     def _work(self) -> None:
+        segments = [(bucket, number) for bucket in self.window for number in range(1, bucket.segment_count + 1)]
+        # A big merge reads, decodes and filters its segments a piece at a time on this thread
+        # and one beside it (the reads, zstd and most of numpy's work release the GIL); the
+        # parts keep their order either way.
+        rows = np.cumsum([0] + [int(bucket.counts[number - 1]) for bucket, number in segments])
+        if len(segments) > 1 and rows[-1] >= SPLIT_ROWS:
+            firsts = piece_bounds(rows[:-1], int(rows[-1]), PIECE_ROWS)
+            pieces = share([functools.partial(self._live_parts, segments[a:b]) for a, b in zip(firsts, firsts[1:])],
+                           run_beside)
+        else:
+            pieces = [self._live_parts(segments)]
+        if any(p is None for p in pieces):
+            return  # cancelled, or a source deleted meanwhile: install abandons the merge
+        parts = [part for piece in pieces for part in piece]  # type: ignore[union-attr]
+        self._live = self._held = None  # type: ignore[assignment]
+        self.ledger_id = self.tracker.store_services.allocate_ledger_id()
+        if not parts:
+            return  # nothing live: install only removes the sources
+        # (No concatenated copy of the parts; each is sorted, a bucket's segments one run. A big
+        # merge sorts ranges of timestamps on two threads.) No row repeats:
+        # the sources cover disjoint ledgers and each holds a position once (build_bucket
+        # refuses a repeat all the same).
+        self._write(*sort_row_parts(parts, sorted_parts=True, run_beside=run_beside))
+
+    def _live_parts(self, segments: list[tuple[SealedBucket, int]]) -> list[tuple[np.ndarray, ...]] | None:
+        """The live rows of these segments of the sources, as parts (None: cancelled meanwhile)."""
         parts = []
-        for bucket in self.window:
-            for number in range(1, bucket.segment_count + 1):
-                if self.cancelled or bucket.dead:
-                    return
-                # Every segment, loaded ones included: they may hold undelivered rows (Pulsar #26251).
-                run = bucket.read_segment(number)
+        for bucket, group in itertools.groupby(segments, key=lambda s: s[0]):
+            if self.cancelled or bucket.dead:
+                return None
+            # Every segment, loaded ones included: they may hold undelivered rows (Pulsar #26251).
+            # A bucket's segments of this piece are read with one open of its file.
+            for run in bucket.read_segments([number for _, number in group]):
                 keep = self._live.present_mask(run.ledgers, run.entries, run.ts)
                 if self._held:
                     keep |= self._held.mask(run.ts, run.ledgers, run.entries)
@@ -73,12 +110,7 @@ class MergeJob(BucketJob):
                     parts.append((run.ts, run.ledgers, run.entries))
                 elif keep.any():
                     parts.append((run.ts[keep], run.ledgers[keep], run.entries[keep]))
-        self._live = self._held = None  # type: ignore[assignment]
-        self.ledger_id = self.tracker.store_services.allocate_ledger_id()
-        if not parts:
-            return  # nothing live: install only removes the sources
-        # (No concatenated copy of the parts; each is sorted, a bucket's segments one run.)
-        self._write(*drop_repeats(*sort_row_parts(parts, sorted_parts=True)))
+        return parts
 
     # -- under the lock -------------------------------------------------------------------------
     def _install(self, tracker: JobHost) -> None:

@@ -43,6 +43,7 @@ from ...format.row_sort import sort_row_parts
 from ...format.snapshot import drop_repeats
 from ..queue.liveness import FrozenMutableLiveness
 from ..queue.shared_queue import Run, Slot
+from ..threads.side_thread import run_beside
 from .backlog_budget import ROW_BYTES
 from .bucket_job import BucketJob, JobHost
 
@@ -83,9 +84,10 @@ class SealJob(BucketJob):
             # Usually all are live: skip three gathers.
             parts.append((ts, ledgers, entries) if keep.all() else (ts[keep], ledgers[keep], entries[keep]))
         self._views = []
-        # The runs are sorted together without concatenating them first. A position re-added
-        # with the time of one of its stale rows leaves two equal rows.
-        ts, ledgers, entries = drop_repeats(*sort_row_parts(parts))
+        # The runs (each sorted) are sorted together without concatenating them first, a big
+        # seal's ranges of timestamps on two threads. A position re-added with the time of one
+        # of its stale rows leaves two equal rows.
+        ts, ledgers, entries = drop_repeats(*sort_row_parts(parts, sorted_parts=True, run_beside=run_beside))
         # Rows already due at the freeze belong to no snapshot (as in Pulsar): they stay in the queue.
         due = int(np.searchsorted(ts, np.uint64(self._cutoff), side="right")) if self._cutoff >= 0 else 0
         self._due = (ts[:due], ledgers[:due], entries[:due])

@@ -431,18 +431,26 @@ class DelayedIndexSet:
                     mask[row] = live is None or bool(live[0])
                 continue
             ents = entries[rows]
-            wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
-            narrowed = isinstance(wanted, BitMap64) and isinstance(bm, BitMap)
-            if narrowed:  # entry ids beyond 2**32 cannot be in a 32-bit bitmap: not tracked
-                wanted = BitMap(v for v in wanted if v < _U32_LIMIT)
-            hits = bm & wanted
-            if len(hits) == len(wanted) and not narrowed:
-                mask[rows] = True  # every row's entry is tracked: no per-row lookup needed
-            elif hits:
-                mask[rows] = np.isin(ents, np.asarray(hits.to_array() if isinstance(hits, BitMap)
-                                                      else list(hits), dtype=np.uint64))
+            lo, hi = int(ents.min()), int(ents.max())
+            if hi - lo < len(bm) and hi + 1 < 1 << 64 and _fits(bm, hi + 1) \
+                    and bm.range_cardinality(lo, hi + 1) == hi - lo + 1:
+                # The ledger tracks every id of the rows' span (a merge's source nothing was taken
+                # from yet): every row's entry is tracked, with no bitmap built of them (pyroaring
+                # holds the GIL while it builds one: 0.8 ms for a segment of 250,000 rows).
+                mask[rows] = True
             else:
-                continue
+                wanted = bitmap_of(ents, wide=isinstance(bm, BitMap64))
+                narrowed = isinstance(wanted, BitMap64) and isinstance(bm, BitMap)
+                if narrowed:  # entry ids beyond 2**32 cannot be in a 32-bit bitmap: not tracked
+                    wanted = BitMap(v for v in wanted if v < _U32_LIMIT)
+                hits = bm & wanted
+                if len(hits) == len(wanted) and not narrowed:
+                    mask[rows] = True  # every row's entry is tracked: no per-row lookup needed
+                elif hits:
+                    mask[rows] = np.isin(ents, np.asarray(hits.to_array() if isinstance(hits, BitMap)
+                                                          else list(hits), dtype=np.uint64))
+                else:
+                    continue
             # Either way, a re-added expired position is live only in its row of the current time.
             live = self._live_rows(ledger, ents, None if ts is None else ts[rows])
             if live is not None:

@@ -1,5 +1,6 @@
-"""One call on a thread of its own, beside the caller: how a big seal or merge puts its second
-core to work on encoding (``format.snapshot.build_bucket``'s ``run_beside``).
+"""One call on a thread of its own, beside the caller: how a big merge puts its second core to
+work on its reads, sort and encode (the ``run_beside`` of ``format.shared_work.share``, which
+``format.row_sort.sort_row_parts``, ``format.snapshot.build_bucket`` and the merge pipeline use).
 
 A fresh thread each time (about 0.1 ms, against the tens of milliseconds of work it takes
 over), not a pool: nothing lingers between jobs, and nothing breaks in a child process after
