@@ -24,6 +24,17 @@ the bytes; tools/bench/bench_codec.py measures the choice against alternatives.
 Decoding never trusts a length: the count is checked against a hard cap and the
 expected count the caller knows (from entry 0), and decompression is bounded by
 the size the columns can legitimately take.
+
+**Grouped segments** (version 5, flag bit 2): a segment of several ledgers may store its rows
+ledger by ledger instead of in delivery order, each ledger's timestamps as steps from the one
+before (the first from a base), so the segment needs no ledger column: which ledger comes next
+in delivery order is implied by the timestamps. Under random delays a merged bucket's segments
+interleave a few ledgers row by row, and a ledger column spends about 1.9 bits a row on that
+interleave, which narrower timestamp differences pay back only up to what a byte-wise entropy
+coder loses (``tools/bench/bench_merge_bytes.py``); grouped, a merged segment costs what its
+sources' segments cost. The writer encodes a segment of several ledgers both ways and keeps the
+smaller (a fixed-delay segment whose ledgers alternate row by row stays in delivery order: its
+columns are constant steps).
 """
 
 from __future__ import annotations
@@ -33,9 +44,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import varints
+
 from .compression import ZLIB, ZSTD, CompressionError, Compressor, decompress_exact
 
 __all__ = [
+    "FLAG_GROUPED",
+    "GROUPED_VERSION",
     "Segment",
     "SegmentCodecError",
     "MAX_SEGMENT_INDEXES",
@@ -55,6 +70,10 @@ MAX_SEGMENT_INDEXES = 1 << 24
 FLAG_ZLIB = 0x01
 #: Format version 2: the body is one zstd frame (never together with FLAG_ZLIB).
 FLAG_ZSTD = 0x02
+#: Snapshot version 5: the body is grouped by ledger (:func:`_grouped_pieces`), with either compression.
+FLAG_GROUPED = 0x04
+#: The first snapshot version whose segments may be grouped.
+GROUPED_VERSION = 5
 _CODEC_FLAG = {ZLIB: FLAG_ZLIB, ZSTD: FLAG_ZSTD}
 KIND_ARITH = 0
 KIND_DELTA_U = 1
@@ -259,7 +278,7 @@ def _unpack_bits(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
 
 
 def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, compress: bool = True,
-                   codec: str = ZSTD) -> bytes:
+                   codec: str = ZSTD, grouped: bool = True) -> bytes:
     """Encode a sorted, non-empty run of indexes as a segment payload.
 
     :param ts: timestamps (uint64-compatible), sorted with ``ledgers`` and ``entries``
@@ -268,6 +287,9 @@ def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, 
         and benchmarks can turn it off).
     :param codec: ``"zstd"`` (format version 2, the default) or ``"zlib"`` (what a
         version-1 writer produced).
+    :param grouped: a segment of several ledgers may be stored grouped by ledger
+        (snapshot version 5) when that is smaller; False writes what versions 2 to 4 read.
+        Never with zlib.
     :raises ValueError: empty input, mismatched lengths, more than
         :data:`MAX_SEGMENT_INDEXES` rows, or rows out of order.
     """
@@ -276,11 +298,12 @@ def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, 
         raise ValueError("a segment needs at least one index and three columns of equal length")
     if len(ts) > MAX_SEGMENT_INDEXES:
         raise ValueError(f"a segment holds at most {MAX_SEGMENT_INDEXES} indexes, not {len(ts)}")
-    return encode_segments(ts, ledgers, entries, np.zeros(1, dtype=np.int64), compress=compress, codec=codec)[0]
+    return encode_segments(ts, ledgers, entries, np.zeros(1, dtype=np.int64), compress=compress, codec=codec,
+                           grouped=grouped)[0]
 
 
 def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, starts: np.ndarray, *,
-                    compress: bool = True, codec: str = ZSTD, check: bool = True) -> list[bytes]:
+                    compress: bool = True, codec: str = ZSTD, check: bool = True, grouped: bool = True) -> list[bytes]:
     """Encode consecutive slices of sorted columns as segment payloads, all in one pass.
 
     Segment ``i`` holds rows ``starts[i]`` up to (not including) ``starts[i + 1]``, the
@@ -292,6 +315,7 @@ def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
 
     :param check: verify that the rows are strictly increasing (callers that have
         already checked the whole run pass ``False``).
+    :param grouped: as for :func:`encode_segment`.
     :raises ValueError: mismatched lengths, bad ``starts``, a segment of more than
         :data:`MAX_SEGMENT_INDEXES` rows, or rows out of order.
     """
@@ -317,6 +341,7 @@ def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
             raise ValueError(f"segment rows are not strictly increasing at row {bad}")
     # Version 1 (zlib) segments never hold FRAME columns: a version-1 reader would refuse them.
     frame = codec != ZLIB
+    grouped = grouped and codec != ZLIB
     squeeze = Compressor(codec) if compress else None
     flag = _CODEC_FLAG[codec] if compress else 0
     out = []
@@ -324,18 +349,79 @@ def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
         lo = int(starts[first])
         hi = int(starts[last]) if last < len(starts) else n
         block_starts, block_counts = starts[first:last] - lo, counts[first:last]
-        columns = [_Columns(col[lo:hi], block_starts, block_counts, frame).pieces() for col in (ts, ledgers, entries)]
-        for count, t_pieces, l_pieces, e_pieces in zip(block_counts.tolist(), *columns):
-            pieces = [*t_pieces, *l_pieces, *e_pieces]
-            body = b"".join(pieces)
-            if squeeze is not None and len(body) > 64:
-                # Each column's first piece is its header, whose first byte is its kind.
-                differences = [c[0][0] in _DIFFERENCE_KINDS for c in (t_pieces, l_pieces, e_pieces) for _ in c]
-                packed = squeeze.compress(pieces, differences)
-                if len(packed) + _RAW_LEN.size < len(body):
-                    out.append(_PREFIX.pack(flag, count) + _RAW_LEN.pack(len(body)) + packed)
-                    continue
-            out.append(_PREFIX.pack(0, count) + body)
+        cols = [_Columns(col[lo:hi], block_starts, block_counts, frame) for col in (ts, ledgers, entries)]
+        alternatives = _grouped_pieces(ts[lo:hi], ledgers[lo:hi], entries[lo:hi], block_starts, block_counts,
+                                       cols[1]) if grouped else {}
+        for i, (count, t_pieces, l_pieces, e_pieces) in enumerate(zip(block_counts.tolist(),
+                                                                      *[c.pieces() for c in cols])):
+            # Each column's first piece is its header, whose first byte is its kind.
+            differences = [c[0][0] in _DIFFERENCE_KINDS for c in (t_pieces, l_pieces, e_pieces) for _ in c]
+            payload = _payload([*t_pieces, *l_pieces, *e_pieces], differences, count, squeeze, flag, 0)
+            other = alternatives.get(i)
+            if other is not None:
+                alternative = _payload(*other, count, squeeze, flag, FLAG_GROUPED)
+                if len(alternative) < len(payload):
+                    payload = alternative
+            out.append(payload)
+    return out
+
+
+def _payload(pieces: list[bytes], differences: list[bool], count: int, squeeze: Compressor | None, flag: int,
+             layout: int) -> bytes:
+    """A segment's payload from its body's pieces: compressed when that is smaller."""
+    body = b"".join(pieces)
+    if squeeze is not None and len(body) > 64:
+        packed = squeeze.compress(pieces, differences)
+        if len(packed) + _RAW_LEN.size < len(body):
+            return _PREFIX.pack(flag | layout, count) + _RAW_LEN.pack(len(body)) + packed
+    return _PREFIX.pack(layout, count) + body
+
+
+def _grouped_pieces(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, starts: np.ndarray,
+                    counts: np.ndarray, ledger_column: _Columns) -> dict[int, tuple[list[bytes], list[bool]]]:
+    """Segment index -> the pieces of its grouped body (and which are difference planes), for each
+    segment of several ledgers.
+
+    A grouped body (``formats/bucket_snapshot.md``, "Grouped segments") is a directory of varints
+    (base timestamp, number of groups, each group's ledger as a difference from the one before,
+    each group's rows but the last's), then two columns over the rows in (ledger, timestamp,
+    entry) order: each row's timestamp step (from the row before in its group, the group's first
+    from the base) and the entry ids. The writer's base is the segment's first timestamp.
+    """
+    several = np.flatnonzero(~(ledger_column.arith & (ledger_column.step == 0)))
+    if not len(several):
+        return {}
+    steps, stored_entries, directories = [], [], []
+    for i in several.tolist():
+        lo, hi = int(starts[i]), int(starts[i] + counts[i])
+        led = ledgers[lo:hi]
+        low = led.min()
+        spread = int(led.max() - low)
+        # A stable sort keeps each ledger's rows in (timestamp, entry) order; on 16-bit keys it is a radix sort.
+        order = np.argsort((led - low).astype(np.uint16) if spread < 1 << 16 else led, kind="stable")
+        t, led, e = ts[lo:hi][order], led[order], entries[lo:hi][order]
+        firsts = np.flatnonzero(np.concatenate(([True], led[1:] != led[:-1])))
+        step = np.empty_like(t)
+        step[0] = 0
+        np.subtract(t[1:], t[:-1], out=step[1:])
+        base = ts[lo]  # the segment's first (smallest) timestamp
+        step[firsts] = t[firsts] - base
+        group_ledgers = led[firsts]
+        gaps = np.diff(group_ledgers)
+        sizes = np.diff(firsts)
+        directories.append(varints.encode([int(base), len(firsts), int(group_ledgers[0]), *gaps.tolist(),
+                                           *sizes.tolist()]))
+        steps.append(step)
+        stored_entries.append(e)
+    seg_counts = counts[several]
+    seg_starts = np.cumsum(seg_counts) - seg_counts
+    step_pieces = _Columns(np.concatenate(steps), seg_starts, seg_counts, True).pieces()
+    entry_pieces = _Columns(np.concatenate(stored_entries), seg_starts, seg_counts, True).pieces()
+    out = {}
+    for i, directory, s_pieces, e_pieces in zip(several.tolist(), directories, step_pieces, entry_pieces):
+        # The steps are timestamp differences, whatever kind stores them: compressed as a DELTA_U column's are.
+        differences = [False, *[True] * len(s_pieces), *[e_pieces[0][0] in _DIFFERENCE_KINDS] * len(e_pieces)]
+        out[i] = ([directory, *s_pieces, *e_pieces], differences)
     return out
 
 
@@ -460,20 +546,25 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
     if len(view) < _PREFIX.size:
         raise SegmentCodecError(0, "segment payload is shorter than its 5-byte prefix")
     flags, n = _PREFIX.unpack_from(view)
-    if flags & ~(FLAG_ZLIB | FLAG_ZSTD) or flags == FLAG_ZLIB | FLAG_ZSTD:
+    if flags & ~(FLAG_ZLIB | FLAG_ZSTD | FLAG_GROUPED) or flags & (FLAG_ZLIB | FLAG_ZSTD) == FLAG_ZLIB | FLAG_ZSTD:
         raise SegmentCodecError(0, f"unknown segment flags 0x{flags:02x}")
     if flags & FLAG_ZSTD and snapshot_version == 1:
         raise SegmentCodecError(0, "zstd segment in a version-1 bucket (zstd came with version 2)")
+    grouped = bool(flags & FLAG_GROUPED)
+    if grouped and snapshot_version is not None and snapshot_version < GROUPED_VERSION:
+        raise SegmentCodecError(0, f"grouped segment in a version-{snapshot_version} bucket (grouped segments came "
+                                   f"with version {GROUPED_VERSION})")
+    compression = flags & (FLAG_ZLIB | FLAG_ZSTD)
     if n == 0 or n > MAX_SEGMENT_INDEXES:
         raise SegmentCodecError(1, f"segment count {n} is outside 1..{MAX_SEGMENT_INDEXES}")
     if expected_count is not None and n != expected_count:
         raise SegmentCodecError(1, f"segment holds {n} indexes but its metadata says {expected_count}")
     base = _PREFIX.size
-    if flags:
+    if compression:
         if len(view) < base + _RAW_LEN.size:
             raise SegmentCodecError(base, "truncated compressed-size field")
         (raw_len,) = _RAW_LEN.unpack_from(view, base)
-        if raw_len > _max_body_size(n):
+        if raw_len > (_max_grouped_body_size(n) if grouped else _max_body_size(n)):
             raise SegmentCodecError(base, f"uncompressed size {raw_len} is impossible for {n} indexes")
         try:
             body_bytes = decompress_exact(view[base + _RAW_LEN.size:], raw_len, ZSTD if flags & FLAG_ZSTD else ZLIB)
@@ -484,14 +575,10 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
     else:
         body, inflated = view[base:], False
     try:
-        pos = 0
-        columns = []
-        for _ in range(3):
-            if snapshot_version == 1 and pos < len(body) and body[pos] in _V2_KINDS:
-                raise SegmentCodecError(pos if inflated else base + pos, f"column kind {body[pos]} in a version-1 "
-                                                                         "bucket (it came with version 2)")
-            col, pos = _decode_column(body, pos, n, 0 if inflated else base)
-            columns.append(col)
+        if grouped:
+            columns, pos = _decode_grouped(body, n, 0 if inflated else base)
+        else:
+            columns, pos = _decode_columns(body, n, 0 if inflated else base, snapshot_version)
         if pos != len(body):
             raise SegmentCodecError(pos if inflated else base + pos, f"{len(body) - pos} unexpected bytes after the columns")
     except SegmentCodecError as exc:
@@ -505,3 +592,64 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
         if bad >= 0:
             raise SegmentCodecError(0, f"segment rows are out of (timestamp, ledger, entry) order at row {bad}")
     return segment
+
+
+def _decode_columns(body: memoryview, n: int, base: int, snapshot_version: int | None) -> tuple[list[np.ndarray], int]:
+    """A body in delivery order: the three columns, and the position after them."""
+    pos = 0
+    columns = []
+    for _ in range(3):
+        if snapshot_version == 1 and pos < len(body) and body[pos] in _V2_KINDS:
+            raise SegmentCodecError(base + pos, f"column kind {body[pos]} in a version-1 bucket (it came with "
+                                                "version 2)")
+        col, pos = _decode_column(body, pos, n, base)
+        columns.append(col)
+    return columns, pos
+
+
+def _max_grouped_body_size(n: int) -> int:
+    """Two varints, at most ``2n - 1`` more (10 bytes each at most), and two columns."""
+    return 10 * (2 * n + 1) + 2 * (_DELTA.size + 8 * n)
+
+
+def _decode_grouped(body: memoryview, n: int, base: int) -> tuple[list[np.ndarray], int]:
+    """A grouped body: the three columns in delivery order, and the position after the body's columns."""
+    try:
+        (start,), at = varints.decode(body, 0, 1)
+        (groups,), pos = varints.decode(body, at, 1)
+        if not 1 <= groups <= n:
+            raise SegmentCodecError(base + at, f"{groups} groups in a segment of {n} rows")
+        g = int(groups)
+        at = pos
+        directory, pos = varints.decode(body, pos, 2 * g - 1)
+    except varints.VarintError as exc:
+        raise SegmentCodecError(base + exc.offset, f"segment directory: {exc.reason}") from None
+    ledgers = np.cumsum(directory[:g], dtype=_U64)  # wraps modulo 2**64; a wrap breaks the ascent checked next
+    if g > 1 and not (ledgers[1:] > ledgers[:-1]).all():
+        raise SegmentCodecError(base + at, "the groups' ledgers are not strictly ascending")
+    sizes = directory[g:]
+    # (The float sum first: the uint64 one could wrap.)
+    if g > 1 and (not sizes.all() or float(sizes.sum(dtype=np.float64)) >= n or int(sizes.sum()) >= n):
+        raise SegmentCodecError(base + at, f"the groups' sizes leave no row of the {n} for the last group")
+    counts = np.append(sizes, np.uint64(n - int(sizes.sum()))).astype(np.int64)
+    data_at = pos
+    steps, pos = _decode_column(body, pos, n, base)
+    entries, pos = _decode_column(body, pos, n, base)
+    firsts = np.cumsum(counts) - counts
+    # Each group's running sum of steps, from the base: sums wrap like the encoder's differences.
+    sums = np.cumsum(steps, dtype=_U64)
+    ts = sums - np.repeat(sums[firsts] - steps[firsts], counts) + np.uint64(start)
+    later = ts[1:] > ts[:-1]
+    ties = ts[1:] == ts[:-1]
+    ok = later | (ties & (entries[1:] > entries[:-1]))
+    ok[firsts[1:] - 1] = True  # a group's first row follows another ledger's rows
+    if not ok.all():
+        raise SegmentCodecError(base + data_at, f"row {int(np.argmin(ok)) + 1} of the grouped body is not after the "
+                                                "row before it in (timestamp, entry) order")
+    led = np.repeat(ledgers, counts)
+    if g == 1:
+        return [ts, led, entries], pos
+    # Rows in (ledger, timestamp, entry) order; a stable sort by timestamp keeps equal timestamps in
+    # ledger, then entry order: delivery order. Each group is a sorted run, which the sort merges.
+    order = np.argsort(ts, kind="stable")
+    return [ts[order], led[order], entries[order]], pos

@@ -47,8 +47,8 @@ from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _
 from .entry_lists import EntryLists, ListsError, decode_lists, encode_lists
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
-from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
-                            encode_segments)
+from .segment_codec import (GROUPED_VERSION, MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted,
+                            decode_segment, encode_segments)
 
 __all__ = [
     "SNAPSHOT_VERSION",
@@ -78,11 +78,11 @@ __all__ = [
 ]
 
 #: The version this module writes.
-SNAPSHOT_VERSION = 4
+SNAPSHOT_VERSION = 5
 #: The versions it reads.
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: Entry 0's msgpack array length in each version.
-_BODY_LENGTH = {1: 5, 2: 6, 3: 7, 4: 9}
+_BODY_LENGTH = {1: 5, 2: 6, 3: 7, 4: 9, 5: 9}
 BUCKET_KEY_PREFIX = "#pulsar.internal.delayed.bucket"
 _U64 = np.dtype("<u8")
 _FLAG_ZLIB = 0x01
@@ -205,12 +205,12 @@ def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
     """
     if meta.version == 1:
         return _encode_metadata_v1(meta, compress=compress)
-    if meta.version not in (2, 3, 4):
+    if meta.version not in (2, 3, 4, 5):
         raise ValueError(f"cannot write snapshot version {meta.version}")
     segments: list[int] = []
     for seg in meta.segments:
         segments += [seg.min_timestamp, seg.max_timestamp, seg.count]
-    if meta.version == 4:
+    if meta.version >= 4:
         return _encode_metadata_v4(meta, segments, compress=compress)
     flat = flat_bitmaps(meta.bitmaps)
     if meta.version == 2:
@@ -258,7 +258,7 @@ def _encode_metadata_v4(meta: BucketMetadata, segments: list[int], *, compress: 
     packer = msgpack.Packer(use_bin_type=True)
     # Packed element by element, the bytes are msgpack.packb of the whole array.
     head = packer.pack_array_header(9) + b"".join(
-        packer.pack(v) for v in (4, meta.start_ledger, meta.end_ledger, meta.count, segments, table))
+        packer.pack(v) for v in (meta.version, meta.start_ledger, meta.end_ledger, meta.count, segments, table))
     head += _bin_header(len(data))
     middle = packer.pack(len(lists.ledgers)) + _bin_header(sum(map(len, listed)))
     pieces = [head, *stored, middle, *listed]
@@ -352,7 +352,7 @@ def _validate_metadata(doc: object) -> BucketMetadata:
     if version == 1:
         out = _validate_segments_v1(segments, start, end, at)
         bitmaps = union_bitmaps(seg.bitmaps for seg in out)
-    elif version == 4:
+    elif version >= 4:  # version 5's entry 0 is version 4's
         out = _validate_segments_v2(segments, at)
         if sum(seg.count for seg in out) != count:  # (before the lists are allocated by count)
             raise MetadataCodecError(at, f"segments hold {sum(seg.count for seg in out)} indexes but the "
@@ -529,6 +529,7 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
         if check_sorted(ts, ledgers, entries) >= 0:
             raise ValueError("indexes are not sorted by (timestamp, ledger, entry) without duplicates")
     codec = ZLIB if version == 1 else ZSTD
+    grouped = version >= GROUPED_VERSION
     bounds = cut_segments(ts, time_step_ms, max_indexes_per_segment)
     starts = np.fromiter((lo for lo, _ in bounds), dtype=np.int64, count=len(bounds))
     # All segments in one pass (the rows were checked above): a bucket's segments are often
@@ -538,16 +539,17 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     if 0 < half < len(starts):
         mid = int(starts[half])
         first = run_beside(lambda: encode_segments(ts[:mid], ledgers[:mid], entries[:mid], starts[:half],
-                                                   compress=compress, codec=codec, check=False))
+                                                   compress=compress, codec=codec, check=False, grouped=grouped))
         try:
             rest = encode_segments(ts[mid:], ledgers[mid:], entries[mid:], starts[half:] - mid, compress=compress,
-                                   codec=codec, check=False)
+                                   codec=codec, check=False, grouped=grouped)
             whole = serialized_bitmaps(ledgers, entries) if version != 1 else None
         finally:
             payloads = first()  # (waited for even when this side failed: nothing runs on after the call)
         payloads += rest
     else:
-        payloads = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec, check=False)
+        payloads = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec, check=False,
+                                   grouped=grouped)
         whole = None
     metas = []
     if len(ts):
