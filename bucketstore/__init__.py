@@ -17,13 +17,13 @@ from .errors import (BucketStoreError, CatalogError, CheckpointError, CorruptLed
 from .memory.dedup import Deduplicator
 from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
-from .engine.read_only import ReadOnlyStore, ReadOnlyTracker
-from .engine.store import Store, open_store
-from .engine.subscription import Subscription
-from .engine.topic import Topic
+from .engine.store.read_only import ReadOnlyStore, ReadOnlyTracker
+from .engine.store.store import Store, open_store
+from .engine.topics.subscription import Subscription
+from .engine.topics.topic import Topic
 from .memory.timebucket import TimeBucketIndex
 from .memory.timebucket_tracker import TimeBucketTracker
-from .engine.tracker import BucketTracker
+from .engine.tracker.tracker import BucketTracker
 from .checking import CheckReport, Finding, check, check_file
 from .tracker_protocol import DelayedDeliveryTracker, TrackerView
 from . import metrics  # bucketstore.metrics.prometheus_text(store)

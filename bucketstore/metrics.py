@@ -23,12 +23,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .engine.disk_usage import dir_usage, tree_usage
-from .engine.journal import journal_directory
-from .engine.op_stats import LATENCY_BUCKETS
-from .engine.read_only import ReadOnlyStore
-from .engine.store import Store
-from .engine.topic_reader import describe_topics
+from .engine.directory.disk_usage import dir_usage, tree_usage
+from .engine.durability.journal import journal_directory
+from .engine.tracker.op_stats import LATENCY_BUCKETS
+from .engine.store.read_only import ReadOnlyStore
+from .engine.store.store import Store
+from .engine.topics.topic_reader import describe_topics
 from .errors import CatalogError, StaleSnapshotError, StoreClosedError
 
 __all__ = ["METRICS", "MetricInfo", "collect", "from_description", "render", "prometheus_text"]
@@ -131,14 +131,14 @@ def collect(store: Store | ReadOnlyStore) -> dict[str, Any]:
          "topics": {"orders": {"rows": ..., "subscriptions": {"sub-1": {"held_rows": ..., ...}}}}}
 
     The keys are the ``key`` fields of :data:`METRICS`; ``operations`` maps each op label to
-    ``ok``, ``failed``, ``buckets`` (per :data:`~bucketstore.engine.op_stats.LATENCY_BUCKETS`,
+    ``ok``, ``failed``, ``buckets`` (per :data:`~bucketstore.engine.tracker.op_stats.LATENCY_BUCKETS`,
     not cumulative, +Inf last), ``sum_seconds`` and ``observed``. On a read-only handle
     (``bucketstore.open(path, read_only=True)``) the trackers are those opened on it, with
     their snapshot's figures, and the journal descriptor pool (it has none) is left out; a
     tracker whose snapshot the writer has outdated (it raises ``StaleSnapshotError``) is left
     out, as one closed meanwhile is. File figures beside live maintenance: docs/operator.md.
     ``topics`` holds every topic of the store, open or not, as ``stats`` describes it
-    (:func:`~bucketstore.engine.topic_reader.describe_topics`: the same figures on both paths,
+    (:func:`~bucketstore.engine.topics.topic_reader.describe_topics`: the same figures on both paths,
     "due" by the clock of the topic's open handle; adds waiting for their group commit are not
     in them yet).
     """

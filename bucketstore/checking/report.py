@@ -6,7 +6,7 @@ counts of what was read. The command line adds only the printing and the exit co
 There is no ``fix=``: checking never writes. What a check reports as a warning (a journal's
 torn tail, an orphan or temporary file a crash left) is repaired by the next ``open`` of the
 store; a lost or damaged catalog is rebuilt, when asked, by ``bucketstore repair
---rebuild-catalog`` (:func:`bucketstore.engine.rebuild.rebuild_catalog`). Damage to a ledger
+--rebuild-catalog`` (:func:`bucketstore.engine.store.rebuild.rebuild_catalog`). Damage to a ledger
 file's bytes has no repair: its indexes are gone, and only the report says which.
 """
 

@@ -5,7 +5,7 @@ None of them takes the store's write lock, so they run beside a live writer.
 What makes their view consistent there:
 
 * the catalog is read in one LMDB read transaction, registered in LMDB's
-  reader table (:func:`~bucketstore.engine.catalog.read_catalog_snapshot`):
+  reader table (:func:`~bucketstore.engine.catalog.catalog.read_catalog_snapshot`):
   the view is one commit of the writer, never half a seal or a merge;
 * a referenced ledger file that is gone when read was retired by a commit
   after the snapshot (the writer removes the key before unlinking the file):
@@ -33,12 +33,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..format.bucket_summary import decode_summary, prefix_mismatch, summary_mismatch
-from ..engine.catalog import CatalogSnapshot, read_catalog_snapshot
-from ..engine.identity import identity_problems
-from ..engine.store_lock import writer_pid
-from ..engine.topic_file import topics_directory
-from ..engine.topic_reader import describe_topics, verify_topics
-from ..engine.journal import journal_directory
+from ..engine.catalog.catalog import CatalogSnapshot, read_catalog_snapshot
+from ..engine.directory.identity import identity_problems
+from ..engine.directory.store_lock import writer_pid
+from ..engine.topics.topic_file import topics_directory
+from ..engine.topics.topic_reader import describe_topics, verify_topics
+from ..engine.durability.journal import journal_directory
 from ..errors import CatalogError, CorruptLedgerError, JournalError
 from ..format.journal_codec import parse_file
 from ..format.ledger_file import ledger_file_name

@@ -19,8 +19,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from ..engine.checkpoint import check_destination, make_checkpoint
-from ..engine.upgrade import upgrade_store
+from ..engine.store.checkpoint import check_destination, make_checkpoint
+from ..engine.store.upgrade import upgrade_store
 from .. import __version__, metrics
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
 from . import plot, repair
@@ -78,7 +78,8 @@ def _render_store(doc: dict, *, detail: bool) -> str:
     lines = [f"store        {doc['store']}",
              f"writer       {'process ' + doc['writer_pid'] if doc['writer_pid'] else 'none (not open)'}",
              f"trackers     {len(doc['trackers'])}",
-             f"indexes      {doc['indexes']}  (sealed, as recorded in entry 0 of each bucket)",
+             f"indexes      {doc['indexes']}  (rows in sealed buckets as entry 0 records them, delivered ones included "
+             "until their bucket is deleted)",
              f"bytes        {doc['bytes']}" + (f"  ({doc['bytes'] / doc['indexes']:.2f} B/idx)" if doc['indexes'] else ""),
              f"ledger files {doc['ledger_files']} ({len(doc['orphan_files'])} orphan, "
              f"{len(doc['temporary_files'])} temporary, {len(doc['in_flight_files'])} in flight)",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine.rebuild import NothingToRebuild, rebuild_catalog
+from ..engine.store.rebuild import NothingToRebuild, rebuild_catalog
 
 __all__ = ["add_arguments", "run_from_args"]
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import TrackerConfig
-from ..engine.store import open_store
+from ..engine.store.store import open_store
 from .progress import Progress
 from .side_log import SideLog, read_side_log
 

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import TrackerConfig
-from ..engine.store import open_store
-from ..engine.topic_reader import describe_topics
+from ..engine.store.store import open_store
+from ..engine.topics.topic_reader import describe_topics
 from ..memory.inmemory import InMemoryTracker
 
 from .progress import Progress

@@ -12,7 +12,7 @@ Version 2 adds the bucket's first rows (its *prefix*: the first :data:`PREFIX_RO
 rows of segment 1, and the timestamp of the row after them). The first batch after
 a restart takes every overlapping bucket's earliest rows; with the prefix they are
 in memory once the catalog is read, and a bucket's file is opened only when a batch
-reaches past its prefix (see :mod:`~bucketstore.engine.bucket_prefix`).
+reaches past its prefix (see :mod:`~bucketstore.engine.buckets.bucket_prefix`).
 
 Byte layout (all little-endian; see ``formats/catalog.md``)::
 

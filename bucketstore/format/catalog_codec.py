@@ -1,7 +1,7 @@
 """The catalog's records as bytes: key layout and value encodings (``formats/catalog.md``).
 
 The catalog is an LMDB environment; opening it, its transactions and its file checks are the
-engine's (:mod:`bucketstore.engine.catalog`). What a reader in another language needs to make
+engine's (:mod:`bucketstore.engine.catalog.catalog`). What a reader in another language needs to make
 sense of the records it finds there is here: how a record's key names its tracker and bucket,
 and how each value is encoded. A bucket's summary has a codec of its own
 (:mod:`bucketstore.format.bucket_summary`).

@@ -1,6 +1,6 @@
 """The journal file's bytes: its header, its group framing and its records (``formats/journal.md``).
 
-Pure functions of bytes, no file handling: :mod:`bucketstore.engine.journal` writes, fsyncs,
+Pure functions of bytes, no file handling: :mod:`bucketstore.engine.durability.journal` writes, fsyncs,
 lists, cuts and replays the files; this module is what a reader in another language
 reimplements. :func:`parse_file` reads one file's bytes as replay and ``verify`` do, and says
 where a torn tail starts without deciding what to do with it.

@@ -65,7 +65,7 @@ class InMemoryTracker(VolatileTracker):
             return True
 
     def add_messages(self, indexes: Any) -> int:
-        """Track a batch (see :meth:`bucketstore.engine.tracker.BucketTracker.add_messages`)."""
+        """Track a batch (see :meth:`bucketstore.engine.tracker.tracker.BucketTracker.add_messages`)."""
         ledgers, entries, deliver_at = as_columns(indexes)
         tracked = 0
         for ledger, entry, at in zip(ledgers.tolist(), entries.tolist(), deliver_at.tolist()):

@@ -11,7 +11,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ..config import TrackerConfig
-from ..engine.store import open_store
+from ..engine.store.store import open_store
 from ..format.snapshot import parse_bucket_key
 from .build_plan import InPlacePlan, PartitionPlan, default_tasks, plan_in_place, plan_partitions
 from .build_task import BUILD_COLUMNS

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..engine.catalog import Catalog
+from ..engine.catalog.catalog import Catalog
 from ..errors import CatalogError, CorruptLedgerError
 from ..format.ledger_file import LedgerReader
 from .abort_marker import mark_aborted

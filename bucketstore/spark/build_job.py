@@ -24,7 +24,7 @@ from ..format.catalog_codec import validate_tracker_name
 from ..config import TrackerConfig
 from ..errors import CatalogError
 from ..format.snapshot import parse_bucket_key
-from ..engine.store import open_store
+from ..engine.store.store import open_store
 from .abort_marker import remove_stale_marks
 from .lock import check_writable
 from .store_access import first_free_ledger_id, open_catalog_readonly

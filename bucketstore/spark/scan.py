@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import CatalogError, StaleSnapshotError
-from ..engine.journal import has_journal, read_frontier
+from ..engine.durability.journal import has_journal, read_frontier
 from ..format.ledger_file import LedgerReader
 from ..format.snapshot import BucketFile, bucket_key, parse_bucket_key
 from .schema import READ_ARROW_SCHEMA, signed_view, to_signed

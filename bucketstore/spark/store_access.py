@@ -6,7 +6,7 @@ need the catalog (read-only) and the file names. The catalog is read as one
 snapshot (one LMDB read transaction), so a plan never mixes two commits of a
 live writer; as ``bucketstore.open(path, read_only=True)`` reads it, registered
 as a reader in ``lock.mdb`` only beside a live writer, so reading a store no one
-writes writes nothing into it (see :func:`~bucketstore.engine.catalog.read_catalog_quietly`).
+writes writes nothing into it (see :func:`~bucketstore.engine.catalog.catalog.read_catalog_quietly`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..engine.catalog import CatalogSnapshot, read_catalog_snapshot
+from ..engine.catalog.catalog import CatalogSnapshot, read_catalog_snapshot
 from ..errors import CatalogError
 from ..format.ledger_file import ledger_file_name
 

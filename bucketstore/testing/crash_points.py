@@ -34,7 +34,7 @@ from typing import Any
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 from bucketstore.testing.clock import FakeClock
 from bucketstore.testing.faults import DAMAGES, Damage, DataLoss, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.testing.oracle import CatalogState

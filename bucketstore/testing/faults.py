@@ -19,7 +19,7 @@ calls' numbers, which crash enumeration relies on, as they were.
 Every durable call is numbered (``create``, ``open_append``, ``write``,
 ``fsync``, ``truncate``, ``rename``, ``unlink``, ``fsync_dir``, and the
 ``catalog_commit`` pseudo-call that :meth:`FaultyFileSystem.attach` installs in
-:attr:`Catalog.before_commit <bucketstore.engine.catalog.Catalog.before_commit>`), so a
+:attr:`Catalog.before_commit <bucketstore.engine.catalog.catalog.Catalog.before_commit>`), so a
 test can run a workload once to count its calls and then crash it before each
 one in turn. A crash raises :class:`SimulatedCrash`, a :class:`BaseException`,
 so the engine's ``except Exception`` / ``except OSError`` handlers cannot
@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 
 import lmdb
 
-from ..engine.catalog import Catalog
-from ..engine.worker_thread import WorkerThread
+from ..engine.catalog.catalog import Catalog
+from ..engine.threads.worker_thread import WorkerThread
 from ..format.fs import FileSystem
 
 __all__ = [

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bucketstore.engine.journal import journal_directory
+from bucketstore.engine.durability.journal import journal_directory
 from bucketstore.format.journal_codec import parse_file
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key

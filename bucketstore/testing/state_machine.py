@@ -62,7 +62,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from bucketstore import TrackerConfig
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 from bucketstore.testing.clock import FakeClock
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
 from bucketstore.testing.stepped_worker import SteppedWorker

@@ -32,7 +32,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from bucketstore.engine.maintenance import MAINTENANCE_THREADS, Job, MaintenanceWorker
+from bucketstore.engine.maintenance.maintenance import MAINTENANCE_THREADS, Job, MaintenanceWorker
 
 __all__ = ["SteppedWorker"]
 

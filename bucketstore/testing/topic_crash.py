@@ -7,7 +7,7 @@ both kinds of durable step of one process:
 
 * each commit of a topic write transaction (``topic_commit``) and each sync of the topic
   environment (``topic_sync``), through the engine's seam
-  :data:`bucketstore.engine.topic_file.durable_step_hook`;
+  :data:`bucketstore.engine.topics.topic_file.durable_step_hook`;
 * each durable call the store makes through its file layer (``create``, ``open_append``,
   ``write``, ``fsync``, ``truncate``, ``rename``, ``unlink``, ``fsync_dir``: the layer is
   :meth:`DurableSteps.file_system`, handed to the store) and each catalog commit
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import TrackerConfig
-from ..engine import topic_file
-from ..engine.store import Store
-from ..engine.topic_reader import verify_topics
+from ..engine.topics import topic_file
+from ..engine.store.store import Store
+from ..engine.topics.topic_reader import verify_topics
 from ..format.fs import FileSystem
 from .clock import FakeClock
 from .topic_model import TopicModel

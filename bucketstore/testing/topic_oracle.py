@@ -1,7 +1,7 @@
 """The reference for a topic's per-subscription figures: one pass over every row of the topic
 per subscription, straight from the definitions (``docs/topics.md``).
 
-The engine computes them by range scans (:mod:`bucketstore.engine.topic_figures`), which
+The engine computes them by range scans (:mod:`bucketstore.engine.topics.topic_figures`), which
 must give the same numbers; this pass costs O(rows x subscriptions), so it serves the tests
 and ``tools/bench/bench_topics.py`` (the "before" of its stats line), never a scrape.
 """
@@ -12,8 +12,8 @@ import os
 from typing import Any
 
 from ..cutoff import system_clock
-from ..engine.subscription_state import SubscriptionState
-from ..engine.topic_reader import _each, _reading
+from ..engine.topics.subscription_state import SubscriptionState
+from ..engine.topics.topic_reader import _each, _reading
 from ..format.topic_codec import MULTI, decode_topic, row_from, split_position, split_sub_key, topic_prefix
 
 __all__ = ["scan_figures"]

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import bucketstore
 from bucketstore import metrics
-from bucketstore.engine.op_stats import ADD_SAMPLE_EVERY, LATENCY_BUCKETS
+from bucketstore.engine.tracker.op_stats import ADD_SAMPLE_EVERY, LATENCY_BUCKETS
 from helpers import SMALL, FakeClock
 from repo_paths import DOCS
 

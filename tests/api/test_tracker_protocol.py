@@ -126,7 +126,7 @@ def test_a_drifting_signature_is_caught() -> None:
 def test_bucket_tracker_implements_the_job_interface() -> None:
     """The seal and merge jobs are typed with ``JobHost``: every member it lists exists on
     ``BucketTracker`` with the same signature."""
-    from bucketstore.engine.bucket_job import JobHost
+    from bucketstore.engine.maintenance.bucket_job import JobHost
 
     assert members(JobHost), "JobHost lists nothing"
     assert signature_problems(bucketstore.BucketTracker, JobHost) == []

@@ -176,7 +176,7 @@ def test_journal_simulate_catches_a_store_that_drops_acknowledged_adds(tmp_path:
 
     The broker children are forked from this process, so they inherit the broken add_messages."""
     from bucketstore.cli import simulate_journal as sj
-    from bucketstore.engine.tracker import BucketTracker
+    from bucketstore.engine.tracker.tracker import BucketTracker
 
     real = BucketTracker.add_messages
 

@@ -6,7 +6,7 @@ import re
 
 from bucketstore.cli import commands as cli
 from bucketstore.cli.simulate_topics import TopicSimulation, run_topic_simulation
-from bucketstore.engine.topic_reader import describe_topics
+from bucketstore.engine.topics.topic_reader import describe_topics
 
 
 def test_simulate_with_subscriptions_agrees_with_the_oracles(tmp_path, capsys) -> None:

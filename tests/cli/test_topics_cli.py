@@ -11,8 +11,8 @@ import lmdb
 import bucketstore
 from bucketstore import TrackerConfig
 from bucketstore.cli import commands as cli
-from bucketstore.engine.topic_file import topics_directory
-from bucketstore.engine.topic_reader import describe_topics, verify_topics
+from bucketstore.engine.topics.topic_file import topics_directory
+from bucketstore.engine.topics.topic_reader import describe_topics, verify_topics
 
 from helpers import FakeClock
 

@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 
 from bucketstore.testing.faults import DAMAGES, Damage, FaultyFileSystem, SimulatedCrash, abandon_store
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 
 from bucketstore.testing.oracle import (JournalBounds, Model, check_deliveries, check_files, check_journal_files,
                           check_journal_recovered, reseed)

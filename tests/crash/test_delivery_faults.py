@@ -30,9 +30,9 @@ import pytest
 
 import bucketstore
 import bucketstore.aio
-import bucketstore.engine.store as store_module
+import bucketstore.engine.store.store as store_module
 from bucketstore import TrackerConfig
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 from bucketstore.errors import BucketStoreError
 from bucketstore.testing.faults import FaultyFileSystem, abandon_store
 

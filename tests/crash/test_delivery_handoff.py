@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 from bucketstore.testing.faults import (DAMAGES, ONLY_SYNCED, DataLoss, FaultyFileSystem, SimulatedCrash,
                                        abandon_store)
 
@@ -251,7 +251,7 @@ def test_a_confirmation_window_commits_once_it_has_passed(tmp_path, clock, monke
     p = Process(tmp_path, clock, confirm_sync_ms=50)
     p.tracker.add_messages([(1, e, 1100 + e) for e in range(5)])
     now = [0.0]
-    monkeypatch.setattr("bucketstore.engine.tracker.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("bucketstore.engine.tracker.tracker.time.monotonic", lambda: now[0])
     p.tracker.flush()  # the last commit at t=0
     ops = []
     for t, at in ((0.010, 1100), (0.030, 1101), (0.060, 1102), (0.070, 1103)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bucketstore import TrackerConfig
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 from bucketstore.testing import FakeClock, crash_each_point
 
 CONFIG = TrackerConfig(tick_time_ms=10, min_index_count_per_bucket=4, max_indexes_per_segment=3)

@@ -32,8 +32,8 @@ import pytest
 
 import bucketstore
 from bucketstore import BucketStoreError, JournalError, TrackerConfig
-from bucketstore.engine.journal import journal_directory
-from bucketstore.engine.store import Store
+from bucketstore.engine.durability.journal import journal_directory
+from bucketstore.engine.store.store import Store
 from bucketstore.errors import MaintenanceError
 from bucketstore.testing.faults import FaultyFileSystem, SimulatedCrash, abandon_store
 

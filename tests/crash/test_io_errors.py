@@ -21,7 +21,7 @@ import bucketstore
 from bucketstore import TrackerConfig
 from bucketstore.errors import MaintenanceError
 from bucketstore.testing.faults import FaultyFileSystem
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 
 from helpers import FakeClock
 

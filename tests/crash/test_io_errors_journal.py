@@ -15,7 +15,7 @@ import bucketstore
 from bucketstore import BucketStoreError, JournalError, TrackerConfig
 from bucketstore.errors import MaintenanceError
 from bucketstore.testing.faults import FaultyFileSystem, abandon_store
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 
 from helpers import FakeClock
 

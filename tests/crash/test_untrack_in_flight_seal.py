@@ -14,8 +14,8 @@ import pytest
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine.seal_pipeline import SealJob
-from bucketstore.engine.store import Store
+from bucketstore.engine.maintenance.seal_pipeline import SealJob
+from bucketstore.engine.store.store import Store
 from bucketstore.testing import SteppedWorker, abandon_store
 from bucketstore.testing.faults import SimulatedCrash
 

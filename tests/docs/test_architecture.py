@@ -205,8 +205,37 @@ def test_at_most_ten_modules_at_the_root() -> None:
     assert len(flat) <= 10, flat
 
 
+#: ``bucketstore/engine/`` by stage of the data flow, lowest first (its ``__init__`` lists them).
+ENGINE_STAGES = ("threads", "directory", "catalog", "queue", "durability", "buckets", "mutable",
+                 "maintenance", "tracker", "topics", "store")
+
+
+def engine_stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "engine" else None
+
+
+def test_engine_stages_point_down_the_data_flow(graph: dict[str, list[Import]]) -> None:
+    """A stage of the engine imports only the stages below it: the store builds on trackers and
+    topics, a tracker on jobs, buckets and the queue, never the other way."""
+    flat = sorted(p.name for p in (PACKAGE / "engine").glob("*.py") if p.name != "__init__.py")
+    assert not flat, f"engine modules outside a stage: {flat}"
+    stages = sorted(p.name for p in (PACKAGE / "engine").iterdir() if (p / "__init__.py").exists())
+    assert stages == sorted(ENGINE_STAGES)
+    wrong = []
+    for m, imps in graph.items():
+        mine = engine_stage(m)
+        if mine is None:
+            continue
+        for i in own(imps):
+            theirs = engine_stage(i.target)
+            if theirs is not None and ENGINE_STAGES.index(theirs) > ENGINE_STAGES.index(mine):
+                wrong.append(f"{m}:{i.line} ({mine}) imports {i.target} ({theirs})")
+    assert not wrong, "engine imports that run up the stages:\n" + "\n".join(wrong)
+
+
 def test_each_subpackage_says_what_it_owns_and_may_import() -> None:
-    for init in sorted(PACKAGE.glob("*/__init__.py")):
+    for init in sorted(PACKAGE.glob("*/__init__.py")) + sorted(PACKAGE.glob("engine/*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "May import" in doc or "may import" in doc, f"{init} does not say what it may import"
 
@@ -219,7 +248,7 @@ def test_jobs_see_the_tracker_only_through_its_job_interface() -> None:
     what the jobs may touch is the Protocol's list, which the tracker implements."""
     found = []
     for name in JOB_MODULES:
-        path = PACKAGE / "engine" / f"{name}.py"
+        path = PACKAGE / "engine" / "maintenance" / f"{name}.py"
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
                 owner = node.value

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from bucketstore import TrackerConfig, metrics
-from bucketstore.engine.backlog_budget import ROW_BYTES, SMALL_BATCH_ROWS, BacklogBudget
-from bucketstore.engine.store import Store
+from bucketstore.engine.maintenance.backlog_budget import ROW_BYTES, SMALL_BATCH_ROWS, BacklogBudget
+from bucketstore.engine.store.store import Store
 from bucketstore.testing import SteppedWorker
 
 from helpers import FakeClock

@@ -1,11 +1,11 @@
-"""BucketMap.covering answers from lists rebuilt after every change (engine/sealed_bucket.py)."""
+"""BucketMap.covering answers from lists rebuilt after every change (engine/buckets/sealed_bucket.py)."""
 
 from __future__ import annotations
 
 import random
 from types import SimpleNamespace
 
-from bucketstore.engine.sealed_bucket import BucketMap
+from bucketstore.engine.buckets.sealed_bucket import BucketMap
 
 
 def _bucket(start: int, end: int) -> SimpleNamespace:

@@ -19,7 +19,7 @@ import pytest
 import bucketstore
 from bucketstore import CatalogError, CorruptLedgerError, TrackerConfig
 from bucketstore.cli.commands import main
-from bucketstore.engine import shared_queue
+from bucketstore.engine.queue import shared_queue
 from bucketstore.format import bucket_summary
 from bucketstore.format.bucket_summary import decode_summary, encode_summary
 from bucketstore.format.snapshot import build_bucket

@@ -23,7 +23,7 @@ import pytest
 _PRELUDE = textwrap.dedent("""
     import sys, threading, time
     from collections.abc import Mapping
-    from bucketstore.engine.catalog import Catalog
+    from bucketstore.engine.catalog.catalog import Catalog
     from bucketstore.errors import CatalogError
 
     path = sys.argv[1]

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from bucketstore.engine import catalog as catalog_module
-from bucketstore.engine.catalog import Catalog
-from bucketstore.engine.map_gate import MapGate
+from bucketstore.engine.catalog import catalog as catalog_module
+from bucketstore.engine.catalog.catalog import Catalog
+from bucketstore.engine.catalog.map_gate import MapGate
 
 
 def test_readers_on_other_threads_survive_map_growth(tmp_path, monkeypatch):

@@ -13,9 +13,10 @@ import dataclasses
 import threading
 
 from bucketstore import TrackerConfig
-from bucketstore.engine import index_pager, index_set
-from bucketstore.engine.sealed_membership import SpilledMembership
-from bucketstore.engine.store import Store
+from bucketstore.engine.buckets import index_pager
+from bucketstore.engine.queue import index_set
+from bucketstore.engine.buckets.sealed_membership import SpilledMembership
+from bucketstore.engine.store.store import Store
 from bucketstore.testing.stepped_worker import SteppedWorker
 
 from helpers import FakeClock

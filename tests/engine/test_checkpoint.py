@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 import bucketstore
-from bucketstore.engine.checkpoint import make_checkpoint
+from bucketstore.engine.store.checkpoint import make_checkpoint
 from crash_writer import JOURNAL_CONFIG, NAME, fork_child, run_journal_writer
 from helpers import FakeClock
 
@@ -330,8 +330,8 @@ def test_a_checkpoint_killed_midway_leaves_nothing_at_its_destination(tmp_path: 
 
 
 def test_a_journal_started_over_during_the_copy_is_refused_not_mixed(tmp_path: Path) -> None:
-    from bucketstore.engine.journal import journal_directory
-    from bucketstore.engine.journal_copy import combine, read_journal
+    from bucketstore.engine.durability.journal import journal_directory
+    from bucketstore.engine.durability.journal_copy import combine, read_journal
 
     with bucketstore.open(tmp_path / "a", durability="journal", background=False) as store:
         _fill(store.tracker("t", config=CONFIG, clock=FakeClock(5_000)), range(1, 2))

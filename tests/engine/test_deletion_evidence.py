@@ -25,7 +25,7 @@ import pytest
 import bucketstore
 from bucketstore import BucketStoreError, CatalogError, CorruptLedgerError, LedgerIdentityError, TrackerConfig
 from bucketstore.cli.commands import main
-from bucketstore.engine.catalog import Catalog
+from bucketstore.engine.catalog.catalog import Catalog
 from bucketstore.format import bucket_summary
 from bucketstore.format.bucket_summary import decode_summary
 from bucketstore.format.ledger_file import ledger_file_name

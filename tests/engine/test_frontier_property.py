@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bucketstore
-from bucketstore.engine import index_set, shared_queue
-from bucketstore.engine.index_set import DelayedIndexSet
-from bucketstore.engine.shared_queue import Run, SharedQueue, sorted_run
+from bucketstore.engine.queue import index_set, shared_queue
+from bucketstore.engine.queue.index_set import DelayedIndexSet
+from bucketstore.engine.queue.shared_queue import Run, SharedQueue, sorted_run
 
 from helpers import FakeClock, example_count
 from test_tracker_differential import CONFIGS, SortedListModel, _run, ops

@@ -18,7 +18,7 @@ import pytest
 
 import bucketstore
 from bucketstore import InMemoryTracker, TrackerConfig
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 from bucketstore.testing import SteppedWorker
 
 from helpers import FakeClock

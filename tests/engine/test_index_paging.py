@@ -1,4 +1,4 @@
-"""Sealed buckets paged out of the tracker-wide index (engine/index_pager.py) stay exact.
+"""Sealed buckets paged out of the tracker-wide index (engine/buckets/index_pager.py) stay exact.
 
 The differential workloads run again with the pager sweeping at every chance (after every
 install and delivery call, and at every step they check), so buckets go out and come back in
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine import index_pager
-from bucketstore.engine.tracker import BucketTracker
+from bucketstore.engine.buckets import index_pager
+from bucketstore.engine.tracker.tracker import BucketTracker
 from bucketstore.format import bucket_summary
 
 import test_tracker_differential as differential
@@ -271,7 +271,7 @@ def test_a_pinned_spill_gives_back_every_position(wide):
     64-bit ids), and a pinned directory survives a budget that drops every other one."""
     from pyroaring import BitMap, BitMap64
 
-    from bucketstore.engine.sealed_membership import SpilledMembership
+    from bucketstore.engine.buckets.sealed_membership import SpilledMembership
 
     rng = random.Random(3)
     positions = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from pyroaring import BitMap
 
-from bucketstore.engine import index_set
-from bucketstore.engine.index_set import DelayedIndexSet
+from bucketstore.engine.queue import index_set
+from bucketstore.engine.queue.index_set import DelayedIndexSet
 
 U = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
 

@@ -254,7 +254,7 @@ def test_a_foreign_journal_is_refused(tmp_path):
     with bucketstore.open(path, "journal") as store:
         store.tracker("a", SMALL, FakeClock(0)).add_message(1, 1, 500)
         store.tracker("b", SMALL, FakeClock(0)).add_message(7, 7, 700)
-    from bucketstore.engine.journal import journal_directory
+    from bucketstore.engine.durability.journal import journal_directory
     da, db = journal_directory(str(path), "a"), journal_directory(str(path), "b")
     for name in os.listdir(db):
         os.unlink(os.path.join(db, name))
@@ -271,7 +271,7 @@ def test_a_journal_of_another_store_is_refused(tmp_path):
     for p in (path, other):
         with bucketstore.open(p, "journal") as store:
             store.tracker("a", SMALL, FakeClock(0)).add_message(1, 1, 500)
-    from bucketstore.engine.journal import journal_directory
+    from bucketstore.engine.durability.journal import journal_directory
     shutil.rmtree(journal_directory(str(path), "a"))
     shutil.copytree(journal_directory(str(other), "a"), journal_directory(str(path), "a"))
     with bucketstore.open(path, "journal") as store:

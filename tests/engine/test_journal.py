@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import bucketstore
 from bucketstore import JournalError, TrackerConfig
 from bucketstore.testing import abandon_store
-from bucketstore.engine.journal import Journal, has_journal, journal_directory, read_frontier
+from bucketstore.engine.durability.journal import Journal, has_journal, journal_directory, read_frontier
 
 CFG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=6, max_indexes_per_segment=3,
                     max_time_step_per_segment_ms=300)
@@ -402,8 +402,8 @@ def test_cutting_a_torn_tail_goes_through_the_file_layer(tmp_path):
     by the fault-injecting layer, whose ``truncate`` then failed with a KeyError, so no
     recovery of a torn journal could itself be crashed or damaged."""
     from bucketstore.testing.faults import FaultyFileSystem
-    from bucketstore.engine.journal import journal_directory
-    from bucketstore.engine.store import Store
+    from bucketstore.engine.durability.journal import journal_directory
+    from bucketstore.engine.store.store import Store
 
     with bucketstore.open(tmp_path, durability="journal") as store:
         t = store.tracker("sub", CFG, FakeClock(1000))

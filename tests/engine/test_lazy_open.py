@@ -20,7 +20,7 @@ from bucketstore import CatalogError, CorruptLedgerError, TrackerConfig
 from bucketstore.cli.commands import main
 from bucketstore.format import bucket_summary
 from bucketstore.format.bucket_summary import decode_summary, encode_summary
-from bucketstore.engine.catalog import Catalog
+from bucketstore.engine.catalog.catalog import Catalog
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine.mutable_bucket import PendingCounter
+from bucketstore.engine.mutable.mutable_bucket import PendingCounter
 
 from helpers import FakeClock, example_count
 

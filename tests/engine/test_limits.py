@@ -15,7 +15,7 @@ from helpers import FakeClock
 
 import bucketstore
 from bucketstore import StoreClosedError, TrackerConfig
-from bucketstore.engine.journal import journal_directory
+from bucketstore.engine.durability.journal import journal_directory
 
 SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=10, max_indexes_per_segment=4)
 

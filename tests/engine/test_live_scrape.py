@@ -22,8 +22,8 @@ import pytest
 import bucketstore
 from bucketstore import metrics
 from bucketstore.checking.store_check import describe_store
-from bucketstore.engine.disk_usage import dir_usage
-from bucketstore.engine.journal import journal_directory
+from bucketstore.engine.directory.disk_usage import dir_usage
+from bucketstore.engine.durability.journal import journal_directory
 from bucketstore.format.ledger_file import ledger_file_name
 from helpers import SMALL, FakeClock, fill_and_seal
 

@@ -21,8 +21,8 @@ import lmdb
 import pytest
 
 from bucketstore import CatalogError
-from bucketstore.engine import lmdb_file
-from bucketstore.engine.lmdb_file import _Walk, _read_metas, check_data_file
+from bucketstore.engine.catalog import lmdb_file
+from bucketstore.engine.catalog.lmdb_file import _Walk, _read_metas, check_data_file
 
 FUZZ = int(os.environ.get("BUCKETSTORE_LMDB_FUZZ", "300"))
 PAGE = 4096
@@ -170,7 +170,7 @@ def test_only_the_meta_page_lmdb_uses_is_walked(tmp_path):
 _CHECK_THEN_READ = textwrap.dedent("""
     import sys, lmdb
     from bucketstore import CatalogError
-    from bucketstore.engine.lmdb_file import check_data_file
+    from bucketstore.engine.catalog.lmdb_file import check_data_file
     if sys.argv[2] == "check":
         try:
             check_data_file(sys.argv[1] + "/data.mdb")

@@ -18,7 +18,7 @@ from helpers import FakeClock
 
 import bucketstore
 from bucketstore import BucketStoreError, MaintenanceError, StoreClosedError, TrackerConfig
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 from bucketstore.testing.faults import FaultyFileSystem
 
 CONFIG = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=2)

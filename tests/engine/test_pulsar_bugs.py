@@ -15,7 +15,7 @@ import bucketstore
 from bucketstore import TrackerConfig
 from bucketstore.errors import MaintenanceError
 from bucketstore.testing.faults import FaultyFileSystem
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 
 SMALL = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=2)
 

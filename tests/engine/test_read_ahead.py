@@ -16,7 +16,7 @@ import pytest
 
 import bucketstore
 from bucketstore import InMemoryTracker, TrackerConfig
-from bucketstore.engine.read_ahead import SegmentRead
+from bucketstore.engine.buckets.read_ahead import SegmentRead
 from bucketstore.errors import CorruptLedgerError
 from bucketstore.format.ledger_file import LedgerReader
 

@@ -20,7 +20,7 @@ import pytest
 
 import bucketstore
 from bucketstore import CatalogError, ReadOnlyError, StaleSnapshotError, StoreClosedError, TrackerConfig
-from bucketstore.engine.journal import journal_directory
+from bucketstore.engine.durability.journal import journal_directory
 
 from helpers import FakeClock, as_format1_catalog
 from repo_paths import SUPPORT

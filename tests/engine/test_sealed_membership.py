@@ -15,8 +15,8 @@ import random
 import pytest
 
 import bucketstore
-from bucketstore.engine import sealed_membership
-from bucketstore.engine.sealed_membership import SpilledMembership
+from bucketstore.engine.buckets import sealed_membership
+from bucketstore.engine.buckets.sealed_membership import SpilledMembership
 
 from helpers import FakeClock, example_count
 from test_lazy_open import CFG, LATE, LEDGERS, PER_LEDGER, _pair, _step

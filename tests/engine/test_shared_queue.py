@@ -7,7 +7,7 @@ from helpers import example_count
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketstore.engine.shared_queue import _merge, sorted_run
+from bucketstore.engine.queue.shared_queue import _merge, sorted_run
 
 rows = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3), st.integers(0, 200)), min_size=1, max_size=300)
 wide = st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
@@ -30,7 +30,7 @@ def test_merge_equals_sorting_everything(run_rows):
 
 def _loose_runs(tracker) -> int:
     """Live runs of the queue held only in memory (no sealed bucket owns them)."""
-    from bucketstore.engine.queue_runs import Run
+    from bucketstore.engine.queue.queue_runs import Run
     return sum(1 for item in tracker._queue.items()
                if isinstance(item, Run) and item.owner is None and not item.dead and item.remaining)
 

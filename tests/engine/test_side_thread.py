@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from bucketstore.engine.side_thread import run_beside
+from bucketstore.engine.threads.side_thread import run_beside
 from bucketstore.format import snapshot
 from bucketstore.format.row_sort import sort_rows
 from bucketstore.format.snapshot import build_bucket, encode_metadata

@@ -1,4 +1,4 @@
-"""A topic delivers a window of rows at a time (``engine/topic_windows.py``) and group-commits
+"""A topic delivers a window of rows at a time (``engine/topics/topic_windows.py``) and group-commits
 its subscriptions' progress (``docs/topics.md``, "Delivery" and "Durability").
 
 The per-call semantics are held against independent trackers by
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine import topic_windows
-from bucketstore.engine.topic_reader import describe_topics, verify_topics
+from bucketstore.engine.topics import topic_windows
+from bucketstore.engine.topics.topic_reader import describe_topics, verify_topics
 from bucketstore.testing.faults import abandon_store
 
 from helpers import FakeClock

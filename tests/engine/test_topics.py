@@ -16,7 +16,7 @@ import pytest
 
 import bucketstore
 from bucketstore import CatalogError, StoreClosedError, TrackerConfig
-from bucketstore.engine.topic_file import topics_directory
+from bucketstore.engine.topics.topic_file import topics_directory
 
 from helpers import FakeClock
 
@@ -240,7 +240,7 @@ def test_wait_scheduled_wakes_on_an_earlier_add(tmp_path) -> None:
 
 
 def test_the_topic_map_grows_as_rows_are_added(tmp_path, monkeypatch) -> None:
-    import bucketstore.engine.topic_file as topic_file
+    import bucketstore.engine.topics.topic_file as topic_file
     monkeypatch.setattr(topic_file, "_INITIAL_MAP", 256 << 10)  # a few hundred rows fill it
     clock = FakeClock(1_000)
     with bucketstore.open(tmp_path) as store:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine.subscription_state import SubscriptionState
+from bucketstore.engine.topics.subscription_state import SubscriptionState
 
 from helpers import FakeClock
 

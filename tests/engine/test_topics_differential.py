@@ -29,7 +29,7 @@ ledger = st.integers(0, LEDGERS - 1)
 entry = st.integers(0, ENTRIES - 1)
 sub = st.integers(0, 7)
 # Mostly a few ms ahead; sometimes a window or two of the ``rows`` table (4.096 s) ahead, so
-# deliveries read and cross several windows (engine/topic_windows.py). The clock starts just
+# deliveries read and cross several windows (engine/topics/topic_windows.py). The clock starts just
 # before a window's end.
 ahead = st.one_of(st.integers(-5, 40), st.integers(-5, 40), st.sampled_from([4_090, 4_100, 8_200]))
 op = st.one_of(

@@ -1,5 +1,5 @@
 """A topic's per-subscription figures (``held_rows``, ``due_undelivered``, ``oldest_due_age_ms``)
-by range scans (``engine/topic_figures.py``) equal the pass over every row they replaced
+by range scans (``engine/topics/topic_figures.py``) equal the pass over every row they replaced
 (``bucketstore.testing.topic_oracle``), on random topics; and a scrape reads the due rows and
 the windows held, not every row once per subscription. ``BUCKETSTORE_EXAMPLES`` raises the
 example count.
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine import topic_reader, topic_rows
-from bucketstore.engine.topic_reader import describe_topics
+from bucketstore.engine.topics import topic_reader, topic_rows
+from bucketstore.engine.topics.topic_reader import describe_topics
 from bucketstore.format.topic_codec import MAX_KEY
 from bucketstore.testing.topic_oracle import scan_figures
 

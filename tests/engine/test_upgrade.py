@@ -17,8 +17,8 @@ import pytest
 import bucketstore
 from bucketstore import TrackerConfig
 from bucketstore.cli import commands as cli
-from bucketstore.engine.catalog import Catalog
-from bucketstore.engine.upgrade import upgrade_store
+from bucketstore.engine.catalog.catalog import Catalog
+from bucketstore.engine.store.upgrade import upgrade_store
 from bucketstore.format.ledger_file import ledger_file_name
 from bucketstore.format.snapshot import SNAPSHOT_VERSION, BucketFile, build_bucket, write_bucket
 from bucketstore.checking.store_check import verify_store
@@ -159,7 +159,7 @@ def test_upgrade_crash_after_the_new_file_is_durable(v1_store, monkeypatch) -> N
     def crash(self, *args, **kwargs):
         raise Crash()
     monkeypatch.setattr(Catalog, "commit", crash)
-    import bucketstore.engine.store as store_mod
+    import bucketstore.engine.store.store as store_mod
     monkeypatch.setattr(store_mod.Store, "remove_ledger_file", lambda self, p: None)  # died: no cleanup
     with pytest.raises(Crash):
         upgrade_store(path)

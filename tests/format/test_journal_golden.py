@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bucketstore import JournalError
-from bucketstore.engine.journal import read_identity
+from bucketstore.engine.durability.journal import read_identity
 from bucketstore.format.journal_codec import parse_file
 from repo_paths import DAMAGED, GOLDEN
 

@@ -18,7 +18,7 @@ import zstandard
 
 import bucketstore
 from bucketstore.config import TrackerConfig
-from bucketstore.engine.catalog import Catalog
+from bucketstore.engine.catalog.catalog import Catalog
 from bucketstore.format.compression import compress
 from bucketstore.format.segment_codec import KIND_FRAME, KIND_PACKED, encode_segment
 from helpers import SMALL, FakeClock, fill_and_seal

@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from bucketstore import CatalogError
-from bucketstore.engine.bucket_prefix import take_head
-from bucketstore.engine.sealed_bucket import SealedBucket
+from bucketstore.engine.buckets.bucket_prefix import take_head
+from bucketstore.engine.buckets.sealed_bucket import SealedBucket
 from bucketstore.format.bucket_summary import decode_summary, prefix_mismatch, summary_mismatch
 from corpus.summary_damage import CAUGHT_AT, SUMMARY_CASES, fields, pack
 from repo_paths import DAMAGED, GOLDEN

@@ -19,9 +19,9 @@ pytest.importorskip("pyarrow", reason="the spark extra is not installed (pip ins
 
 import bucketstore  # noqa: E402
 import bucketstore.spark as bspark  # noqa: E402
-from bucketstore.engine.catalog import Catalog  # noqa: E402
-from bucketstore.engine.journal import journal_directory  # noqa: E402
-from bucketstore.engine.journal import read_frontier  # noqa: E402
+from bucketstore.engine.catalog.catalog import Catalog  # noqa: E402
+from bucketstore.engine.durability.journal import journal_directory  # noqa: E402
+from bucketstore.engine.durability.journal import read_frontier  # noqa: E402
 from bucketstore.format.snapshot import BucketFile, parse_bucket_key  # noqa: E402
 from bucketstore.spark.bucketing import (LedgerRangeConflict, Rows, cut_buckets, cut_ledger_groups,  # noqa: E402
                                          order_positions, time_order)

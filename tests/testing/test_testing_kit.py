@@ -21,7 +21,7 @@ import pytest
 import bucketstore
 import bucketstore.checking
 import bucketstore.testing
-from bucketstore.engine.store import Store
+from bucketstore.engine.store.store import Store
 from bucketstore.testing import DAMAGES, FakeClock, FaultyFileSystem, crash_each_point
 from bucketstore.testing import clock as clock_module
 from bucketstore.testing import crash_points, oracle

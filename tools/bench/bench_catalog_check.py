@@ -1,4 +1,4 @@
-"""How long the catalog check (bucketstore.engine.lmdb_file.check_data_file) takes before every open.
+"""How long the catalog check (bucketstore.engine.catalog.lmdb_file.check_data_file) takes before every open.
 
 The check walks, with pread, every page LMDB's trees reference; its cost grows with the catalog.
 This builds real catalogs shaped like bucketstore's (bucket keys with their summaries, a few
@@ -20,7 +20,7 @@ import time
 
 import lmdb
 
-from bucketstore.engine.lmdb_file import check_data_file
+from bucketstore.engine.catalog.lmdb_file import check_data_file
 
 _KEY = b"sub-1\x00#pulsar.internal.delayed.bucket_%d_%d"
 

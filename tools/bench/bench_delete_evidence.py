@@ -23,7 +23,7 @@ from pathlib import Path
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine.tracker import BucketTracker
+from bucketstore.engine.tracker.tracker import BucketTracker
 from bucketstore.testing.clock import FakeClock
 
 

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from bucketstore import TrackerConfig  # noqa: E402
-from bucketstore.engine.store import Store  # noqa: E402
+from bucketstore.engine.store.store import Store  # noqa: E402
 from bucketstore.format.fs import FileSystem  # noqa: E402
 
 PER_LEDGER = 10_000

@@ -59,8 +59,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import bucketstore  # noqa: E402
 from bucketstore import TrackerConfig  # noqa: E402
-from bucketstore.engine import merge_pipeline, seal_pipeline  # noqa: E402
-from bucketstore.engine import tracker as tracker_module  # noqa: E402
+from bucketstore.engine.maintenance import merge_pipeline, seal_pipeline  # noqa: E402
+from bucketstore.engine.tracker import tracker as tracker_module  # noqa: E402
 from bucketstore.format.row_sort import sort_rows  # noqa: E402
 from bucketstore.format.snapshot import build_bucket  # noqa: E402
 
@@ -392,8 +392,9 @@ def trace_steps() -> None:
     """Time the parts of a seal and a merge (wraps them in this process only): the rows'
     liveness, the sort, the encode (segments and bitmaps), the write and each fsync, a
     merge's segment reads and its index lookups."""
-    from bucketstore.engine import bucket_job, liveness
-    from bucketstore.engine import sealed_bucket
+    from bucketstore.engine.maintenance import bucket_job
+    from bucketstore.engine.queue import liveness
+    from bucketstore.engine.buckets import sealed_bucket
     from bucketstore.format import fs as fs_module, snapshot
 
     def timed(label: str, fn):
@@ -529,7 +530,7 @@ def _step_sleeper_lateness(fn, window: float = 0.4) -> tuple[float, float]:
 
 def bench_step_gil(tmp: str, per_bucket: int, repeats: int) -> dict[str, str]:
     """Which steps of a seal and a merge release the GIL: each run on a thread beside a pure-Python one."""
-    from bucketstore.engine.sealed_bucket import SealedBucket
+    from bucketstore.engine.buckets.sealed_bucket import SealedBucket
     from bucketstore.format.fs import FileSystem
     from bucketstore.format.snapshot import (cut_segments, drop_repeats, encode_segments, serialized_bitmaps,
                                              write_bucket)

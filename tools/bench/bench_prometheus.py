@@ -5,7 +5,7 @@ prometheus_client (a custom collector + generate_latest), and check both parse t
 """
 import time, math, sys
 from bucketstore import metrics
-from bucketstore.engine.op_stats import LATENCY_BUCKETS
+from bucketstore.engine.tracker.op_stats import LATENCY_BUCKETS
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily, CollectorRegistry
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families

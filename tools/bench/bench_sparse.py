@@ -31,7 +31,7 @@ every bucket is sealed and installed by that process, then uses it as ``--use`` 
 (N defaults to 20,000 there). It notes the RSS after the build and after the use (freed heap
 returned first with ``malloc_trim``), its anonymous part (RSS also counts library pages first
 touched by the build) and the tracker's own ``stats()['memory_bytes']``; each run
-is made back to back with the index pager on and off (``engine/index_pager.py``), so the two
+is made back to back with the index pager on and off (``engine/buckets/index_pager.py``), so the two
 are compared within one run; ``--budgets 8192,2048`` runs the pager at each of these budgets
 (``TrackerConfig.max_resident_ledgers``) too, ratios to the first; ``--no-off`` leaves the pager-off
 run out (at 100 M it would hold ~7 B/index). ``--live --questions-ab ROUNDS`` compares the questions'
@@ -57,7 +57,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from bucketstore import TrackerConfig  # noqa: E402
-from bucketstore.engine.store import Store  # noqa: E402
+from bucketstore.engine.store.store import Store  # noqa: E402
 from bucketstore.format.bucket_summary import encode_summary  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, sort_indexes, write_bucket  # noqa: E402
 

@@ -36,8 +36,8 @@ import tracemalloc
 
 import bucketstore
 from bucketstore import TrackerConfig
-from bucketstore.engine.topic_file import topics_directory
-from bucketstore.engine.topic_reader import describe_topics
+from bucketstore.engine.topics.topic_file import topics_directory
+from bucketstore.engine.topics.topic_reader import describe_topics
 from bucketstore.metrics import prometheus_text
 from bucketstore.testing.topic_oracle import scan_figures
 

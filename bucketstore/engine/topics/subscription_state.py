@@ -1,0 +1,115 @@
+"""What a subscription of a topic keeps of its own: O(1) plus its exceptions, never its rows.
+
+The topic holds every row once, as ``(deliver_at, ledger, entry, seq)``; ``seq`` numbers the
+rows in the order they were added. A subscription sees a row through a few numbers:
+
+* ``frontier`` F: every row whose key is at or before F has been passed (delivered, or not
+  the subscription's). Deliveries walk the rows in key order, and a row added later is not
+  yet due when it is added, so its key lies after every frontier: the delivered set of a
+  subscription stays a prefix, as the single tracker's does.
+* ``mark_delete`` M: positions at or before M are acknowledged, never its again.
+* ``start_seq`` (``start="latest"``: rows added before the subscription are not its) and
+  ``clear_seq`` (``clear()``: every row that existed then is gone for it).
+* ``lost``: for a position added more than once (a *multi* position of the topic), the
+  ``seq`` up to which its rows are gone for this subscription: set when it delivers one of
+  its rows. These are the exceptions a frontier cannot express; they exist only for
+  positions re-added while another row of them was live.
+* ``unconfirmed``: the rows of the batches returned and not yet confirmed (at-least-once);
+  ``redeliver``: the unconfirmed rows found at open, delivered first.
+
+A subscription *tracks* a position when one of its rows is after F, not acknowledged, not
+before its start or clear, not lost; of several, the oldest (lowest ``seq``), as a single
+tracker keeps the first time a position was added until it is delivered.
+
+The count is ``count_base + topic.inserted - inserted_base``: an add of a new position that
+every subscription tracks only bumps the topic's ``inserted``, so it costs O(1) whatever the
+number of subscriptions; only the rare adds (a re-add, a position some subscription has
+acknowledged) touch the subscriptions one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...format.topic_codec import TopicRecordError, decode_subscription, encode_subscription, pack_rows
+
+__all__ = ["SubscriptionState", "RowKey"]
+
+RowKey = tuple[int, int, int, int]  # deliver_at, ledger, entry, seq
+
+
+@dataclass
+class SubscriptionState:
+    name: str
+    frontier: RowKey | None = None
+    mark_delete: tuple[int, int] | None = None
+    start_seq: int = 0
+    clear_seq: int = -1
+    count_base: int = 0
+    inserted_base: int = 0
+    lost: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: A list of rows, or the (n, 4) uint64 array a delivery of whole windows returns (so a batch
+    #: of a thousand rows is kept and written without a Python object per row).
+    unconfirmed: list[RowKey] | np.ndarray = field(default_factory=list)
+    redeliver: list[RowKey] = field(default_factory=list)
+
+    def acked(self, ledger: int, entry: int) -> bool:
+        md = self.mark_delete
+        return md is not None and (ledger, entry) <= md
+
+    def may_see(self, row: RowKey) -> bool:
+        """Whether the row is the subscription's by everything but the other rows of its position."""
+        ts, ledger, entry, seq = row
+        if seq < self.start_seq or seq <= self.clear_seq:
+            return False
+        md = self.mark_delete
+        if md is not None and (ledger, entry) <= md:
+            return False
+        f = self.frontier
+        if f is not None and row <= f:
+            return False
+        lost = self.lost
+        return not lost or seq > lost.get((ledger, entry), -1)
+
+    def tracked_row(self, ledger: int, entry: int, versions: list[tuple[int, int]]) -> RowKey | None:
+        """The row of the position the subscription tracks among ``versions`` ((seq, deliver_at)
+        of every row of the position), or None."""
+        best = None
+        for seq, ts in versions:
+            row = (ts, ledger, entry, seq)
+            if self.may_see(row) and (best is None or seq < best[3]):
+                best = row
+        return best
+
+    def count(self, inserted: int) -> int:
+        return self.count_base + inserted - self.inserted_base
+
+    def encode(self) -> bytes:
+        return encode_subscription(self.as_record())
+
+    def as_record(self) -> dict[str, Any]:
+        return {"frontier": list(self.frontier) if self.frontier is not None else None,
+                "mark_delete": list(self.mark_delete) if self.mark_delete is not None else None,
+                "start_seq": self.start_seq, "clear_seq": self.clear_seq, "count": self.count_base,
+                "inserted_base": self.inserted_base,
+                "lost": [[ledger, entry, seq] for (ledger, entry), seq in sorted(self.lost.items())],
+                "unconfirmed": pack_rows(self.unconfirmed) if len(self.unconfirmed) else [],
+                "redeliver": [list(r) for r in self.redeliver]}
+
+    @classmethod
+    def decode(cls, name: str, raw: bytes) -> "SubscriptionState":
+        """The state as stored; the unconfirmed batches become rows to deliver again (a restart)."""
+        r = decode_subscription(raw)
+        if r["clear_seq"] < -1 or r["start_seq"] < 0:
+            raise TopicRecordError(f"subscription record has start_seq {r['start_seq']}, clear_seq {r['clear_seq']}")
+        md = r["mark_delete"]
+        # Rows acknowledged while unconfirmed (records written before mark_delete dropped them) stay gone.
+        unconfirmed = [row for row in r["unconfirmed"] if md is None or (row[1], row[2]) > md]
+        again = sorted(set(r["redeliver"]) | set(unconfirmed))
+        return cls(name=name, frontier=r["frontier"], mark_delete=md, start_seq=r["start_seq"],
+                   clear_seq=r["clear_seq"], count_base=r["count"] + len(unconfirmed),
+                   inserted_base=r["inserted_base"], lost={(lg, en): seq for lg, en, seq in r["lost"]},
+                   unconfirmed=[], redeliver=again)
