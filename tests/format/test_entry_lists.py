@@ -30,8 +30,8 @@ def _sparse(n_ledgers: int, seed: int = 5) -> tuple[np.ndarray, np.ndarray, np.n
 def test_v4_entry0_of_a_sparse_bucket_is_smaller_than_v3s() -> None:
     """What version 4 is for: measured 1.08 against 1.37 bytes an index at 500,000 indexes."""
     ts, ledgers, entries = _sparse(400)
-    meta, _ = build_bucket(0, 399, ts, ledgers, entries, time_step_ms=300_000, max_indexes_per_segment=5_000)
-    assert meta.version == 4
+    meta, _ = build_bucket(0, 399, ts, ledgers, entries, time_step_ms=300_000, max_indexes_per_segment=5_000,
+                           version=4)
     v4, v3 = encode_metadata(meta), encode_metadata(replace(meta, version=3))
     assert len(v4) < 0.85 * len(v3), (len(v4), len(v3))
     back = decode_metadata(v4)

@@ -148,7 +148,7 @@ def test_metadata_round_trip_compressed_and_not() -> None:
         assert {k: list(v) for k, v in back.bitmaps.items()} == {1: [1, 2]}
 
 
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 def test_metadata_v2_round_trip_compressed_and_not(version) -> None:
     meta = _meta2(version)
     for compress in (True, False):
@@ -161,7 +161,7 @@ def test_metadata_v2_round_trip_compressed_and_not(version) -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"version": 5}, "cannot write"), ({"count": 3}, "bucket count"),
+    ({"version": 6}, "cannot write"), ({"count": 3}, "bucket count"),
     ({"start_ledger": 2}, "malformed bitmap"), ({"start_ledger": 3}, "ledger range"),
 ])
 def test_metadata_validation(change, message) -> None:
@@ -173,7 +173,7 @@ def test_metadata_validation(change, message) -> None:
     ({"count": 4}, "bitmaps hold 3 entries"), ({"end_ledger": 1}, "malformed bitmap"),
     ({"bitmaps": {1: BitMap([1, 2, 3])}}, "segments hold 3 indexes but the bucket count is 3|bitmaps hold 3"),
 ])
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 def test_metadata_v2_validation(change, message, version) -> None:
     meta = _meta2(version, **change)
     if "bitmaps" in change:
@@ -184,8 +184,8 @@ def test_metadata_v2_validation(change, message, version) -> None:
 
 def test_metadata_refuses_an_unknown_version() -> None:
     import msgpack
-    for body in (msgpack.packb([5, 1, 2, 0, [], []]), msgpack.packb([5, 1, 2, 0, [], [], [], [], 0, b""])):
-        with pytest.raises(MetadataCodecError, match="version 5 is not supported"):
+    for body in (msgpack.packb([6, 1, 2, 0, [], []]), msgpack.packb([6, 1, 2, 0, [], [], [], [], 0, b""])):
+        with pytest.raises(MetadataCodecError, match="version 6 is not supported"):
             decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
     for body in (msgpack.packb([]), msgpack.packb({"v": 3})):
         with pytest.raises(MetadataCodecError, match="not a non-empty array"):
