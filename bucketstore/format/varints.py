@@ -49,16 +49,17 @@ def decode(buf: bytes | memoryview, pos: int, k: int) -> tuple[np.ndarray, int]:
     window = np.frombuffer(buf, dtype=np.uint8, count=min(len(buf) - pos, _MAX_BYTES * k), offset=pos) \
         if pos < len(buf) else np.zeros(0, dtype=np.uint8)
     ends = np.flatnonzero(window < 0x80)[:k]
-    if len(ends) < k:
-        raise VarintError(pos + (int(ends[-1]) + 1 if len(ends) else 0), f"{k - len(ends)} of {k} varints are missing "
-                                                                          "or truncated")
-    starts = np.empty(k, dtype=np.int64)
-    starts[0] = 0
+    starts = np.zeros(len(ends), dtype=np.int64)
     starts[1:] = ends[:-1] + 1
     lengths = ends - starts + 1
-    if int(lengths.max()) > _MAX_BYTES:
+    if len(ends) and int(lengths.max()) > _MAX_BYTES:
         bad = int(np.argmax(lengths > _MAX_BYTES))
         raise VarintError(pos + int(starts[bad]), f"a varint of more than {_MAX_BYTES} bytes")
+    if len(ends) < k:
+        at = int(ends[-1]) + 1 if len(ends) else 0
+        if len(buf) - pos - at > _MAX_BYTES:  # ten bytes follow, none of them the last of a varint
+            raise VarintError(pos + at, f"a varint of more than {_MAX_BYTES} bytes")
+        raise VarintError(pos + at, f"{k - len(ends)} of {k} varints are missing or truncated")
     used = window[:int(ends[-1]) + 1]
     # Each byte's place in its varint: its index minus its varint's first byte's.
     place = np.arange(len(used), dtype=np.int64) - np.repeat(starts, lengths)

@@ -238,3 +238,69 @@ def test_v4_entry0_lists_are_three_columns_of_ledgers_counts_and_gaps() -> None:
         got.append({"ledger_id": ledger, "width": 32, "entries": ids})
         at += count
     assert got == expected
+
+
+def _spec_varints(body: bytes, pos: int, k: int) -> tuple[list[int], int]:
+    """bucket_snapshot.md's varints (unsigned LEB128), one byte at a time."""
+    out = []
+    for _ in range(k):
+        value = shift = 0
+        while True:
+            byte = body[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        out.append(value)
+    return out, pos
+
+
+def _spec_grouped(payload: bytes) -> list[tuple[int, int, int]]:
+    """A grouped segment (flag bit 2, version 5) decoded as the spec words it, one row at a time."""
+    flags, n = struct.unpack_from("<BI", payload)
+    assert flags & 4
+    if flags & 2:
+        body = b"".join(zstandard.ZstdDecompressor().decompress(payload[9:][start:end])
+                        for start, end in _frame_extents(payload[9:]))
+        assert len(body) == struct.unpack_from("<I", payload, 5)[0]
+    else:
+        body = payload[5:]
+    (base, groups), pos = _spec_varints(body, 0, 2)
+    directory, pos = _spec_varints(body, pos, 2 * groups - 1)
+    ledgers = [directory[0]]
+    for difference in directory[1:groups]:
+        ledgers.append(ledgers[-1] + difference)
+    sizes = directory[groups:] + [n - sum(directory[groups:])]
+    steps, pos = _spec_column(body, pos, n)
+    entries, pos = _spec_column(body, pos, n)
+    assert pos == len(body)
+    rows, at = [], 0
+    for ledger, size in zip(ledgers, sizes):
+        ts = base
+        for j in range(at, at + size):
+            ts = (ts + steps[j]) % (1 << 64)  # from the base for a group's first row, else from the row before
+            rows.append((ts, ledger, entries[j]))
+        at += size
+    return sorted(rows)
+
+
+def test_v5_grouped_segments_decode_as_the_spec_words_them() -> None:
+    """bucket_snapshot.md, grouped segments (version 5): a directory of varints (base, groups,
+    ledgers as differences, all groups' sizes but the last's), then the timestamp steps and the
+    entry ids in (ledger, timestamp, entry) order; the segment's rows are those sorted."""
+    from bucketstore.format.ledger_file import LedgerReader
+    from repo_paths import GOLDEN
+
+    grouped = 0
+    for name in ("v5_grouped_small", "v5_merged_ledgers", "v5_one_segment"):
+        with open(os.path.join(GOLDEN, f"{name}.json"), encoding="utf-8") as f:
+            segments = json.load(f)["metadata"]["segments"]
+        with LedgerReader(os.path.join(GOLDEN, f"{name}.ledger")) as reader:
+            for number, segment in enumerate(segments, start=1):
+                payload = bytes(reader.read_entry(number))
+                assert bool(payload[0] & 4) == segment["grouped"]
+                if segment["grouped"]:
+                    grouped += 1
+                    assert _spec_grouped(payload) == [tuple(row) for row in segment["indexes"]]
+    assert grouped >= 4
