@@ -55,6 +55,15 @@ def test_dump_of_a_v4_bucket_says_how_entry_0_stores_each_ledger(capsys) -> None
     assert code == 0 and json.loads(out)["bucket"]["listed_ledgers"] == 120
 
 
+def test_dump_of_a_v5_bucket_says_which_segments_are_grouped(capsys) -> None:
+    code, out, err = run(capsys, "dump", os.path.join(GOLDEN, "v5_merged_ledgers.ledger"))
+    assert code == 0 and err == ""
+    assert "snapshot v5" in out
+    assert [line.endswith("zstd, grouped") for line in out.splitlines()[-4:]] == [True, False, True, True]
+    code, out, _ = run(capsys, "dump", "--json", os.path.join(GOLDEN, "v5_merged_ledgers.ledger"))
+    assert [s["layout"] for s in json.loads(out)["segments"]] == ["grouped", "rows", "grouped", "grouped"]
+
+
 def test_dump_json_is_one_object(capsys) -> None:
     code, out, _ = run(capsys, "dump", "--json", "--indexes", "1", os.path.join(GOLDEN, "wide_entry_ids.ledger"))
     doc = json.loads(out)
