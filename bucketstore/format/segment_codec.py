@@ -259,6 +259,22 @@ class _Columns:
         return out
 
 
+def _by_segment_then_ledger(sid: np.ndarray, led: np.ndarray) -> np.ndarray:
+    """The permutation that orders rows by (segment, ledger, position): stable by ledger within
+    each segment, so a ledger's rows keep their (timestamp, entry) order."""
+    n = len(sid)
+    low = led.min()
+    spread = int(led.max() - low)
+    pbits, lbits, sbits = (n - 1).bit_length(), spread.bit_length(), int(sid[-1]).bit_length()
+    if pbits + lbits + sbits > 64:
+        return np.lexsort((led, sid))  # (stable: ties keep their positions)
+    # One key a row, sorted by numpy's (vectorised) sort; the position in its low bits breaks ties.
+    key = (sid.astype(_U64) << np.uint64(lbits + pbits)) | ((led - low) << np.uint64(pbits))
+    key |= np.arange(n, dtype=_U64)
+    key.sort()
+    return (key & np.uint64((1 << pbits) - 1)).astype(np.int64)
+
+
 _WIDTH_LIMITS = np.array([(1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1], dtype=_U64)
 _WIDTH_OF = np.array([1, 2, 4, 8], dtype=np.uint8)
 
@@ -391,32 +407,52 @@ def _grouped_pieces(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
     several = np.flatnonzero(~(ledger_column.arith & (ledger_column.step == 0)))
     if not len(several):
         return {}
-    steps, stored_entries, directories = [], [], []
-    for i in several.tolist():
-        lo, hi = int(starts[i]), int(starts[i] + counts[i])
-        led = ledgers[lo:hi]
-        low = led.min()
-        spread = int(led.max() - low)
-        # A stable sort keeps each ledger's rows in (timestamp, entry) order; on 16-bit keys it is a radix sort.
-        order = np.argsort((led - low).astype(np.uint16) if spread < 1 << 16 else led, kind="stable")
-        t, led, e = ts[lo:hi][order], led[order], entries[lo:hi][order]
-        firsts = np.flatnonzero(np.concatenate(([True], led[1:] != led[:-1])))
-        step = np.empty_like(t)
-        step[0] = 0
-        np.subtract(t[1:], t[:-1], out=step[1:])
-        base = ts[lo]  # the segment's first (smallest) timestamp
-        step[firsts] = t[firsts] - base
-        group_ledgers = led[firsts]
-        gaps = np.diff(group_ledgers)
-        sizes = np.diff(firsts)
-        directories.append(varints.encode([int(base), len(firsts), int(group_ledgers[0]), *gaps.tolist(),
-                                           *sizes.tolist()]))
-        steps.append(step)
-        stored_entries.append(e)
+    # All these segments' rows at once (a sparse bucket's segments are many and small, where
+    # per-segment calls would cost more than the work): ``at`` are their rows, ``sid`` each
+    # row's segment among them.
     seg_counts = counts[several]
     seg_starts = np.cumsum(seg_counts) - seg_counts
-    step_pieces = _Columns(np.concatenate(steps), seg_starts, seg_counts, True).pieces()
-    entry_pieces = _Columns(np.concatenate(stored_entries), seg_starts, seg_counts, True).pieces()
+    total = int(seg_counts.sum())
+    at = np.repeat(starts[several] - seg_starts, seg_counts) + np.arange(total, dtype=np.int64)
+    sid = np.repeat(np.arange(len(several), dtype=np.int64), seg_counts)
+    led = ledgers[at]
+    order = _by_segment_then_ledger(sid, led)
+    t, led, e = ts[at][order], led[order], entries[at][order]
+    new_group = np.ones(total, dtype=np.bool_)
+    np.not_equal(led[1:], led[:-1], out=new_group[1:])
+    new_group[seg_starts] = True
+    firsts = np.flatnonzero(new_group)
+    step = np.empty_like(t)
+    step[0] = 0
+    np.subtract(t[1:], t[:-1], out=step[1:])
+    bases = ts[starts[several]]  # each segment's first (smallest) timestamp
+    step[firsts] = t[firsts] - bases[sid[firsts]]
+    # The directories: per segment base, groups, each group's ledger (the first as it is, the
+    # others as differences), each group's size but the last's.
+    g_sid = sid[firsts]
+    groups = np.bincount(g_sid, minlength=len(several))
+    g_first = np.ones(len(firsts), dtype=np.bool_)
+    np.not_equal(g_sid[1:], g_sid[:-1], out=g_first[1:])
+    g_ledgers = led[firsts]
+    fields = g_ledgers.copy()
+    fields[1:] -= g_ledgers[:-1]
+    fields[g_first] = g_ledgers[g_first]
+    sizes = np.diff(np.append(firsts, total)).astype(_U64)
+    per = 2 * groups + 1
+    d_start = np.cumsum(per) - per
+    values = np.empty(int(per.sum()), dtype=_U64)
+    values[d_start] = bases
+    values[d_start + 1] = groups.astype(_U64)
+    rank = np.arange(len(firsts)) - np.repeat(np.cumsum(groups) - groups, groups)
+    values[d_start[g_sid] + 2 + rank] = fields
+    last = np.append(g_first[1:], True)  # a segment's last group (its size is implied)
+    values[(d_start[g_sid] + 2 + groups[g_sid] + rank)[~last]] = sizes[~last]
+    blob, lengths = varints.encode_array(values)
+    byte_ends = np.cumsum(lengths)[d_start + per - 1].tolist()
+    byte_starts = [0, *byte_ends[:-1]]
+    directories = [blob[a:b] for a, b in zip(byte_starts, byte_ends)]
+    step_pieces = _Columns(step, seg_starts, seg_counts, True).pieces()
+    entry_pieces = _Columns(e, seg_starts, seg_counts, True).pieces()
     out = {}
     for i, directory, s_pieces, e_pieces in zip(several.tolist(), directories, step_pieces, entry_pieces):
         # The steps are timestamp differences, whatever kind stores them: compressed as a DELTA_U column's are.

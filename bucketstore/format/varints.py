@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["VarintError", "encode", "decode"]
+__all__ = ["VarintError", "encode", "encode_array", "decode"]
 
 _MAX_BYTES = 10
 _U64 = np.dtype("<u8")
@@ -36,6 +36,23 @@ def encode(values: list[int]) -> bytes:
             v >>= 7
         out.append(v)
     return bytes(out)
+
+
+def encode_array(values: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """:func:`encode` of a uint64 array with array operations: the bytes, and each value's length."""
+    values = np.ascontiguousarray(values, dtype=_U64)
+    bits = np.zeros(len(values), dtype=np.int64)
+    rest = values.copy()
+    while rest.any():  # the number of 7-bit groups each value needs (at least 1)
+        nonzero = rest != 0
+        bits += nonzero
+        rest >>= np.uint64(7)
+    lengths = np.maximum(bits, 1)
+    shifts = np.arange(_MAX_BYTES, dtype=_U64) * np.uint64(7)
+    groups = ((values[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(np.uint8)
+    place = np.arange(_MAX_BYTES)[None, :]
+    groups[place < lengths[:, None] - 1] |= 0x80
+    return groups[place < lengths[:, None]].tobytes(), lengths
 
 
 def decode(buf: bytes | memoryview, pos: int, k: int) -> tuple[np.ndarray, int]:
