@@ -33,8 +33,8 @@ interleave a few ledgers row by row, and a ledger column spends about 1.9 bits a
 interleave, which narrower timestamp differences pay back only up to what a byte-wise entropy
 coder loses (``tools/bench/bench_merge_bytes.py``); grouped, a merged segment costs what its
 sources' segments cost. The writer encodes a segment of several ledgers both ways and keeps the
-smaller (a fixed-delay segment whose ledgers alternate row by row stays in delivery order: its
-columns are constant steps).
+smaller: which wins depends on the byte widths the steps need (each ledger's own gaps are wider
+than the delivery-order differences) and on whether the delivery-order columns are constant.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import varints
-
 from .compression import ZLIB, ZSTD, CompressionError, Compressor, decompress_exact
 
 __all__ = [
