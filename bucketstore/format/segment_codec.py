@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import varints
-from .compression import ZLIB, ZSTD, CompressionError, Compressor, decompress_exact
+from .compression import MIN_FRAME, ZLIB, ZSTD, CompressionError, Compressor, decompress_exact
 
 __all__ = [
     "FLAG_GROUPED",
@@ -365,43 +365,67 @@ def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
         hi = int(starts[last]) if last < len(starts) else n
         block_starts, block_counts = starts[first:last] - lo, counts[first:last]
         cols = [_Columns(col[lo:hi], block_starts, block_counts, frame) for col in (ts, ledgers, entries)]
-        alternatives = _grouped_pieces(ts[lo:hi], ledgers[lo:hi], entries[lo:hi], block_starts, block_counts,
+        alternatives = _grouped_pieces(ts[lo:hi], ledgers[lo:hi], block_starts, block_counts,
                                        cols[1]) if grouped else {}
         for i, (count, t_pieces, l_pieces, e_pieces) in enumerate(zip(block_counts.tolist(),
                                                                       *[c.pieces() for c in cols])):
             # Each column's first piece is its header, whose first byte is its kind.
-            differences = [c[0][0] in _DIFFERENCE_KINDS for c in (t_pieces, l_pieces, e_pieces) for _ in c]
-            payload = _payload([*t_pieces, *l_pieces, *e_pieces], differences, count, squeeze, flag, 0)
+            e_differences = [e_pieces[0][0] in _DIFFERENCE_KINDS] * len(e_pieces)
+            head = [*t_pieces, *l_pieces]
+            head_differences = [c[0][0] in _DIFFERENCE_KINDS for c in (t_pieces, l_pieces) for _ in c]
             other = alternatives.get(i)
-            if other is not None:
-                alternative = _payload(*other, count, squeeze, flag, FLAG_GROUPED)
-                if len(alternative) < len(payload):
-                    payload = alternative
-            out.append(payload)
+            if other is None:
+                out.append(_payload(head, head_differences, e_pieces, e_differences, count, squeeze, flag, 0))
+                continue
+            # The steps are timestamp differences, whatever kind stores them: compressed as a DELTA_U column's are.
+            other_differences = [False, *[True] * (len(other) - 1)]
+            # Both bodies end with the same entry-id pieces: compressed once, when both heads end a frame.
+            tail = squeeze.compress(e_pieces, e_differences) if squeeze is not None and \
+                _ends_frame(head) and _ends_frame(other) else None
+            payload = _payload(head, head_differences, e_pieces, e_differences, count, squeeze, flag, 0, tail)
+            alternative = _payload(other, other_differences, e_pieces, e_differences, count, squeeze, flag,
+                                   FLAG_GROUPED, tail)
+            out.append(alternative if len(alternative) < len(payload) else payload)
     return out
 
 
-def _payload(pieces: list[bytes], differences: list[bool], count: int, squeeze: Compressor | None, flag: int,
-             layout: int) -> bytes:
-    """A segment's payload from its body's pieces: compressed when that is smaller."""
-    body = b"".join(pieces)
+def _ends_frame(pieces: list[bytes]) -> bool:
+    """Whether :meth:`Compressor.compress` closes a frame at the last of ``pieces`` (so what follows
+    them starts a frame of its own, compressed alike after any head that ends a frame)."""
+    pending = 0
+    for piece in pieces:
+        pending += len(piece)
+        if pending >= MIN_FRAME:
+            pending = 0
+    return pending == 0
+
+
+def _payload(head: list[bytes], head_differences: list[bool], tail: list[bytes], tail_differences: list[bool],
+             count: int, squeeze: Compressor | None, flag: int, layout: int, packed_tail: bytes | None = None) -> bytes:
+    """A segment's payload from its body's pieces: compressed when that is smaller. ``packed_tail``:
+    the tail's pieces compressed alone, given when the head ends a frame."""
+    body = b"".join([*head, *tail])
     if squeeze is not None and len(body) > 64:
-        packed = squeeze.compress(pieces, differences)
+        if packed_tail is not None:
+            packed = squeeze.compress(head, head_differences) + packed_tail
+        else:
+            packed = squeeze.compress([*head, *tail], head_differences + tail_differences)
         if len(packed) + _RAW_LEN.size < len(body):
             return _PREFIX.pack(flag | layout, count) + _RAW_LEN.pack(len(body)) + packed
     return _PREFIX.pack(layout, count) + body
 
 
-def _grouped_pieces(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, starts: np.ndarray,
-                    counts: np.ndarray, ledger_column: _Columns) -> dict[int, tuple[list[bytes], list[bool]]]:
-    """Segment index -> the pieces of its grouped body (and which are difference planes), for each
-    segment of several ledgers.
+def _grouped_pieces(ts: np.ndarray, ledgers: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                    ledger_column: _Columns) -> dict[int, list[bytes]]:
+    """Segment index -> the pieces of its grouped body up to its entry ids (the directory, then the
+    steps column), for each segment of several ledgers.
 
     A grouped body (``formats/bucket_snapshot.md``, "Grouped segments") is a directory of varints
     (base timestamp, number of groups, each group's ledger as a difference from the one before,
-    each group's rows but the last's), then two columns over the rows in (ledger, timestamp,
-    entry) order: each row's timestamp step (from the row before in its group, the group's first
-    from the base) and the entry ids. The writer's base is the segment's first timestamp.
+    each group's rows but the last's), then the timestamps ledger by ledger, each as its step from
+    the one before in its ledger (the ledger's first from the base), then the entry ids in
+    delivery order, the very column a body in delivery order ends with. The writer's base is the
+    segment's first timestamp.
     """
     several = np.flatnonzero(~(ledger_column.arith & (ledger_column.step == 0)))
     if not len(several):
@@ -416,7 +440,7 @@ def _grouped_pieces(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
     sid = np.repeat(np.arange(len(several), dtype=np.int64), seg_counts)
     led = ledgers[at]
     order = _by_segment_then_ledger(sid, led)
-    t, led, e = ts[at][order], led[order], entries[at][order]
+    t, led = ts[at][order], led[order]
     new_group = np.ones(total, dtype=np.bool_)
     np.not_equal(led[1:], led[:-1], out=new_group[1:])
     new_group[seg_starts] = True
@@ -451,13 +475,7 @@ def _grouped_pieces(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
     byte_starts = [0, *byte_ends[:-1]]
     directories = [blob[a:b] for a, b in zip(byte_starts, byte_ends)]
     step_pieces = _Columns(step, seg_starts, seg_counts, True).pieces()
-    entry_pieces = _Columns(e, seg_starts, seg_counts, True).pieces()
-    out = {}
-    for i, directory, s_pieces, e_pieces in zip(several.tolist(), directories, step_pieces, entry_pieces):
-        # The steps are timestamp differences, whatever kind stores them: compressed as a DELTA_U column's are.
-        differences = [False, *[True] * len(s_pieces), *[e_pieces[0][0] in _DIFFERENCE_KINDS] * len(e_pieces)]
-        out[i] = ([directory, *s_pieces, *e_pieces], differences)
-    return out
+    return {i: [directory, *s_pieces] for i, directory, s_pieces in zip(several.tolist(), directories, step_pieces)}
 
 
 #: Rows encoded together (whole segments; a bigger segment is a block of its own). Measured:
@@ -674,17 +692,16 @@ def _decode_grouped(body: memoryview, n: int, base: int) -> tuple[list[np.ndarra
     # Each group's running sum of steps, from the base: sums wrap like the encoder's differences.
     sums = np.cumsum(steps, dtype=_U64)
     ts = sums - np.repeat(sums[firsts] - steps[firsts], counts) + np.uint64(start)
-    later = ts[1:] > ts[:-1]
-    ties = ts[1:] == ts[:-1]
-    ok = later | (ties & (entries[1:] > entries[:-1]))
+    ok = ts[1:] >= ts[:-1]
     ok[firsts[1:] - 1] = True  # a group's first row follows another ledger's rows
     if not ok.all():
-        raise SegmentCodecError(base + data_at, f"row {int(np.argmin(ok)) + 1} of the grouped body is not after the "
-                                                "row before it in (timestamp, entry) order")
+        raise SegmentCodecError(base + data_at, f"timestamp {int(np.argmin(ok)) + 1} of the grouped body is "
+                                                "before the one before it in its ledger (a step wraps)")
     led = np.repeat(ledgers, counts)
     if g == 1:
         return [ts, led, entries], pos
-    # Rows in (ledger, timestamp, entry) order; a stable sort by timestamp keeps equal timestamps in
-    # ledger, then entry order: delivery order. Each group is a sorted run, which the sort merges.
+    # (timestamp, ledger) pairs in (ledger, timestamp) order; a stable sort by timestamp keeps equal
+    # timestamps in ledger order: delivery order, which the entry ids are stored in. Each group is
+    # a sorted run, which the sort merges.
     order = np.argsort(ts, kind="stable")
-    return [ts[order], led[order], entries[order]], pos
+    return [ts[order], led[order], entries], pos

@@ -81,7 +81,7 @@ def _with_directory(payload: bytes, values: list[int]) -> bytes:
 def test_the_small_segment_reads_as_the_spec_example_says() -> None:
     payload = _small_grouped()
     assert _directory(payload)[0] == [BASE, 3, 10, 10, 10, 3, 3]
-    assert payload.hex().endswith("04" + "00" * 8 + "04" + "503f0963" + "04" + "00" * 8 + "04" + "24197350")
+    assert payload.hex().endswith("04" + "00" * 8 + "04" + "503f0963" + "04" + "00" * 8 + "04" + "14203597")
 
 
 @pytest.mark.parametrize("values, message", [
@@ -109,17 +109,27 @@ def test_truncated_and_overlong_varints_are_refused_at_their_offset() -> None:
         decode_segment(payload[:5] + b"\xff" * 9 + b"\x02" + payload[11:], 8)
 
 
-def test_rows_out_of_order_within_a_group_and_bytes_left_over_are_refused() -> None:
+def test_rows_out_of_order_and_bytes_left_over_are_refused() -> None:
     payload = bytearray(_small_grouped())
-    # The entries' packed nibbles: ledger 20's rows at equal timestamps 12 hold entries 3 then 7;
-    # swapped, the group is out of (timestamp, entry) order.
+    # The entries' packed nibbles, in row order: rows 5 and 6 (ledger 20 at timestamp 12) hold
+    # entries 3 then 7; swapped, the rows are out of order.
     at = len(payload) - 4
-    assert payload[at + 2] == 0x73
-    payload[at + 2] = 0x37
-    with pytest.raises(SegmentCodecError, match="row 5 of the grouped body is not after"):
+    assert payload[at + 2] == 0x35 and payload[at + 3] == 0x97
+    payload[at + 2], payload[at + 3] = 0x75, 0x93
+    with pytest.raises(SegmentCodecError, match="out of \\(timestamp, ledger, entry\\) order at row 6"):
         decode_segment(bytes(payload), 8)
     with pytest.raises(SegmentCodecError, match="1 unexpected bytes after the columns"):
         decode_segment(_small_grouped() + b"\x00", 8)
+
+
+def test_a_step_that_wraps_is_refused() -> None:
+    payload = bytearray(_small_grouped())
+    _, pos = _directory(bytes(payload))
+    assert payload[pos] == 4 and payload[pos + 9] == 4  # steps: PACKED, 4 bits, base 0
+    # Base 2**64 - 3 makes every step 3 less, modulo 2**64: ledger 20's last step, 0, wraps.
+    payload[pos + 1:pos + 9] = ((1 << 64) - 3).to_bytes(8, "little")
+    with pytest.raises(SegmentCodecError, match="timestamp 5 of the grouped body is before the one before it"):
+        decode_segment(bytes(payload), 8)
 
 
 def test_a_grouped_segment_needs_version_5() -> None:

@@ -73,7 +73,7 @@ def test_writer_picks_kind_and_narrowest_width() -> None:
     assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False, codec="zlib"), 5) == [
         (KIND_DELTA_U, 4), (KIND_DELTA_Z, 1), (KIND_DELTA_U, 8)]
     # Version 2: the ledger column jumps within [1, 2]: bit-packed offsets, 1 bit each.
-    assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False), 5) == [
+    assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False, grouped=False), 5) == [
         (KIND_DELTA_U, 4), (KIND_PACKED, 1), (KIND_DELTA_U, 8)]
 
 

@@ -275,20 +275,21 @@ def _spec_grouped(payload: bytes) -> list[tuple[int, int, int]]:
     steps, pos = _spec_column(body, pos, n)
     entries, pos = _spec_column(body, pos, n)
     assert pos == len(body)
-    rows, at = [], 0
+    pairs, at = [], 0
     for ledger, size in zip(ledgers, sizes):
         ts = base
         for j in range(at, at + size):
-            ts = (ts + steps[j]) % (1 << 64)  # from the base for a group's first row, else from the row before
-            rows.append((ts, ledger, entries[j]))
+            ts = (ts + steps[j]) % (1 << 64)  # from the base for a group's first, else from the one before
+            pairs.append((ts, ledger))
         at += size
-    return sorted(rows)
+    return [(ts, ledger, entry) for (ts, ledger), entry in zip(sorted(pairs), entries)]  # entry ids in row order
 
 
 def test_v5_grouped_segments_decode_as_the_spec_words_them() -> None:
     """bucket_snapshot.md, grouped segments (version 5): a directory of varints (base, groups,
-    ledgers as differences, all groups' sizes but the last's), then the timestamp steps and the
-    entry ids in (ledger, timestamp, entry) order; the segment's rows are those sorted."""
+    ledgers as differences, all groups' sizes but the last's), the timestamp steps ledger by
+    ledger, then the entry ids in row order; sorted, the (timestamp, ledger) pairs and the entry
+    ids make the rows."""
     from bucketstore.format.ledger_file import LedgerReader
     from repo_paths import GOLDEN
 
