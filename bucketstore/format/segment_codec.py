@@ -668,8 +668,8 @@ def _max_grouped_body_size(n: int) -> int:
 def _decode_grouped(body: memoryview, n: int, base: int) -> tuple[list[np.ndarray], int]:
     """A grouped body: the three columns in delivery order, and the position after the body's columns."""
     try:
-        (start,), at = varints.decode(body, 0, 1)
-        (groups,), pos = varints.decode(body, at, 1)
+        start, at = varints.decode_one(body, 0)
+        groups, pos = varints.decode_one(body, at)
         if not 1 <= groups <= n:
             raise SegmentCodecError(base + at, f"{groups} groups in a segment of {n} rows")
         g = int(groups)
@@ -697,11 +697,20 @@ def _decode_grouped(body: memoryview, n: int, base: int) -> tuple[list[np.ndarra
     if not ok.all():
         raise SegmentCodecError(base + data_at, f"timestamp {int(np.argmin(ok)) + 1} of the grouped body is "
                                                 "before the one before it in its ledger (a step wraps)")
-    led = np.repeat(ledgers, counts)
     if g == 1:
-        return [ts, led, entries], pos
-    # (timestamp, ledger) pairs in (ledger, timestamp) order; a stable sort by timestamp keeps equal
-    # timestamps in ledger order: delivery order, which the entry ids are stored in. Each group is
-    # a sorted run, which the sort merges.
+        return [ts, np.repeat(ledgers, counts), entries], pos
+    # (timestamp, ledger) pairs in (ledger, timestamp) order, to be put in delivery order, which
+    # the entry ids are stored in. The pairs usually fit one 64-bit key (timestamp offset, group):
+    # numpy's vectorised sort of the keys, then shifts and masks (measured: a third of a stable
+    # argsort's time and its gathers).
+    low = ts.min()
+    gbits = (g - 1).bit_length()
+    if int(ts.max() - low).bit_length() + gbits <= 64:
+        key = (ts - low) << np.uint64(gbits)
+        key |= np.repeat(np.arange(g, dtype=_U64), counts)
+        key.sort()
+        return [(key >> np.uint64(gbits)) + low, ledgers[(key & np.uint64((1 << gbits) - 1)).astype(np.intp)],
+                entries], pos
+    # A stable sort by timestamp keeps equal timestamps in ledger order.
     order = np.argsort(ts, kind="stable")
-    return [ts[order], led[order], entries], pos
+    return [ts[order], np.repeat(ledgers, counts)[order], entries], pos

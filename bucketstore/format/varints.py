@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["VarintError", "encode", "encode_array", "decode"]
+__all__ = ["VarintError", "encode", "encode_array", "decode", "decode_one"]
 
 _MAX_BYTES = 10
 _U64 = np.dtype("<u8")
@@ -53,6 +53,23 @@ def encode_array(values: np.ndarray) -> tuple[bytes, np.ndarray]:
     place = np.arange(_MAX_BYTES)[None, :]
     groups[place < lengths[:, None] - 1] |= 0x80
     return groups[place < lengths[:, None]].tobytes(), lengths
+
+
+def decode_one(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Read one varint at ``pos``: :func:`decode` of one value without the array work."""
+    value = 0
+    for place in range(_MAX_BYTES):
+        if pos + place >= len(buf):
+            raise VarintError(pos, "1 of 1 varints are missing or truncated")
+        byte = buf[pos + place]
+        value |= (byte & 0x7F) << (7 * place)
+        if byte < 0x80:
+            if value >> 64:
+                raise VarintError(pos, "a varint of 2**64 or more")
+            return value, pos + place + 1
+    if len(buf) - pos > _MAX_BYTES:
+        raise VarintError(pos, f"a varint of more than {_MAX_BYTES} bytes")
+    raise VarintError(pos, "1 of 1 varints are missing or truncated")
 
 
 def decode(buf: bytes | memoryview, pos: int, k: int) -> tuple[np.ndarray, int]:

@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bucketstore.format import varints
@@ -157,3 +157,20 @@ def test_varints_round_trip_in_their_shortest_form(values) -> None:
     got, end = varints.decode(data + b"\x80", 0, len(values))
     assert got.tolist() == values and end == len(data)
     assert len(data) == sum(max(1, -(-v.bit_length() // 7)) for v in values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.lists(st.sampled_from([0x00, 0x01, 0x02, 0x7F, 0x80, 0x81, 0xFF]), max_size=13).map(bytes))
+@example(data=b"\x80" * 10).via("ten bytes that all say more follows, then the end: truncated")
+@example(data=b"\x80" * 11).via("eleven: too long")
+@example(data=b"\xff" * 9 + b"\x02").via("2**64 and more")
+def test_one_varint_reads_as_many_do(data) -> None:
+    """``decode_one`` (the directory's first two values) agrees with the array reader, errors included."""
+    try:
+        want = varints.decode(data, 0, 1)
+    except varints.VarintError as exc:
+        with pytest.raises(varints.VarintError) as got:
+            varints.decode_one(data, 0)
+        assert (got.value.offset, got.value.reason) == (exc.offset, exc.reason)
+    else:
+        assert varints.decode_one(data, 0) == (int(want[0][0]), want[1])
