@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import varints
+from . import grouped_rows
 from .compression import MIN_FRAME, ZLIB, ZSTD, CompressionError, Compressor, decompress_exact
 
 __all__ = [
@@ -258,22 +258,6 @@ class _Columns:
         return out
 
 
-def _by_segment_then_ledger(sid: np.ndarray, led: np.ndarray) -> np.ndarray:
-    """The permutation that orders rows by (segment, ledger, position): stable by ledger within
-    each segment, so a ledger's rows keep their (timestamp, entry) order."""
-    n = len(sid)
-    low = led.min()
-    spread = int(led.max() - low)
-    pbits, lbits, sbits = (n - 1).bit_length(), spread.bit_length(), int(sid[-1]).bit_length()
-    if pbits + lbits + sbits > 64:
-        return np.lexsort((led, sid))  # (stable: ties keep their positions)
-    # One key a row, sorted by numpy's (vectorised) sort; the position in its low bits breaks ties.
-    key = (sid.astype(_U64) << np.uint64(lbits + pbits)) | ((led - low) << np.uint64(pbits))
-    key |= np.arange(n, dtype=_U64)
-    key.sort()
-    return (key & np.uint64((1 << pbits) - 1)).astype(np.int64)
-
-
 _WIDTH_LIMITS = np.array([(1 << 8) - 1, (1 << 16) - 1, (1 << 32) - 1], dtype=_U64)
 _WIDTH_OF = np.array([1, 2, 4, 8], dtype=np.uint8)
 
@@ -418,64 +402,14 @@ def _payload(head: list[bytes], head_differences: list[bool], tail: list[bytes],
 def _grouped_pieces(ts: np.ndarray, ledgers: np.ndarray, starts: np.ndarray, counts: np.ndarray,
                     ledger_column: _Columns) -> dict[int, list[bytes]]:
     """Segment index -> the pieces of its grouped body up to its entry ids (the directory, then the
-    steps column), for each segment of several ledgers.
-
-    A grouped body (``formats/bucket_snapshot.md``, "Grouped segments") is a directory of varints
-    (base timestamp, number of groups, each group's ledger as a difference from the one before,
-    each group's rows but the last's), then the timestamps ledger by ledger, each as its step from
-    the one before in its ledger (the ledger's first from the base), then the entry ids in
-    delivery order, the very column a body in delivery order ends with. The writer's base is the
-    segment's first timestamp.
-    """
+    steps column), for each segment of several ledgers (:mod:`.grouped_rows` groups them)."""
     several = np.flatnonzero(~(ledger_column.arith & (ledger_column.step == 0)))
     if not len(several):
         return {}
-    # All these segments' rows at once (a sparse bucket's segments are many and small, where
-    # per-segment calls would cost more than the work): ``at`` are their rows, ``sid`` each
-    # row's segment among them.
-    seg_counts = counts[several]
-    seg_starts = np.cumsum(seg_counts) - seg_counts
-    total = int(seg_counts.sum())
-    at = np.repeat(starts[several] - seg_starts, seg_counts) + np.arange(total, dtype=np.int64)
-    sid = np.repeat(np.arange(len(several), dtype=np.int64), seg_counts)
-    led = ledgers[at]
-    order = _by_segment_then_ledger(sid, led)
-    t, led = ts[at][order], led[order]
-    new_group = np.ones(total, dtype=np.bool_)
-    np.not_equal(led[1:], led[:-1], out=new_group[1:])
-    new_group[seg_starts] = True
-    firsts = np.flatnonzero(new_group)
-    step = np.empty_like(t)
-    step[0] = 0
-    np.subtract(t[1:], t[:-1], out=step[1:])
-    bases = ts[starts[several]]  # each segment's first (smallest) timestamp
-    step[firsts] = t[firsts] - bases[sid[firsts]]
-    # The directories: per segment base, groups, each group's ledger (the first as it is, the
-    # others as differences), each group's size but the last's.
-    g_sid = sid[firsts]
-    groups = np.bincount(g_sid, minlength=len(several))
-    g_first = np.ones(len(firsts), dtype=np.bool_)
-    np.not_equal(g_sid[1:], g_sid[:-1], out=g_first[1:])
-    g_ledgers = led[firsts]
-    fields = g_ledgers.copy()
-    fields[1:] -= g_ledgers[:-1]
-    fields[g_first] = g_ledgers[g_first]
-    sizes = np.diff(np.append(firsts, total)).astype(_U64)
-    per = 2 * groups + 1
-    d_start = np.cumsum(per) - per
-    values = np.empty(int(per.sum()), dtype=_U64)
-    values[d_start] = bases
-    values[d_start + 1] = groups.astype(_U64)
-    rank = np.arange(len(firsts)) - np.repeat(np.cumsum(groups) - groups, groups)
-    values[d_start[g_sid] + 2 + rank] = fields
-    last = np.append(g_first[1:], True)  # a segment's last group (its size is implied)
-    values[(d_start[g_sid] + 2 + groups[g_sid] + rank)[~last]] = sizes[~last]
-    blob, lengths = varints.encode_array(values)
-    byte_ends = np.cumsum(lengths)[d_start + per - 1].tolist()
-    byte_starts = [0, *byte_ends[:-1]]
-    directories = [blob[a:b] for a, b in zip(byte_starts, byte_ends)]
-    step_pieces = _Columns(step, seg_starts, seg_counts, True).pieces()
-    return {i: [directory, *s_pieces] for i, directory, s_pieces in zip(several.tolist(), directories, step_pieces)}
+    groups = grouped_rows.group(ts, ledgers, starts[several], counts[several])
+    step_pieces = _Columns(groups.steps, groups.starts, groups.counts, True).pieces()
+    return {i: [directory, *s_pieces]
+            for i, directory, s_pieces in zip(several.tolist(), groups.directories, step_pieces)}
 
 
 #: Rows encoded together (whole segments; a bigger segment is a block of its own). Measured:
@@ -668,49 +602,14 @@ def _max_grouped_body_size(n: int) -> int:
 def _decode_grouped(body: memoryview, n: int, base: int) -> tuple[list[np.ndarray], int]:
     """A grouped body: the three columns in delivery order, and the position after the body's columns."""
     try:
-        start, at = varints.decode_one(body, 0)
-        groups, pos = varints.decode_one(body, at)
-        if not 1 <= groups <= n:
-            raise SegmentCodecError(base + at, f"{groups} groups in a segment of {n} rows")
-        g = int(groups)
-        at = pos
-        directory, pos = varints.decode(body, pos, 2 * g - 1)
-    except varints.VarintError as exc:
-        raise SegmentCodecError(base + exc.offset, f"segment directory: {exc.reason}") from None
-    ledgers = np.cumsum(directory[:g], dtype=_U64)  # wraps modulo 2**64; a wrap breaks the ascent checked next
-    if g > 1 and not (ledgers[1:] > ledgers[:-1]).all():
-        raise SegmentCodecError(base + at, "the groups' ledgers are not strictly ascending")
-    sizes = directory[g:]
-    # (The float sum first: the uint64 one could wrap.)
-    if g > 1 and (not sizes.all() or float(sizes.sum(dtype=np.float64)) >= n or int(sizes.sum()) >= n):
-        raise SegmentCodecError(base + at, f"the groups' sizes leave no row of the {n} for the last group")
-    counts = np.append(sizes, np.uint64(n - int(sizes.sum()))).astype(np.int64)
+        directory, pos = grouped_rows.read_directory(body, n)
+    except grouped_rows.GroupedError as exc:
+        raise SegmentCodecError(base + exc.offset, exc.reason) from None
     data_at = pos
     steps, pos = _decode_column(body, pos, n, base)
     entries, pos = _decode_column(body, pos, n, base)
-    firsts = np.cumsum(counts) - counts
-    # Each group's running sum of steps, from the base: sums wrap like the encoder's differences.
-    sums = np.cumsum(steps, dtype=_U64)
-    ts = sums - np.repeat(sums[firsts] - steps[firsts], counts) + np.uint64(start)
-    ok = ts[1:] >= ts[:-1]
-    ok[firsts[1:] - 1] = True  # a group's first row follows another ledger's rows
-    if not ok.all():
-        raise SegmentCodecError(base + data_at, f"timestamp {int(np.argmin(ok)) + 1} of the grouped body is "
-                                                "before the one before it in its ledger (a step wraps)")
-    if g == 1:
-        return [ts, np.repeat(ledgers, counts), entries], pos
-    # (timestamp, ledger) pairs in (ledger, timestamp) order, to be put in delivery order, which
-    # the entry ids are stored in. The pairs usually fit one 64-bit key (timestamp offset, group):
-    # numpy's vectorised sort of the keys, then shifts and masks (measured: a third of a stable
-    # argsort's time and its gathers).
-    low = ts.min()
-    gbits = (g - 1).bit_length()
-    if int(ts.max() - low).bit_length() + gbits <= 64:
-        key = (ts - low) << np.uint64(gbits)
-        key |= np.repeat(np.arange(g, dtype=_U64), counts)
-        key.sort()
-        return [(key >> np.uint64(gbits)) + low, ledgers[(key & np.uint64((1 << gbits) - 1)).astype(np.intp)],
-                entries], pos
-    # A stable sort by timestamp keeps equal timestamps in ledger order.
-    order = np.argsort(ts, kind="stable")
-    return [ts[order], np.repeat(ledgers, counts)[order], entries], pos
+    try:
+        ts, ledgers = grouped_rows.delivery_order(directory, steps)
+    except grouped_rows.GroupedError as exc:
+        raise SegmentCodecError(base + data_at, exc.reason) from None
+    return [ts, ledgers, entries], pos
