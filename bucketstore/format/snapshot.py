@@ -6,16 +6,14 @@ count, and the delayed-index bitmaps (roaring bitmaps of entry ids, keyed by
 ledger id). Entries 1..N hold the segments in the compact encoding of
 :mod:`bucketstore.format.segment_codec`.
 
-Version 2 keeps *one* bitmap per ledger for the whole bucket: the segments
-already say which segment holds which position, so version 1's per-segment
-bitmaps (PIP-195's layout, still read) stored every position twice. Version 3
-lays the same bitmaps end to end, byte-shuffled from 4 KiB; version 4 stores a
-sparse bucket's ledgers as entry-id lists instead; version 5 keeps only their counts,
-the ids being the segments' rows (issue 28 item 2); version 6 (what this module writes)
-has version 5's entry 0 and may store a segment grouped by ledger (issue 28 item 3).
-The engine needs only bucket-wide membership at recovery; the positions of one
-segment, when needed, come from decoding it
-(:meth:`BucketFile.segment_positions`). The bitmaps are built and serialized in
+Version 2 keeps *one* bitmap per ledger for the whole bucket: the segments already say which
+segment holds which position, so version 1's per-segment bitmaps (PIP-195's layout, still read)
+stored every position twice. Version 3 lays the same bitmaps end to end, byte-shuffled from 4 KiB;
+version 4 stores a sparse bucket's ledgers as entry-id lists instead; version 5 keeps only their
+counts, the ids being the segments' rows (issue 28 item 2); version 6 (what this module writes) has
+version 5's entry 0 and may store a segment grouped by ledger (issue 28 item 3). The engine needs
+only bucket-wide membership at recovery; the positions of one segment, when needed, come from
+decoding it (:meth:`BucketFile.segment_positions`). The bitmaps are built and serialized in
 :mod:`~bucketstore.format.bucket_bitmaps`.
 
 Segments are cut as Pulsar cuts them (reference §1.4): a segment opens at its
@@ -519,8 +517,7 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
             raise ValueError(f"an index lies outside the bucket's ledger range [{start_ledger}, {end_ledger}]")
         if check_sorted(ts, ledgers, entries) >= 0:
             raise ValueError("indexes are not sorted by (timestamp, ledger, entry) without duplicates")
-    codec = ZLIB if version == 1 else ZSTD
-    grouped = version >= GROUPED_VERSION
+    codec, grouped = (ZLIB if version == 1 else ZSTD), version >= GROUPED_VERSION
     bounds = cut_segments(ts, time_step_ms, max_indexes_per_segment)
     starts = np.fromiter((lo for lo, _ in bounds), dtype=np.int64, count=len(bounds))
     # All segments in one pass (the rows were checked above): a bucket's segments are often
