@@ -17,7 +17,7 @@ from pyroaring import BitMap64
 from ..errors import CorruptLedgerError
 from ..format.entry_lists import COUNTS_ONLY_VERSION
 from ..format.ledger_file import END_MAGIC, MAGIC, LedgerReader
-from ..format.segment_codec import FLAG_ZLIB, FLAG_ZSTD
+from ..format.segment_codec import FLAG_GROUPED, FLAG_ZLIB, FLAG_ZSTD
 from ..format.snapshot import BucketFile
 
 __all__ = ["describe_file", "render_text", "looks_like_ledger"]
@@ -105,6 +105,8 @@ def _describe_bucket(bucket: BucketFile, indexes: int, doc: dict[str, Any]) -> N
         flags = bucket.ledger.read_entry(number)[0]
         entry["compressed"] = bool(flags & (FLAG_ZLIB | FLAG_ZSTD))
         entry["codec"] = "zstd" if flags & FLAG_ZSTD else "zlib" if flags & FLAG_ZLIB else "none"
+        # Version 6: rows stored ledger by ledger (no ledger column) or in delivery order.
+        entry["layout"] = "grouped" if flags & FLAG_GROUPED else "rows"
         if indexes:
             k = min(indexes, len(seg))
             entry["indexes"] = [list(row) for row in zip(seg.timestamps[:k].tolist(), seg.ledger_ids[:k].tolist(),
@@ -153,6 +155,8 @@ def render_text(doc: dict[str, Any]) -> str:
     for seg in doc.get("segments", []):
         z = "z" if seg.get("compressed") else " "
         ledgers = _ledger_text(seg["ledgers"]) if "ledgers" in seg else seg.get("codec", "")
+        if seg.get("layout") == "grouped":
+            ledgers += ", grouped"
         lines.append(f"{seg['segment']:>7} {seg['min_timestamp']:>20} {seg['max_timestamp']:>20} "
                      f"{seg['count']:>8} {seg['size']:>7}{z} {seg['size'] / seg['count']:>6.2f}  {ledgers}")
         for ts, ledger, entry in seg.get("indexes", []):

@@ -26,7 +26,7 @@ import zlib
 
 import zstandard
 
-__all__ = ["CompressionError", "Compressor", "ZLIB", "ZSTD", "compress", "decompress_exact"]
+__all__ = ["CompressionError", "Compressor", "MIN_FRAME", "ZLIB", "ZSTD", "compress", "decompress_exact"]
 
 ZLIB = "zlib"
 ZSTD = "zstd"
@@ -42,7 +42,7 @@ _ZSTD_LEVEL = 1
 #: with it), nor for a whole body (entry 0's repeated 5-byte msgpack timestamps).
 _ZSTD_MIN_MATCH = 7
 #: Pieces shorter than this share a frame with the next (a frame costs 6-10 bytes of header).
-_MIN_FRAME = 64
+MIN_FRAME = 64
 _ZLIB_LEVEL = 1
 _ZSTD_MAGIC = 0xFD2FB528
 _BLOCK_RAW, _BLOCK_RLE, _BLOCK_COMPRESSED = 0, 1, 2
@@ -99,7 +99,7 @@ class Compressor:
         frames, pending = [], b""
         for i, piece in enumerate(body):
             pending += piece
-            if len(pending) >= _MIN_FRAME:
+            if len(pending) >= MIN_FRAME:
                 frames.append((self._differences if differences and differences[i] else zstd).compress(pending))
                 pending = b""
         if pending or not frames:

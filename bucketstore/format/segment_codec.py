@@ -24,6 +24,17 @@ the bytes; tools/bench/bench_codec.py measures the choice against alternatives.
 Decoding never trusts a length: the count is checked against a hard cap and the
 expected count the caller knows (from entry 0), and decompression is bounded by
 the size the columns can legitimately take.
+
+**Grouped segments** (snapshot version 6, flag bit 2): a segment of several ledgers may store its rows
+ledger by ledger instead of in delivery order, each ledger's timestamps as steps from the one
+before (the first from a base), so the segment needs no ledger column: which ledger comes next
+in delivery order is implied by the timestamps. Under random delays a merged bucket's segments
+interleave a few ledgers row by row, and a ledger column spends about 1.9 bits a row on that
+interleave, which narrower timestamp differences pay back only up to what a byte-wise entropy
+coder loses (``tools/bench/bench_merge_bytes.py``); grouped, a merged segment costs what its
+sources' segments cost. The writer encodes a segment of several ledgers both ways and keeps the
+smaller: which wins depends on the byte widths the steps need (each ledger's own gaps are wider
+than the delivery-order differences) and on whether the delivery-order columns are constant.
 """
 
 from __future__ import annotations
@@ -33,9 +44,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compression import ZLIB, ZSTD, CompressionError, Compressor, decompress_exact
+from . import grouped_rows
+from .compression import MIN_FRAME, ZLIB, ZSTD, CompressionError, Compressor, decompress_exact
 
 __all__ = [
+    "FLAG_GROUPED",
+    "GROUPED_VERSION",
     "Segment",
     "SegmentCodecError",
     "MAX_SEGMENT_INDEXES",
@@ -55,6 +69,10 @@ MAX_SEGMENT_INDEXES = 1 << 24
 FLAG_ZLIB = 0x01
 #: Format version 2: the body is one zstd frame (never together with FLAG_ZLIB).
 FLAG_ZSTD = 0x02
+#: Snapshot version 6: the body is grouped by ledger (:func:`_grouped_pieces`), with either compression.
+FLAG_GROUPED = 0x04
+#: The first snapshot version whose segments may be grouped.
+GROUPED_VERSION = 6
 _CODEC_FLAG = {ZLIB: FLAG_ZLIB, ZSTD: FLAG_ZSTD}
 KIND_ARITH = 0
 KIND_DELTA_U = 1
@@ -259,7 +277,7 @@ def _unpack_bits(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
 
 
 def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, compress: bool = True,
-                   codec: str = ZSTD) -> bytes:
+                   codec: str = ZSTD, grouped: bool = True) -> bytes:
     """Encode a sorted, non-empty run of indexes as a segment payload.
 
     :param ts: timestamps (uint64-compatible), sorted with ``ledgers`` and ``entries``
@@ -268,6 +286,9 @@ def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, 
         and benchmarks can turn it off).
     :param codec: ``"zstd"`` (format version 2, the default) or ``"zlib"`` (what a
         version-1 writer produced).
+    :param grouped: a segment of several ledgers may be stored grouped by ledger
+        (snapshot version 6) when that is smaller; False writes what versions 2 to 5 read.
+        Never with zlib.
     :raises ValueError: empty input, mismatched lengths, more than
         :data:`MAX_SEGMENT_INDEXES` rows, or rows out of order.
     """
@@ -276,11 +297,12 @@ def encode_segment(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, *, 
         raise ValueError("a segment needs at least one index and three columns of equal length")
     if len(ts) > MAX_SEGMENT_INDEXES:
         raise ValueError(f"a segment holds at most {MAX_SEGMENT_INDEXES} indexes, not {len(ts)}")
-    return encode_segments(ts, ledgers, entries, np.zeros(1, dtype=np.int64), compress=compress, codec=codec)[0]
+    return encode_segments(ts, ledgers, entries, np.zeros(1, dtype=np.int64), compress=compress, codec=codec,
+                           grouped=grouped)[0]
 
 
 def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, starts: np.ndarray, *,
-                    compress: bool = True, codec: str = ZSTD, check: bool = True) -> list[bytes]:
+                    compress: bool = True, codec: str = ZSTD, check: bool = True, grouped: bool = True) -> list[bytes]:
     """Encode consecutive slices of sorted columns as segment payloads, all in one pass.
 
     Segment ``i`` holds rows ``starts[i]`` up to (not including) ``starts[i + 1]``, the
@@ -292,6 +314,7 @@ def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
 
     :param check: verify that the rows are strictly increasing (callers that have
         already checked the whole run pass ``False``).
+    :param grouped: as for :func:`encode_segment`.
     :raises ValueError: mismatched lengths, bad ``starts``, a segment of more than
         :data:`MAX_SEGMENT_INDEXES` rows, or rows out of order.
     """
@@ -317,6 +340,7 @@ def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
             raise ValueError(f"segment rows are not strictly increasing at row {bad}")
     # Version 1 (zlib) segments never hold FRAME columns: a version-1 reader would refuse them.
     frame = codec != ZLIB
+    grouped = grouped and codec != ZLIB
     squeeze = Compressor(codec) if compress else None
     flag = _CODEC_FLAG[codec] if compress else 0
     out = []
@@ -324,19 +348,68 @@ def encode_segments(ts: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, st
         lo = int(starts[first])
         hi = int(starts[last]) if last < len(starts) else n
         block_starts, block_counts = starts[first:last] - lo, counts[first:last]
-        columns = [_Columns(col[lo:hi], block_starts, block_counts, frame).pieces() for col in (ts, ledgers, entries)]
-        for count, t_pieces, l_pieces, e_pieces in zip(block_counts.tolist(), *columns):
-            pieces = [*t_pieces, *l_pieces, *e_pieces]
-            body = b"".join(pieces)
-            if squeeze is not None and len(body) > 64:
-                # Each column's first piece is its header, whose first byte is its kind.
-                differences = [c[0][0] in _DIFFERENCE_KINDS for c in (t_pieces, l_pieces, e_pieces) for _ in c]
-                packed = squeeze.compress(pieces, differences)
-                if len(packed) + _RAW_LEN.size < len(body):
-                    out.append(_PREFIX.pack(flag, count) + _RAW_LEN.pack(len(body)) + packed)
-                    continue
-            out.append(_PREFIX.pack(0, count) + body)
+        cols = [_Columns(col[lo:hi], block_starts, block_counts, frame) for col in (ts, ledgers, entries)]
+        alternatives = _grouped_pieces(ts[lo:hi], ledgers[lo:hi], block_starts, block_counts,
+                                       cols[1]) if grouped else {}
+        for i, (count, t_pieces, l_pieces, e_pieces) in enumerate(zip(block_counts.tolist(),
+                                                                      *[c.pieces() for c in cols])):
+            # Each column's first piece is its header, whose first byte is its kind.
+            e_differences = [e_pieces[0][0] in _DIFFERENCE_KINDS] * len(e_pieces)
+            head = [*t_pieces, *l_pieces]
+            head_differences = [c[0][0] in _DIFFERENCE_KINDS for c in (t_pieces, l_pieces) for _ in c]
+            other = alternatives.get(i)
+            if other is None:
+                out.append(_payload(head, head_differences, e_pieces, e_differences, count, squeeze, flag, 0))
+                continue
+            # The steps are timestamp differences, whatever kind stores them: compressed as a DELTA_U column's are.
+            other_differences = [False, *[True] * (len(other) - 1)]
+            # Both bodies end with the same entry-id pieces: compressed once, when both heads end a frame.
+            tail = squeeze.compress(e_pieces, e_differences) if squeeze is not None and \
+                _ends_frame(head) and _ends_frame(other) else None
+            payload = _payload(head, head_differences, e_pieces, e_differences, count, squeeze, flag, 0, tail)
+            alternative = _payload(other, other_differences, e_pieces, e_differences, count, squeeze, flag,
+                                   FLAG_GROUPED, tail)
+            out.append(alternative if len(alternative) < len(payload) else payload)
     return out
+
+
+def _ends_frame(pieces: list[bytes]) -> bool:
+    """Whether :meth:`Compressor.compress` closes a frame at the last of ``pieces`` (so what follows
+    them starts a frame of its own, compressed alike after any head that ends a frame)."""
+    pending = 0
+    for piece in pieces:
+        pending += len(piece)
+        if pending >= MIN_FRAME:
+            pending = 0
+    return pending == 0
+
+
+def _payload(head: list[bytes], head_differences: list[bool], tail: list[bytes], tail_differences: list[bool],
+             count: int, squeeze: Compressor | None, flag: int, layout: int, packed_tail: bytes | None = None) -> bytes:
+    """A segment's payload from its body's pieces: compressed when that is smaller. ``packed_tail``:
+    the tail's pieces compressed alone, given when the head ends a frame."""
+    body = b"".join([*head, *tail])
+    if squeeze is not None and len(body) > 64:
+        if packed_tail is not None:
+            packed = squeeze.compress(head, head_differences) + packed_tail
+        else:
+            packed = squeeze.compress([*head, *tail], head_differences + tail_differences)
+        if len(packed) + _RAW_LEN.size < len(body):
+            return _PREFIX.pack(flag | layout, count) + _RAW_LEN.pack(len(body)) + packed
+    return _PREFIX.pack(layout, count) + body
+
+
+def _grouped_pieces(ts: np.ndarray, ledgers: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                    ledger_column: _Columns) -> dict[int, list[bytes]]:
+    """Segment index -> the pieces of its grouped body up to its entry ids (the directory, then the
+    steps column), for each segment of several ledgers (:mod:`.grouped_rows` groups them)."""
+    several = np.flatnonzero(~(ledger_column.arith & (ledger_column.step == 0)))
+    if not len(several):
+        return {}
+    groups = grouped_rows.group(ts, ledgers, starts[several], counts[several])
+    step_pieces = _Columns(groups.steps, groups.starts, groups.counts, True).pieces()
+    return {i: [directory, *s_pieces]
+            for i, directory, s_pieces in zip(several.tolist(), groups.directories, step_pieces)}
 
 
 #: Rows encoded together (whole segments; a bigger segment is a block of its own). Measured:
@@ -460,20 +533,25 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
     if len(view) < _PREFIX.size:
         raise SegmentCodecError(0, "segment payload is shorter than its 5-byte prefix")
     flags, n = _PREFIX.unpack_from(view)
-    if flags & ~(FLAG_ZLIB | FLAG_ZSTD) or flags == FLAG_ZLIB | FLAG_ZSTD:
+    if flags & ~(FLAG_ZLIB | FLAG_ZSTD | FLAG_GROUPED) or flags & (FLAG_ZLIB | FLAG_ZSTD) == FLAG_ZLIB | FLAG_ZSTD:
         raise SegmentCodecError(0, f"unknown segment flags 0x{flags:02x}")
     if flags & FLAG_ZSTD and snapshot_version == 1:
         raise SegmentCodecError(0, "zstd segment in a version-1 bucket (zstd came with version 2)")
+    grouped = bool(flags & FLAG_GROUPED)
+    if grouped and snapshot_version is not None and snapshot_version < GROUPED_VERSION:
+        raise SegmentCodecError(0, f"grouped segment in a version-{snapshot_version} bucket (grouped segments came "
+                                   f"with version {GROUPED_VERSION})")
+    compression = flags & (FLAG_ZLIB | FLAG_ZSTD)
     if n == 0 or n > MAX_SEGMENT_INDEXES:
         raise SegmentCodecError(1, f"segment count {n} is outside 1..{MAX_SEGMENT_INDEXES}")
     if expected_count is not None and n != expected_count:
         raise SegmentCodecError(1, f"segment holds {n} indexes but its metadata says {expected_count}")
     base = _PREFIX.size
-    if flags:
+    if compression:
         if len(view) < base + _RAW_LEN.size:
             raise SegmentCodecError(base, "truncated compressed-size field")
         (raw_len,) = _RAW_LEN.unpack_from(view, base)
-        if raw_len > _max_body_size(n):
+        if raw_len > (_max_grouped_body_size(n) if grouped else _max_body_size(n)):
             raise SegmentCodecError(base, f"uncompressed size {raw_len} is impossible for {n} indexes")
         try:
             body_bytes = decompress_exact(view[base + _RAW_LEN.size:], raw_len, ZSTD if flags & FLAG_ZSTD else ZLIB)
@@ -484,14 +562,10 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
     else:
         body, inflated = view[base:], False
     try:
-        pos = 0
-        columns = []
-        for _ in range(3):
-            if snapshot_version == 1 and pos < len(body) and body[pos] in _V2_KINDS:
-                raise SegmentCodecError(pos if inflated else base + pos, f"column kind {body[pos]} in a version-1 "
-                                                                         "bucket (it came with version 2)")
-            col, pos = _decode_column(body, pos, n, 0 if inflated else base)
-            columns.append(col)
+        if grouped:
+            columns, pos = _decode_grouped(body, n, 0 if inflated else base)
+        else:
+            columns, pos = _decode_columns(body, n, 0 if inflated else base, snapshot_version)
         if pos != len(body):
             raise SegmentCodecError(pos if inflated else base + pos, f"{len(body) - pos} unexpected bytes after the columns")
     except SegmentCodecError as exc:
@@ -505,3 +579,37 @@ def decode_segment(payload: bytes | memoryview, expected_count: int | None = Non
         if bad >= 0:
             raise SegmentCodecError(0, f"segment rows are out of (timestamp, ledger, entry) order at row {bad}")
     return segment
+
+
+def _decode_columns(body: memoryview, n: int, base: int, snapshot_version: int | None) -> tuple[list[np.ndarray], int]:
+    """A body in delivery order: the three columns, and the position after them."""
+    pos = 0
+    columns = []
+    for _ in range(3):
+        if snapshot_version == 1 and pos < len(body) and body[pos] in _V2_KINDS:
+            raise SegmentCodecError(base + pos, f"column kind {body[pos]} in a version-1 bucket (it came with "
+                                                "version 2)")
+        col, pos = _decode_column(body, pos, n, base)
+        columns.append(col)
+    return columns, pos
+
+
+def _max_grouped_body_size(n: int) -> int:
+    """Two varints, at most ``2n - 1`` more (10 bytes each at most), and two columns."""
+    return 10 * (2 * n + 1) + 2 * (_DELTA.size + 8 * n)
+
+
+def _decode_grouped(body: memoryview, n: int, base: int) -> tuple[list[np.ndarray], int]:
+    """A grouped body: the three columns in delivery order, and the position after the body's columns."""
+    try:
+        directory, pos = grouped_rows.read_directory(body, n)
+    except grouped_rows.GroupedError as exc:
+        raise SegmentCodecError(base + exc.offset, exc.reason) from None
+    data_at = pos
+    steps, pos = _decode_column(body, pos, n, base)
+    entries, pos = _decode_column(body, pos, n, base)
+    try:
+        ts, ledgers = grouped_rows.delivery_order(directory, steps)
+    except grouped_rows.GroupedError as exc:
+        raise SegmentCodecError(base + data_at, exc.reason) from None
+    return [ts, ledgers, entries], pos

@@ -6,15 +6,14 @@ count, and the delayed-index bitmaps (roaring bitmaps of entry ids, keyed by
 ledger id). Entries 1..N hold the segments in the compact encoding of
 :mod:`bucketstore.format.segment_codec`.
 
-Version 2 keeps *one* bitmap per ledger for the whole bucket: the segments
-already say which segment holds which position, so version 1's per-segment
-bitmaps (PIP-195's layout, still read) stored every position twice. Version 3
-lays the same bitmaps end to end, byte-shuffled from 4 KiB; version 4 stores a
-sparse bucket's ledgers as entry-id lists instead; version 5 (what this module
-writes) keeps only their counts, the ids being the segments' rows (issue 28 item 2).
-The engine needs only bucket-wide membership at recovery; the positions of one
-segment, when needed, come from decoding it
-(:meth:`BucketFile.segment_positions`). The bitmaps are built and serialized in
+Version 2 keeps *one* bitmap per ledger for the whole bucket: the segments already say which
+segment holds which position, so version 1's per-segment bitmaps (PIP-195's layout, still read)
+stored every position twice. Version 3 lays the same bitmaps end to end, byte-shuffled from 4 KiB;
+version 4 stores a sparse bucket's ledgers as entry-id lists instead; version 5 keeps only their
+counts, the ids being the segments' rows (issue 28 item 2); version 6 (what this module writes) has
+version 5's entry 0 and may store a segment grouped by ledger (issue 28 item 3). The engine needs
+only bucket-wide membership at recovery; the positions of one segment, when needed, come from
+decoding it (:meth:`BucketFile.segment_positions`). The bitmaps are built and serialized in
 :mod:`~bucketstore.format.bucket_bitmaps`.
 
 Segments are cut as Pulsar cuts them (reference §1.4): a segment opens at its
@@ -50,9 +49,9 @@ from .entry_lists import (COUNTS_ONLY_VERSION, EntryLists, ListedRows, ListsErro
                           encode_lists, lists_from_rows)
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
 from .row_sort import sort_rows
+from .segment_codec import (GROUPED_VERSION, MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted,
+                            decode_segment, encode_segments)
 from .shared_work import RunBeside, encode_in_pieces
-from .segment_codec import (MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted, decode_segment,
-                            encode_segments)
 
 __all__ = [
     "SNAPSHOT_VERSION",
@@ -82,11 +81,11 @@ __all__ = [
 ]
 
 #: The version this module writes.
-SNAPSHOT_VERSION = 5
+SNAPSHOT_VERSION = 6
 #: The versions it reads.
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 #: Entry 0's msgpack array length in each version.
-_BODY_LENGTH = {1: 5, 2: 6, 3: 7, 4: 9, 5: 9}
+_BODY_LENGTH = {1: 5, 2: 6, 3: 7, 4: 9, 5: 9, 6: 9}
 _U64 = np.dtype("<u8")
 _FLAG_ZLIB = 0x01
 _FLAG_ZSTD = 0x02  # from version 2
@@ -175,7 +174,7 @@ def cut_segments(ts: np.ndarray, time_step_ms: int, max_indexes: int) -> list[tu
 
 
 def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
-    """Encode entry 0 in ``meta.version``'s layout (5 unless a test asks for 1 to 4).
+    """Encode entry 0 in ``meta.version``'s layout (6 unless a test asks for 1 to 5).
 
     Versions 2 and 3: ``flags u8, body_length u32`` then the msgpack body, zstd frames
     when flag bit 1 is set (used when smaller). The version-2 body is the array
@@ -189,7 +188,7 @@ def encode_metadata(meta: BucketMetadata, *, compress: bool = True) -> bytes:
     """
     if meta.version == 1:
         return _encode_metadata_v1(meta, compress=compress)
-    if meta.version not in (2, 3, 4, 5):
+    if meta.version not in (2, 3, 4, 5, 6):
         raise ValueError(f"cannot write snapshot version {meta.version}")
     segments: list[int] = []
     for seg in meta.segments:
@@ -344,7 +343,7 @@ def _validate_metadata(doc: object, rows: ListedRows | None = None) -> BucketMet
     if version == 1:
         out = _validate_segments_v1(segments, start, end, at)
         bitmaps = union_bitmaps(seg.bitmaps for seg in out)
-    elif version >= 4:
+    elif version >= 4:  # version 6's entry 0 is version 5's
         out = _validate_segments_v2(segments, at)
         if sum(seg.count for seg in out) != count:  # (before the lists are allocated by count)
             raise MetadataCodecError(at, f"segments hold {sum(seg.count for seg in out)} indexes but the "
@@ -520,7 +519,7 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
             raise ValueError(f"an index lies outside the bucket's ledger range [{start_ledger}, {end_ledger}]")
         if check_sorted(ts, ledgers, entries) >= 0:
             raise ValueError("indexes are not sorted by (timestamp, ledger, entry) without duplicates")
-    codec = ZLIB if version == 1 else ZSTD
+    codec, grouped = (ZLIB if version == 1 else ZSTD), version >= GROUPED_VERSION
     bounds = cut_segments(ts, time_step_ms, max_indexes_per_segment)
     starts = np.fromiter((lo for lo, _ in bounds), dtype=np.int64, count=len(bounds))
     # All segments in one pass (the rows were checked above): a bucket's segments are often
@@ -528,11 +527,13 @@ def build_bucket(start_ledger: int, end_ledger: int, ts: np.ndarray, ledgers: np
     # would cost more than the encoding itself.
     if run_beside is not None and len(ts) >= SPLIT_ROWS:
         held: list[LedgerBitmaps] = []  # entry 0's bitmaps, made on this thread as the one beside encodes
-        payloads = encode_in_pieces(ts, ledgers, entries, starts, run_beside, compress=compress, codec=codec, first=(
+        payloads = encode_in_pieces(ts, ledgers, entries, starts, run_beside, compress=compress, codec=codec,
+                                    grouped=grouped, first=(
             lambda: held.append(serialized_bitmaps(ledgers, entries))) if version != 1 else None)
         whole = held[0] if held else None
     else:
-        payloads = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec, check=False)
+        payloads = encode_segments(ts, ledgers, entries, starts, compress=compress, codec=codec, check=False,
+                                   grouped=grouped)
         whole = None
     metas = []
     if len(ts):

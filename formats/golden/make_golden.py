@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from bucketstore.format.segment_codec import FLAG_GROUPED, FLAG_ZLIB, FLAG_ZSTD, GROUPED_VERSION
 from bucketstore.format.snapshot import build_bucket, cut_segments, encode_metadata, sort_indexes, write_bucket
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -141,8 +142,28 @@ def _sparse_ledgers() -> list[tuple[int, int, int]]:
     return rows
 
 
+def _grouped_small() -> list[tuple[int, int, int]]:
+    # Three ledgers 10 apart (too far apart for a packed ledger column) interleaved by random
+    # delays: grouped by ledger, the segment needs no ledger column (version 6).
+    return [(BASE_TS + t, ledger, entry) for t, ledger, entry in (
+        (0, 10, 4), (3, 20, 1), (3, 30, 0), (5, 10, 2), (9, 30, 5), (12, 20, 3), (12, 20, 7), (20, 10, 9))]
+
+
+def _merged_ledgers() -> list[tuple[int, int, int]]:
+    # What a merge of four one-ledger buckets holds: 250 entries of each of 4 ledgers, random
+    # delays within 60 s, so every segment interleaves the four ledgers row by row.
+    rng = random.Random(34)
+    return [(BASE_TS + entry + rng.randrange(60_000), ledger, entry) for ledger in range(40, 44)
+            for entry in range(250)]
+
+
 CASES = CASES_V1 + [replace(case, version=version, description=case.description.replace("zlib", "zstd"))
-                    for version in (2, 3, 4, 5) for case in CASES_V1] + [
+                    for version in (2, 3, 4, 5, 6) for case in CASES_V1] + [
+    Case("grouped_small", "8 indexes of three ledgers interleaved by their delays: one segment grouped by "
+         "ledger (directory, timestamp steps, entry ids), nothing compressed", 9, 10, 30, _grouped_small,
+         compress=False, version=6),
+    Case("merged_ledgers", "1,000 random-delay indexes of four ledgers, as a merge leaves them: segments of 300 "
+         "grouped by ledger, zstd frames", 10, 40, 43, _merged_ledgers, max_indexes=300, version=6),
     Case("sparse_ledgers", "10 random entries of each of 120 ledgers, random delays: entry 0's shuffled "
          "bitmaps in frames of their own", 8, 1000, 1119, _sparse_ledgers, version=3),
     Case("sparse_ledgers", "10 random entries of each of 120 ledgers, random delays: entry 0's entry-id "
@@ -150,6 +171,8 @@ CASES = CASES_V1 + [replace(case, version=version, description=case.description.
     Case("sparse_ledgers", "10 random entries of each of 120 ledgers, random delays: entry 0 lists the "
          "ledgers and their counts (two columns), their entry ids being the segments' rows", 8, 1000, 1119,
          _sparse_ledgers, version=5),
+    Case("sparse_ledgers", "10 random entries of each of 120 ledgers, random delays: version 5's counts, and "
+         "segments grouped by ledger", 8, 1000, 1119, _sparse_ledgers, version=6),
 ]
 
 
@@ -170,14 +193,17 @@ def _bitmap_list(positions: list[tuple[int, int]]) -> list[dict]:
 
 
 def _expected(case: Case, rows: list[tuple[int, int, int]], metadata_compressed: bool,
-              segments_compressed: list[bool], properties: dict) -> dict:
-    """The content the file must hold, from the sorted input rows alone."""
+              segment_flags: list[int], properties: dict) -> dict:
+    """The content the file must hold, from the sorted input rows alone (and, per segment, the
+    writer's choices: compressed or not, and from version 6 grouped by ledger or not)."""
     ts = np.array([r[0] for r in rows], dtype=np.uint64)
     segments: list[dict] = []
-    for (lo, hi), compressed in zip(cut_segments(ts, case.time_step_ms, case.max_indexes), segments_compressed):
+    for (lo, hi), flags in zip(cut_segments(ts, case.time_step_ms, case.max_indexes), segment_flags):
         part = rows[lo:hi]
         segment = {"min_timestamp": part[0][0], "max_timestamp": part[-1][0], "count": len(part),
-                   "compressed": compressed}
+                   "compressed": bool(flags & (FLAG_ZLIB | FLAG_ZSTD))}
+        if case.version >= GROUPED_VERSION:
+            segment["grouped"] = bool(flags & FLAG_GROUPED)
         if case.version == 1:
             segment["bitmaps"] = _bitmap_list([(ledger, entry) for _, ledger, entry in part])
         segment["indexes"] = [list(r) for r in part]
@@ -211,7 +237,7 @@ def write_case(case: Case, out_dir: str) -> None:
     properties = dict(case.properties or {})
     properties.update(kind="bucket", bucket_key=meta.key, start_ledger=meta.start_ledger,
                       end_ledger=meta.end_ledger)
-    doc = _expected(case, rows, metadata_compressed, [p[0] != 0 for p in payloads],
+    doc = _expected(case, rows, metadata_compressed, [p[0] for p in payloads],
                     dict(sorted(properties.items())))
     # One index or one entry-id list per line: readable, and diffs stay local.
     text = re.sub(r"\[\s*([\d,\s]+?)\s*\]", lambda m: "[" + re.sub(r"\s+", "", m.group(1)) + "]",

@@ -62,6 +62,15 @@ def test_dump_of_a_v5_bucket_says_entry_0_counts_the_listed_ledgers(capsys) -> N
     assert re.search(r"^ledgers     1000:10 1001:10 .* 1119:10$", out, re.M)  # gathered from the segments
 
 
+def test_dump_of_a_v6_bucket_says_which_segments_are_grouped(capsys) -> None:
+    code, out, err = run(capsys, "dump", os.path.join(GOLDEN, "v6_merged_ledgers.ledger"))
+    assert code == 0 and err == ""
+    assert "snapshot v6" in out
+    assert [line.endswith("zstd, grouped") for line in out.splitlines()[-4:]] == [True, False, True, True]
+    code, out, _ = run(capsys, "dump", "--json", os.path.join(GOLDEN, "v6_merged_ledgers.ledger"))
+    assert [s["layout"] for s in json.loads(out)["segments"]] == ["grouped", "rows", "grouped", "grouped"]
+
+
 def test_dump_json_is_one_object(capsys) -> None:
     code, out, _ = run(capsys, "dump", "--json", "--indexes", "1", os.path.join(GOLDEN, "wide_entry_ids.ledger"))
     doc = json.loads(out)

@@ -120,7 +120,8 @@ def _v1_segment_recoded(name: str, compress: bool) -> bytes:
     """A version-1 bucket whose segment 1 is re-encoded by the version-2 writer (FRAME/PACKED, zstd)."""
     lid, props, payloads = _parts(name)
     seg = decode_segment(payloads[1])
-    recoded = encode_segment(seg.timestamps, seg.ledger_ids, seg.entry_ids, compress=compress, codec="zstd")
+    recoded = encode_segment(seg.timestamps, seg.ledger_ids, seg.entry_ids, compress=compress, codec="zstd",
+                             grouped=False)
     assert recoded[0] == (2 if compress else 0)
     assert compress or recoded[5 + 17] in (3, 4)  # the ledger column (after an ARITH timestamp column)
     return frame_ledger(lid, props, [payloads[0], recoded, *payloads[2:]])
@@ -154,6 +155,25 @@ def _v3_bitmap_sizes(shift: int) -> bytes:
         doc[5][5] -= shift
     body = msgpack.packb(doc, use_bin_type=True)
     return frame_ledger(lid, props, [struct.pack("<BI", 0, len(body)) + body, *payloads[1:]])
+
+
+def _v5_grouped_segment() -> bytes:
+    """The golden v5 bucket of wide entry ids with its segments re-encoded by version 6's writer: the
+    first one grouped, in a bucket whose entry 0 says version 5."""
+    lid, props, payloads = _parts("v5_wide_entry_ids")
+    segments = [decode_segment(p) for p in payloads[1:]]
+    recoded = [encode_segment(s.timestamps, s.ledger_ids, s.entry_ids) for s in segments]
+    assert any(p[0] & 4 for p in recoded)
+    return frame_ledger(lid, props, [payloads[0], *recoded])
+
+
+def _v6_grouped_ledgers_descend() -> bytes:
+    """The golden small grouped segment with its second group's ledger difference 0 (ledger 10 twice)."""
+    lid, props, payloads = _parts("v6_grouped_small")
+    seg = bytearray(payloads[1])
+    assert seg[0] == 4 and seg[11:15] == b"\x03\x0a\x0a\x0a"  # groups, then the three ledgers
+    seg[13] = 0
+    return frame_ledger(lid, props, [payloads[0], bytes(seg)])
 
 
 CASES: dict[str, Callable[[], bytes]] = {
@@ -194,6 +214,9 @@ CASES: dict[str, Callable[[], bytes]] = {
     # Format version 3 (entry 0's bitmaps end to end, shuffled from 4 KiB).
     "v3_bitmap_sizes_do_not_add_up": lambda: _v3_bitmap_sizes(1),
     "v3_bitmap_sizes_cut_wrong": lambda: _v3_bitmap_sizes(-2),
+    # Format version 6 (grouped segments): one in an older bucket, and a damaged directory.
+    "v5_grouped_segment": _v5_grouped_segment,
+    "v6_grouped_ledgers_descend": _v6_grouped_ledgers_descend,
 }
 
 

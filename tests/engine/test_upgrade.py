@@ -177,10 +177,11 @@ def test_upgrade_refuses_an_open_store(v1_store, capsys) -> None:
     assert "close it before upgrading" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("version", [2, 3, 4])
-def test_upgrade_rewrites_a_v2_or_v3_store_as_current_keeping_every_row(tmp_path, capsys, version) -> None:
-    """Versions 3 to 5 changed only entry 0's layout of the bitmaps: a v2, v3 or v4 store verifies
-    as it is, and upgrading it rewrites each bucket with the same rows."""
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
+def test_upgrade_rewrites_a_v2_to_v5_store_as_current_keeping_every_row(tmp_path, capsys, version) -> None:
+    """Versions 3 to 5 changed only entry 0's layout of the bitmaps, version 6 added grouped
+    segments: a v2 to v5 store verifies as it is, and upgrading it rewrites each bucket with
+    the same rows."""
     path = str(tmp_path / "s")
     _store_with_buckets(path)
     rows = _sealed_positions(path)
@@ -190,7 +191,7 @@ def test_upgrade_rewrites_a_v2_or_v3_store_as_current_keeping_every_row(tmp_path
     assert cli.main(["upgrade", path]) == 0
     out = capsys.readouterr().out
     assert f"upgraded {count} bucket(s)" in out and "0 failed" in out
-    assert _versions(path) == [SNAPSHOT_VERSION] * count == [5] * count
+    assert _versions(path) == [SNAPSHOT_VERSION] * count == [6] * count
     assert _sealed_positions(path) == rows
     assert verify_store(path)[0] == []
     assert sorted(_drain(path)) == rows

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from pyroaring import BitMap, BitMap64
 
-from bucketstore.format.segment_codec import encode_segment
+from bucketstore.format.segment_codec import FLAG_GROUPED, GROUPED_VERSION, encode_segment
 from bucketstore.format.snapshot import BucketFile, BucketMetadata, SegmentMetadata, write_bucket
 from bucketstore import check_file
 from repo_paths import GOLDEN
@@ -40,13 +40,17 @@ def _read_back(path: str) -> dict:
         for number, seg_meta in enumerate(meta.segments, start=1):
             seg = bucket.read_segment(number)
             flags = bucket.ledger.read_entry(number)[0]
-            assert flags in (0, _CODEC_FLAG[meta.version])  # v1 writes zlib, v2 to v5 zstd
+            grouped = meta.version >= GROUPED_VERSION and bool(flags & FLAG_GROUPED)
+            flags &= ~FLAG_GROUPED
+            assert flags in (0, _CODEC_FLAG[meta.version])  # v1 writes zlib, v2 to v6 zstd
             segment = {
                 "min_timestamp": seg_meta.min_timestamp,
                 "max_timestamp": seg_meta.max_timestamp,
                 "count": seg_meta.count,
                 "compressed": flags != 0,
             }
+            if meta.version >= GROUPED_VERSION:
+                segment["grouped"] = grouped
             if meta.version == 1:
                 segment["bitmaps"] = _bitmap_docs(seg_meta.bitmaps)
             segment["indexes"] = [list(r) for r in zip(seg.timestamps.tolist(), seg.ledger_ids.tolist(),
@@ -66,7 +70,7 @@ def _read_back(path: str) -> dict:
         }
 
 
-_CODEC_FLAG = {1: 0x01, 2: 0x02, 3: 0x02, 4: 0x02, 5: 0x02}
+_CODEC_FLAG = {1: 0x01, 2: 0x02, 3: 0x02, 4: 0x02, 5: 0x02, 6: 0x02}
 
 
 def _bitmap_docs(bitmaps: dict) -> list[dict]:
@@ -88,7 +92,7 @@ def _encode(doc: dict, directory: str) -> bytes:
     for seg in m["segments"]:
         cols = np.array(seg["indexes"], dtype=np.uint64).reshape(-1, 3).T
         payloads.append(encode_segment(cols[0], cols[1], cols[2], compress=seg["compressed"],
-                                       codec="zlib" if version == 1 else "zstd"))
+                                       codec="zlib" if version == 1 else "zstd", grouped=version >= GROUPED_VERSION))
         metas.append(SegmentMetadata(seg["min_timestamp"], seg["max_timestamp"], seg["count"],
                                      {b["ledger_id"]: _bitmap(b) for b in seg.get("bitmaps", [])}))
     meta = BucketMetadata(m["start_ledger"], m["end_ledger"], m["count"], metas, version,
@@ -99,7 +103,7 @@ def _encode(doc: dict, directory: str) -> bytes:
         return f.read()
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6])
 def test_golden_set_covers_the_required_shapes(version) -> None:
     docs = [d for d in map(_expected, FILES) if d["metadata"]["snapshot_version"] == version]
     segments = [s for d in docs for s in d["metadata"]["segments"]]
@@ -114,6 +118,8 @@ def test_golden_set_covers_the_required_shapes(version) -> None:
     assert any(b["width"] == 64 for bitmaps in bitmap_sets for b in bitmaps)
     assert any(s["compressed"] for s in segments) and not all(s["compressed"] for s in segments)
     assert any(d["metadata"]["compressed"] for d in docs) and not all(d["metadata"]["compressed"] for d in docs)
+    if version >= GROUPED_VERSION:  # grouped and not, compressed and not
+        assert {(s["grouped"], s["compressed"]) for s in segments} == {(g, c) for g in (False, True) for c in (False, True)}
 
 
 @pytest.mark.parametrize("path", FILES, ids=os.path.basename)

@@ -46,13 +46,14 @@ def _sources(shape: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     return out
 
 
-@pytest.mark.parametrize("shape, bound", [("A", 1.0), ("B", 1.006), ("S", 1.0)])
+@pytest.mark.parametrize("shape, bound", [("A", 1.0), ("B", 1.0), ("S", 1.0)])
 def test_a_merge_of_four_buckets_does_not_grow(tmp_path, shape: str, bound: float) -> None:
     parts = _sources(shape)
     merged = sort_indexes(*(np.concatenate(c) for c in zip(*parts)))
     before = sum(_file_size(str(tmp_path), *p) for p in parts)
     after = _file_size(str(tmp_path), *merged)
-    # Random delays (B): the merged rows' ledger column carries the interleaving of the four
-    # ledgers, which the denser timestamp differences pay back only up to a per-plane entropy
-    # coder's losses; the writer's byte-plane compression keeps that under 0.6 % (1.2 % before).
+    # Random delays (B): in delivery order a merged segment's ledger column would carry how the
+    # four ledgers interleave, which the denser timestamp differences pay back only up to a
+    # per-plane entropy coder's losses (0.4 % larger in versions 4 and 5); grouped by ledger (version 6)
+    # the segment holds what its sources' segments held, and the merged file saves their framing.
     assert after <= bound * before, f"{shape}: merged {after} bytes, sources {before} ({after / before:.4f})"

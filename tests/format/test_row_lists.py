@@ -103,11 +103,12 @@ def test_entry_0_decoded_alone_knows_the_ledgers_and_counts_but_not_the_ids(tmp_
 
 
 def _rows_file(tmp_path, segments: list[tuple[list[int], list[int], list[int]]], bitmaps: dict) -> str:
-    """A version-5 bucket whose entry 0 claims ``bitmaps`` over these segments' rows."""
+    """A version-6 bucket (version 5's entry 0; its segments of several ledgers may be grouped) whose
+    entry 0 claims ``bitmaps`` over these segments' rows."""
     payloads = [encode_segment(np.array(t, _U64), np.array(l, _U64), np.array(e, _U64)) for t, l, e in segments]
     metas = [SegmentMetadata(t[0], t[-1], len(t)) for t, _, _ in segments]
     count = sum(m.count for m in metas)
-    meta = BucketMetadata(1, 2, count, metas, 5, bitmaps)
+    meta = BucketMetadata(1, 2, count, metas, 6, bitmaps)
     return write_bucket(str(tmp_path), 1, meta, payloads)
 
 

@@ -40,7 +40,7 @@ def test_round_trip_any_uint64(rows, compress, codec) -> None:
 def test_constant_step_columns_cost_17_bytes_even_when_wrapping(start, step, n) -> None:
     col = (np.uint64(start) + np.arange(n, dtype=np.uint64) * np.uint64(step))
     ts = np.arange(n, dtype=np.uint64)  # sorted, distinct: any ledger/entry column is allowed
-    payload = encode_segment(ts, col, col, compress=False)
+    payload = encode_segment(ts, col, col, compress=False, grouped=False)  # (grouped, no ledger column)
     assert len(payload) == 5 + 3 * 17
     assert payload[5 + 17] == KIND_ARITH
     assert np.array_equal(decode_segment(payload).ledger_ids, col)
@@ -73,7 +73,7 @@ def test_writer_picks_kind_and_narrowest_width() -> None:
     assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False, codec="zlib"), 5) == [
         (KIND_DELTA_U, 4), (KIND_DELTA_Z, 1), (KIND_DELTA_U, 8)]
     # Version 2: the ledger column jumps within [1, 2]: bit-packed offsets, 1 bit each.
-    assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False), 5) == [
+    assert _column_kinds(encode_segment(ts, ledgers, entries, compress=False, grouped=False), 5) == [
         (KIND_DELTA_U, 4), (KIND_PACKED, 1), (KIND_DELTA_U, 8)]
 
 

@@ -161,7 +161,7 @@ def test_metadata_v2_round_trip_compressed_and_not(version) -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"version": 6}, "cannot write"), ({"count": 3}, "bucket count"),
+    ({"version": 7}, "cannot write"), ({"count": 3}, "bucket count"),
     ({"start_ledger": 2}, "malformed bitmap"), ({"start_ledger": 3}, "ledger range"),
 ])
 def test_metadata_validation(change, message) -> None:
@@ -173,7 +173,7 @@ def test_metadata_validation(change, message) -> None:
     ({"count": 4}, "bitmaps hold 3 entries"), ({"end_ledger": 1}, "malformed bitmap"),
     ({"bitmaps": {1: BitMap([1, 2, 3])}}, "segments hold 3 indexes but the bucket count is 3|bitmaps hold 3"),
 ])
-@pytest.mark.parametrize("version", [2, 3, 4, 5])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6])
 def test_metadata_v2_validation(change, message, version) -> None:
     meta = _meta2(version, **change)
     if "bitmaps" in change:
@@ -184,14 +184,14 @@ def test_metadata_v2_validation(change, message, version) -> None:
 
 def test_metadata_refuses_an_unknown_version() -> None:
     import msgpack
-    for body in (msgpack.packb([6, 1, 2, 0, [], []]), msgpack.packb([6, 1, 2, 0, [], [], [], [], 0, b""])):
-        with pytest.raises(MetadataCodecError, match="version 6 is not supported"):
+    for body in (msgpack.packb([7, 1, 2, 0, [], []]), msgpack.packb([7, 1, 2, 0, [], [], [], [], 0, b""])):
+        with pytest.raises(MetadataCodecError, match="version 7 is not supported"):
             decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
     for body in (msgpack.packb([]), msgpack.packb({"v": 3})):
         with pytest.raises(MetadataCodecError, match="not a non-empty array"):
             decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)
     for doc in ([3, 1, 2, 0, [], []], [2, 1, 2, 0, [], [], b""], [1, 1, 2, 0, [], []], [4, 1, 2, 0, [], [], b""],
-                [5, 1, 2, 0, [], [], b""]):
+                [5, 1, 2, 0, [], [], b""], [6, 1, 2, 0, [], [], b""]):
         body = msgpack.packb(doc)
         with pytest.raises(MetadataCodecError, match=f"version {doc[0]} metadata has {len(doc)} elements"):
             decode_metadata(bytes([0]) + len(body).to_bytes(4, "little") + body)

@@ -14,6 +14,7 @@ import re
 import struct
 
 import numpy as np
+import pytest
 import zstandard
 
 import bucketstore
@@ -240,10 +241,82 @@ def test_v4_entry0_lists_are_three_columns_of_ledgers_counts_and_gaps() -> None:
     assert got == expected
 
 
-def test_v5_entry0_lists_ledgers_and_counts_and_the_ids_are_the_segments_rows() -> None:
-    """bucket_snapshot.md, entry 0 (version 5): the lists are two columns, ledger ids and counts;
-    each listed ledger's entry ids are those of the segments' rows on it, decoded here from the
-    segments as the spec words them (a segment's body in zstd frames, three columns)."""
+def _spec_varints(body: bytes, pos: int, k: int) -> tuple[list[int], int]:
+    """bucket_snapshot.md's varints (unsigned LEB128), one byte at a time."""
+    out = []
+    for _ in range(k):
+        value = shift = 0
+        while True:
+            byte = body[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        out.append(value)
+    return out, pos
+
+
+def _spec_grouped(payload: bytes) -> list[tuple[int, int, int]]:
+    """A grouped segment (flag bit 2, version 6) decoded as the spec words it, one row at a time."""
+    flags, n = struct.unpack_from("<BI", payload)
+    assert flags & 4
+    if flags & 2:
+        body = b"".join(zstandard.ZstdDecompressor().decompress(payload[9:][start:end])
+                        for start, end in _frame_extents(payload[9:]))
+        assert len(body) == struct.unpack_from("<I", payload, 5)[0]
+    else:
+        body = payload[5:]
+    (base, groups), pos = _spec_varints(body, 0, 2)
+    directory, pos = _spec_varints(body, pos, 2 * groups - 1)
+    ledgers = [directory[0]]
+    for difference in directory[1:groups]:
+        ledgers.append(ledgers[-1] + difference)
+    sizes = directory[groups:] + [n - sum(directory[groups:])]
+    steps, pos = _spec_column(body, pos, n)
+    entries, pos = _spec_column(body, pos, n)
+    assert pos == len(body)
+    pairs, at = [], 0
+    for ledger, size in zip(ledgers, sizes):
+        ts = base
+        for j in range(at, at + size):
+            ts = (ts + steps[j]) % (1 << 64)  # from the base for a group's first, else from the one before
+            pairs.append((ts, ledger))
+        at += size
+    return [(ts, ledger, entry) for (ts, ledger), entry in zip(sorted(pairs), entries)]  # entry ids in row order
+
+
+def test_v6_grouped_segments_decode_as_the_spec_words_them() -> None:
+    """bucket_snapshot.md, grouped segments (version 6): a directory of varints (base, groups,
+    ledgers as differences, all groups' sizes but the last's), the timestamp steps ledger by
+    ledger, then the entry ids in row order; sorted, the (timestamp, ledger) pairs and the entry
+    ids make the rows."""
+    from bucketstore.format.ledger_file import LedgerReader
+    from repo_paths import GOLDEN
+
+    grouped = 0
+    for name in ("v6_grouped_small", "v6_merged_ledgers", "v6_one_segment"):
+        with open(os.path.join(GOLDEN, f"{name}.json"), encoding="utf-8") as f:
+            metadata = json.load(f)["metadata"]
+        assert metadata["snapshot_version"] == 6
+        segments = metadata["segments"]
+        with LedgerReader(os.path.join(GOLDEN, f"{name}.ledger")) as reader:
+            for number, segment in enumerate(segments, start=1):
+                payload = bytes(reader.read_entry(number))
+                assert bool(payload[0] & 4) == segment["grouped"]
+                if segment["grouped"]:
+                    grouped += 1
+                    assert _spec_grouped(payload) == [tuple(row) for row in segment["indexes"]]
+    assert grouped >= 4
+
+
+@pytest.mark.parametrize("name, version", [("v5_sparse_ledgers", 5), ("v6_sparse_ledgers", 6),
+                                           ("v6_grouped_small", 6)])
+def test_entry0_lists_ledgers_and_counts_and_the_ids_are_the_segments_rows(name: str, version: int) -> None:
+    """bucket_snapshot.md, entry 0 (versions 5 and 6): the lists are two columns, ledger ids and
+    counts; each listed ledger's entry ids are those of the segments' rows on it, decoded here from
+    the segments as the spec words them (a body as is or in zstd frames: three columns, or from
+    version 6 grouped by ledger)."""
     import msgpack
 
     from bucketstore.format.ledger_file import LedgerReader
@@ -253,19 +326,24 @@ def test_v5_entry0_lists_ledgers_and_counts_and_the_ids_are_the_segments_rows() 
         return b"".join(zstandard.ZstdDecompressor().decompress(data[start:end])
                         for start, end in _frame_extents(data))
 
-    with LedgerReader(os.path.join(GOLDEN, "v5_sparse_ledgers.ledger")) as reader:
+    with LedgerReader(os.path.join(GOLDEN, f"{name}.ledger")) as reader:
         payloads = [bytes(reader.read_entry(k)) for k in range(reader.entry_count)]
     flags, body_len = struct.unpack_from("<BI", payloads[0])
-    body = unframe(payloads[0][5:])
-    assert flags == 2 and len(body) == body_len
+    body = unframe(payloads[0][5:]) if flags == 2 else payloads[0][5:]
+    assert flags in (0, 2) and len(body) == body_len
     doc = msgpack.unpackb(body)
-    assert doc[0] == 5 and len(doc) == 9 and doc[5] == [] and doc[6] == b"" and body.endswith(doc[8])
+    assert doc[0] == version and len(doc) == 9 and doc[7] > 0 and body.endswith(doc[8])
     ledgers, pos = _spec_column(doc[8], 0, doc[7])
     counts, pos = _spec_column(doc[8], pos, doc[7])
     assert pos == len(doc[8])  # no third column
     rows: dict[int, list[int]] = {}
     for payload in payloads[1:]:
         flags, n = struct.unpack_from("<BI", payload)
+        if flags & 4:
+            assert version >= 6
+            for _, ledger, entry in _spec_grouped(payload):
+                rows.setdefault(ledger, []).append(entry)
+            continue
         seg = unframe(payload[9:]) if flags == 2 else payload[5:]
         _, pos = _spec_column(seg, 0, n)
         seg_ledgers, pos = _spec_column(seg, pos, n)
@@ -273,7 +351,8 @@ def test_v5_entry0_lists_ledgers_and_counts_and_the_ids_are_the_segments_rows() 
         assert pos == len(seg)
         for ledger, entry in zip(seg_ledgers, seg_entries):
             rows.setdefault(ledger, []).append(entry)
-    assert sorted(rows) == ledgers and [len(rows[k]) for k in ledgers] == counts
-    with open(os.path.join(GOLDEN, "v5_sparse_ledgers.json"), encoding="utf-8") as f:
+    assert set(ledgers) <= set(rows) and [len(rows[k]) for k in ledgers] == counts
+    with open(os.path.join(GOLDEN, f"{name}.json"), encoding="utf-8") as f:
         expected = json.load(f)["metadata"]["bitmaps"]
-    assert [{"ledger_id": k, "width": 32, "entries": sorted(rows[k])} for k in ledgers] == expected
+    assert [{"ledger_id": k, "width": 32, "entries": sorted(rows[k])} for k in ledgers] == [
+        b for b in expected if b["ledger_id"] in ledgers]

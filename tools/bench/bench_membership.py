@@ -3,7 +3,7 @@ CPU time from opening the file to holding its ledgers' entry ids.
 
 One bucket of ``--indexes`` indexes, 1 % of the entries of 10,000-entry ledgers delayed by
 U[0, 10 min) (bench_sparse's shape), cut every 5 minutes or 5,000 indexes, written in each
-version asked (``--versions 4,5``). Per version: the file, entry 0 and the segments in bytes an
+version asked (``--versions 4,5,6``). Per version: the file, entry 0 and the segments in bytes an
 index; then, alternating the versions ``--repeat`` times, the CPU time (this thread's) of
 
 * *ids*: ``BucketFile`` opened and closed, then every listed ledger's ids as one column
@@ -12,9 +12,10 @@ index; then, alternating the versions ``--repeat`` times, the CPU time (this thr
   puts in the index).
 
 Version 4 decodes entry 0's gaps; version 5 reads every segment and gathers their rows
-(``formats/bucket_snapshot.md``, "Why counts only").
+(``formats/bucket_snapshot.md``, "Why counts only"); version 6 likewise, its segments of several
+ledgers grouped by ledger where that is smaller (sorted back into row order when read).
 
-    PYTHONPATH=. python tools/bench/bench_membership.py [--indexes 500000] [--versions 4,5] [--repeat 15]
+    PYTHONPATH=. python tools/bench/bench_membership.py [--indexes 500000] [--versions 4,5,6] [--repeat 15]
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def read_bitmaps(path: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--indexes", type=int, default=500_000)
-    p.add_argument("--versions", default="4,5", help="comma-separated snapshot versions (4 and up list ledgers)")
+    p.add_argument("--versions", default="4,5,6", help="comma-separated snapshot versions (4 and up list ledgers)")
     p.add_argument("--repeat", type=int, default=15)
     args = p.parse_args()
     versions = [int(v) for v in args.versions.split(",")]

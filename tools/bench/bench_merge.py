@@ -102,7 +102,7 @@ def main() -> None:
     print("\nmerged bucket size / sum of its sources' sizes (target <= 1):")
     for shape, per_bucket in (("A", 50_000), ("B", 50_000), ("S", 20_000)):
         before, after, k = merge_ratio(shape, per_bucket, 0)
-        print(f"  {shape}: {k} sources {before:,} bytes -> merged {after:,} bytes: ratio {after / before:.3f}  "
+        print(f"  {shape}: {k} sources {before:,} bytes -> merged {after:,} bytes: ratio {after / before:.4f}  "
               f"{'ok' if after <= before else 'MISSED'}")
 
     level = simulate_level(args.simulate_messages)

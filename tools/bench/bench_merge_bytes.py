@@ -8,7 +8,9 @@ the merged bucket's: the file, entry 0 (its segment table and its bitmaps), the 
 framing (8-byte frame and 8-byte trailer slot per entry, header, footer), and the segments
 split by column, each column's byte planes compressed alone (so they add up to about, not
 exactly, the segments' bytes) next to the planes' zero-order entropy, the floor of a
-per-plane entropy coder.
+per-plane entropy coder. The columns are those of the rows in delivery order: a segment the
+writer stores grouped by ledger (snapshot version 6, counted) has no ledger column and its
+timestamps as steps within each ledger, which the segments' bytes show.
 
     PYTHONPATH=. python tools/bench/bench_merge_bytes.py [--seed 0]
 """
@@ -28,7 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_seal import batches  # noqa: E402
 from bucketstore.format.compression import ZSTD, Compressor  # noqa: E402
-from bucketstore.format.segment_codec import _DIFFERENCE_KINDS, _Columns  # noqa: E402
+from bucketstore.format.segment_codec import _DIFFERENCE_KINDS, FLAG_GROUPED, _Columns  # noqa: E402
 from bucketstore.format.snapshot import build_bucket, encode_metadata, sort_indexes, write_bucket  # noqa: E402
 
 STEP_MS, MAX_INDEXES = 300_000, 5_000
@@ -64,7 +66,8 @@ def breakdown(rows: Rows, directory: str) -> tuple[dict[str, float], str]:
     meta, payloads = build_bucket(int(ledgers.min()), int(ledgers.max()), ts, ledgers, entries,
                                   time_step_ms=STEP_MS, max_indexes_per_segment=MAX_INDEXES)
     path = write_bucket(directory, 1, meta, payloads, {"tracker": "m"})
-    out: dict[str, float] = {"file": os.path.getsize(path), "segments (count)": len(payloads)}
+    out: dict[str, float] = {"file": os.path.getsize(path), "segments (count)": len(payloads),
+                             "  grouped by ledger (count, version 6)": sum(bool(p[0] & FLAG_GROUPED) for p in payloads)}
     os.unlink(path)
     table = [v for s in meta.segments for v in (s.min_timestamp, s.max_timestamp, s.count)]
     squeeze = Compressor(ZSTD)

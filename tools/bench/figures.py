@@ -520,7 +520,7 @@ def merge(run: Run) -> None:
     for shape, label, per_bucket in (("A", "A: fixed delay", 50_000), ("B", "B: random delays up to 10 min", 50_000),
                                      ("S", "S: 1 % of entries delayed", 20_000)):
         before, after, k = bench_merge.merge_ratio(shape, per_bucket, 0)
-        ratios.append([label, f"{k} × {per_bucket:,}", f"{before:,}", f"{after:,}", f"{after / before:.3f}"])
+        ratios.append([label, f"{k} × {per_bucket:,}", f"{before:,}", f"{after:,}", f"{after / before:.4f}"])
     level = child_json(f"import json, bench_merge\nprint(json.dumps(bench_merge.simulate_level({messages})))")
     run.sections["merge"] = (
         "## Merge\n\n"
@@ -528,10 +528,12 @@ def merge(run: Run) -> None:
         f"them at the fifth seal: the merge's time, best of {repeat}.\n\n" + timing + "\n\n"
         "The merged file's size over the sum of the files it replaced (never larger is the aim):\n\n"
         + table(["workload", "sources", "sources, bytes", "merged, bytes", "ratio"], ratios) + "\n\n"
-        "Under random delays (B) the merged segments' ledger column records how the four ledgers interleave "
-        "(about 1.9 bits a row), which the denser timestamp differences pay back only up to what a byte-wise "
-        "entropy coder loses; the rest of the file (entry 0, framing, headers) shrinks. "
-        "`python tools/bench/bench_merge_bytes.py` shows where the bytes go.\n\n"
+        "Under random delays (B) a merged segment's rows interleave the four ledgers; in delivery order its "
+        "ledger column would record how (about 1.9 bits a row), which the denser timestamp differences pay "
+        "back only up to what a byte-wise entropy coder loses (1.004 in snapshot versions 4 and 5). From version 6 "
+        "such a segment is stored grouped by ledger, each ledger's timestamps as steps, with no ledger "
+        "column: its segments cost what the sources' did, and the rest of the file (entry 0, framing, "
+        "headers) shrinks. `python tools/bench/bench_merge_bytes.py` shows where the bytes go.\n\n"
         f"`bucketstore simulate` of {level['messages']:,} messages with delays within {level['window_s']} s and "
         f"`max_num_buckets={level['max_num_buckets']}`, the process's RSS sampled while it publishes (past the "
         "first simulated minute the held set is at its steady size; the simulator's own oracle grows by 9 bytes "
