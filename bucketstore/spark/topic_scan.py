@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..engine.topics.topic_states import STATES, read_topic_states, topic_names
-from ..errors import CatalogError
+from ..engine.topics.topic_states import DEFAULT_CHUNK_ROWS, STATES, read_topic_states, run_listed, topic_names
+from ..errors import CatalogError, StaleSnapshotError
 from .scan import _repeated
 from .schema import TOPIC_ARROW_SCHEMA, signed_view
 
@@ -49,13 +49,27 @@ def plan_topic_scan(store: str, topics: Sequence[str] | None = None) -> list[Top
     return [TopicPart(store, name) for name in names]
 
 
-def read_topic_part(part: TopicPart) -> Iterator[pa.RecordBatch]:
+def read_topic_part(part: TopicPart, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[pa.RecordBatch]:
     """The topic's rows as Arrow batches of :data:`TOPIC_ARROW_SCHEMA`: per chunk of rows, a batch
     per subscription (a topic without subscriptions: its rows once, subscription and state null).
 
-    :raises CatalogError: the topic is gone since planning, or its index or a run file is damaged.
+    :raises CatalogError: the topic is gone since planning, or its index or a run file is damaged
+        (a listed run file missing included).
+    :raises StaleSnapshotError: a live writer dropped a run (and its file) while the task read it.
     """
-    for chunk in read_topic_states(part.store, part.topic):
+    try:
+        yield from _batches(part, chunk_rows)
+    except CatalogError as exc:
+        gone = exc.path
+        if gone is None or not gone.endswith(".run") or os.path.exists(gone) or run_listed(part.store, gone):
+            raise
+        raise StaleSnapshotError(f"{gone}: topic {part.topic!r}: the store's writer dropped this run after the task "
+                                 "began reading the topic; run the query again to read a newer view",
+                                 path=gone) from None
+
+
+def _batches(part: TopicPart, chunk_rows: int) -> Iterator[pa.RecordBatch]:
+    for chunk in read_topic_states(part.store, part.topic, chunk_rows):
         n = len(chunk.rows)
         columns = [pa.array(signed_view(np.ascontiguousarray(chunk.rows[:, c]))) for c in range(4)]
         for sub, codes in chunk.states.items() or [(None, None)]:

@@ -29,14 +29,15 @@ import lmdb
 import numpy as np
 
 from ...errors import CatalogError
-from ...format.topic_codec import MULTI, TopicRecordError, decode_topic, split_sub_key, topic_prefix
+from ...format.topic_codec import MULTI, RUN_KEY, TopicRecordError, decode_topic, split_sub_key, topic_prefix
 from .subscription_state import SubscriptionState
 from .topic_figures import visible
 from .topic_file import topics_directory
 from .topic_levels import RowView
 from .topic_reader import _each, _reading, topic_view
 
-__all__ = ["PENDING", "UNCONFIRMED", "DONE", "STATES", "TopicChunk", "topic_names", "read_topic_states"]
+__all__ = ["PENDING", "UNCONFIRMED", "DONE", "STATES", "TopicChunk", "topic_names", "read_topic_states",
+           "run_listed"]
 
 PENDING, UNCONFIRMED, DONE = "pending", "unconfirmed", "done"
 #: The state codes of :attr:`TopicChunk.states`: ``STATES[code]``.
@@ -69,6 +70,22 @@ def topic_names(store_path: str | os.PathLike[str]) -> list[str]:
     except lmdb.Error as exc:
         where = topics_directory(path)
         raise CatalogError(f"{where}: cannot read the topic index: {exc}", path=where) from None
+
+
+def run_listed(store_path: str | os.PathLike[str], run_path: str) -> bool:
+    """Whether the topic index, read now, still lists the run file ``run_path``. A run file read
+    through an older read transaction may be gone because the live writer dropped the run since
+    (all its rows passed, or merged into another): no longer listed, that is a stale view, not
+    damage."""
+    stem = os.path.basename(run_path).removesuffix(".run")
+    tid, _, run_id = stem.partition("-")
+    if not (tid.isdigit() and run_id.isdigit()):
+        return False
+    with _reading(os.fspath(store_path)) as view:
+        if view is None or view[2].get("runs") is None:
+            return False
+        _, txn, dbs = view
+        return txn.get(RUN_KEY.pack(int(tid), int(run_id)), db=dbs["runs"]) is not None
 
 
 def read_topic_states(store_path: str | os.PathLike[str], name: str,
