@@ -836,6 +836,9 @@ def test_topic_read_gives_both_levels_with_each_subscriptions_state(spark, tmp_p
 
 
 def test_topic_read_refuses_an_unknown_topic_and_trackers_beside_topics(spark, tmp_path):
+    bucketstore.open(tmp_path / "empty").close()
+    df = spark.read.format("bucketstore").option("topics", "*").load(str(tmp_path / "empty"))
+    assert df.count() == 0 and len(df.columns) == 7  # a store without topics: no rows
     path = str(tmp_path / "store")
     with bucketstore.open(path) as store:
         store.topic("t").add_message(1, 1, 10**13)
