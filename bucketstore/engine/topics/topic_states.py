@@ -9,7 +9,9 @@ a live writer too). Of each row, each subscription is in one state:
 * :data:`PENDING`: the subscription tracks the row and has not delivered it (what its
   ``number_of_delayed_messages`` counts, with the unconfirmed ones);
 * :data:`UNCONFIRMED`: delivered in a batch that was not confirmed before the writer closed or
-  died; the subscription delivers it again first (at-least-once);
+  died; the subscription delivers it again first (at-least-once). Its record keeps the row, which
+  may be gone from the topic's rows since (every other subscription past it): such a row is
+  given for that subscription alone, after the topic's rows;
 * :data:`DONE`: delivered, acknowledged (mark-delete), or never the subscription's (added before
   its ``start="latest"``, before its last ``clear()``, or another row of a position it tracks).
 
@@ -49,7 +51,12 @@ DEFAULT_CHUNK_ROWS = 1 << 16
 
 @dataclass(frozen=True)
 class TopicChunk:
-    """Consecutive rows of one topic, in delivery order, and each subscription's state of them."""
+    """Consecutive rows of one topic, in delivery order, and each subscription's state of them.
+
+    After the topic's rows come, per subscription, the rows of its unconfirmed batches that are
+    no longer rows of the topic (every other subscription passed them since): a chunk whose
+    ``states`` names that subscription alone, all :data:`UNCONFIRMED`.
+    """
 
     topic: str
     #: (n, 4) uint64: deliver_at, ledger, entry, seq.
@@ -120,14 +127,28 @@ def read_topic_states(store_path: str | os.PathLike[str], name: str,
             tables = topic_view(txn, dbs, tid)
             # As describe_topics judges them: positions with several rows, or rows gone from a run.
             judged = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], topic_prefix(tid))} | set(tables.dead)
+            # Rows of unconfirmed batches: usually still rows of the topic, but one every other
+            # subscription has passed since is gone from it while this one will deliver it again.
+            unconfirmed = {row for state in subs.values() for row in state.redeliver}
+            found: set[tuple[int, int, int, int]] = set()
             pending: list[tuple[int, int, int, int]] = []
             for row in tables.rows_after(txn, tid, None):
                 pending.append(row)
                 if len(pending) == chunk_rows:
+                    if unconfirmed:
+                        found.update(r for r in pending if r in unconfirmed)
                     yield _chunk(txn, tables, tid, name, subs, judged, pending)
                     pending = []
             if pending:
+                if unconfirmed:
+                    found.update(r for r in pending if r in unconfirmed)
                 yield _chunk(txn, tables, tid, name, subs, judged, pending)
+            for sub_name, state in sorted(subs.items()):
+                gone = sorted(set(state.redeliver) - found)
+                for lo in range(0, len(gone), chunk_rows):
+                    part = gone[lo:lo + chunk_rows]
+                    yield TopicChunk(name, np.array(part, dtype=np.uint64).reshape(-1, 4),
+                                     {sub_name: np.full(len(part), _UNCONFIRMED, dtype=np.uint8)})
     except lmdb.Error as exc:
         raise CatalogError(f"{where}: cannot read the topic index: {exc}", path=where) from None
 
