@@ -25,6 +25,7 @@ from .. import __version__, metrics
 from ..errors import BucketStoreError, CatalogError, CorruptLedgerError, JournalError, StoreLockedError
 from . import plot, repair
 from .dump import describe_file, looks_like_ledger, render_text
+from .dump_run import describe_run, looks_like_run, render_run_text
 from .progress import Progress
 from .simulate import add_arguments, run_from_args
 from ..checking import check
@@ -162,17 +163,20 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     path = _existing_path(args.file)
     if os.path.isdir(path):
         if not is_store(path):
-            raise UsageError(f"{path}: {NOT_A_STORE}; dump takes a ledger file or a store")
+            raise UsageError(f"{path}: {NOT_A_STORE}; dump takes a ledger file, a topic run file or a store")
         args.store = path
         return _print_store(args, detail=True)
-    if not looks_like_ledger(path):
-        raise UsageError(f"{path}: not a ledger file (no ledger magic at its start or end); "
-                         "dump takes a ledger file or a store")
-    doc = describe_file(path, indexes=args.indexes)
+    if looks_like_run(path):
+        doc, render = describe_run(path, indexes=args.indexes), render_run_text
+    elif looks_like_ledger(path):
+        doc, render = describe_file(path, indexes=args.indexes), render_text
+    else:
+        raise UsageError(f"{path}: not a ledger file nor a topic run file (no magic at its start or end); "
+                         "dump takes a ledger file, a topic run file or a store")
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(render_text(doc))
+        print(render(doc))
     return EXIT_OK if doc["error"] is None else EXIT_DAMAGE
 
 
@@ -244,10 +248,14 @@ def _non_negative(text: str) -> int:
 
 
 def _add_dump(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("dump", help="print a ledger file's header, entry 0 and segments (or a store overview)",
+    p = commands.add_parser("dump", help="print a ledger or topic run file's header, entry 0 and segments "
+                                         "(or a store overview)",
                             description="Print a ledger file: header, properties and, for a bucket, "
-                                        "per segment its timestamps, count, size and ledger bitmaps.")
-    p.add_argument("file", metavar="FILE|STORE", help="a ledger file, or a store directory for an overview")
+                                        "per segment its timestamps, count, size and ledger bitmaps; or a "
+                                        "topic's sealed run file (*.run): header, its ledgers' bitmaps and, "
+                                        "per segment, its rows and deliver_at range.")
+    p.add_argument("file", metavar="FILE|STORE",
+                   help="a ledger file, a topic run file, or a store directory for an overview")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--indexes", metavar="N", type=_non_negative, default=0,
                    help="also print the first N indexes of each segment")

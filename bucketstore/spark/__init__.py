@@ -8,6 +8,7 @@ pyarrow). The core package never imports PySpark; only this one does.
     import bucketstore.spark
     bucketstore.spark.register(spark)
     rows = spark.read.format("bucketstore").load("/data/store")
+    topic_rows = spark.read.format("bucketstore").option("topics", "*").load("/data/store")
     bucketstore.spark.build_store(df, "/data/store", tracker="sub-1",
                                   config=bucketstore.TrackerConfig(min_index_count_per_bucket=50_000))
 
@@ -29,11 +30,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from pyspark.sql import SparkSession
 
 from .build import BuildReport, build_store
-from .schema import READ_DDL, to_signed, to_unsigned
+from .schema import READ_DDL, TOPIC_DDL, to_signed, to_unsigned
 from .source import FORMAT_NAME, BucketStoreDataSource
 
 __all__ = ["register", "build_store", "BuildReport", "BucketStoreDataSource", "FORMAT_NAME", "READ_DDL",
-           "to_signed", "to_unsigned"]
+           "TOPIC_DDL", "to_signed", "to_unsigned"]
 
 
 def register(spark: SparkSession) -> None:

@@ -10,8 +10,9 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from . import quiet_worker
 from .scan import SegmentRange, plan_scan, read_segment_range
+from .topic_scan import TopicPart, plan_topic_scan, read_topic_part
 
-__all__ = ["SegmentRangePartition", "StoreReader"]
+__all__ = ["SegmentRangePartition", "TopicPartition", "StoreReader", "TopicReader"]
 
 
 @dataclass
@@ -43,3 +44,26 @@ class StoreReader(DataSourceReader):
         if isinstance(partition, SegmentRangePartition):
             for segments in partition.ranges:
                 yield from read_segment_range(segments)
+
+
+@dataclass
+class TopicPartition(InputPartition):
+    """One topic, read by one task in one read transaction (rows and subscriptions agree)."""
+
+    part: TopicPart
+
+
+class TopicReader(DataSourceReader):
+    """A partition per topic; a row per (subscription, topic row) of both levels."""
+
+    def __init__(self, store: str, topics: Sequence[str] | None) -> None:
+        self.store = store
+        self.topics = topics
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [TopicPartition(p) for p in plan_topic_scan(self.store, self.topics)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        quiet_worker.install()
+        if isinstance(partition, TopicPartition):  # not Spark's placeholder of a store without topics
+            yield from read_topic_part(partition.part)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["READ_FIELDS", "READ_DDL", "READ_ARROW_SCHEMA", "to_signed", "to_unsigned"]
+__all__ = ["READ_FIELDS", "READ_DDL", "READ_ARROW_SCHEMA", "TOPIC_FIELDS", "TOPIC_DDL", "TOPIC_ARROW_SCHEMA",
+           "to_signed", "to_unsigned"]
 
 READ_FIELDS: tuple[tuple[str, str, pa.DataType], ...] = (
     ("tracker", "STRING", pa.string()),
@@ -33,6 +34,22 @@ READ_DDL = ", ".join(f"{name} {ddl}" for name, ddl, _ in READ_FIELDS)
 # Spark compares the batch schema with the declared one field by field,
 # nullability included; Spark's DDL columns are nullable, so these are too.
 READ_ARROW_SCHEMA = pa.schema([pa.field(name, arrow, nullable=True) for name, _, arrow in READ_FIELDS])
+
+#: A topic read (``.option("topics", ...)``): a row per (subscription, topic row).
+TOPIC_FIELDS: tuple[tuple[str, str, pa.DataType], ...] = (
+    ("topic", "STRING", pa.string()),
+    # Null (and state null) for the rows of a topic without subscriptions.
+    ("subscription", "STRING", pa.string()),
+    ("timestamp", "BIGINT", pa.int64()),
+    ("ledger_id", "BIGINT", pa.int64()),
+    ("entry_id", "BIGINT", pa.int64()),
+    # The order the topic's rows were added in: a position added twice has two rows.
+    ("seq", "BIGINT", pa.int64()),
+    # pending, unconfirmed or done (engine/topics/topic_states.py).
+    ("state", "STRING", pa.string()),
+)
+TOPIC_DDL = ", ".join(f"{name} {ddl}" for name, ddl, _ in TOPIC_FIELDS)
+TOPIC_ARROW_SCHEMA = pa.schema([pa.field(name, arrow, nullable=True) for name, _, arrow in TOPIC_FIELDS])
 
 
 def to_signed(value: int) -> int:

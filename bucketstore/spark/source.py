@@ -2,7 +2,9 @@
 
 Reader options: ``path`` (the store, from ``load(path)``), ``trackers``
 (comma-separated names; default all), ``partition_bytes`` (segment bytes per
-input partition).
+input partition). ``topics`` (comma-separated names, or ``*`` for every one)
+reads the store's topics instead, with their own columns
+(:data:`~bucketstore.spark.schema.TOPIC_DDL`); it does not go with ``trackers``.
 
 Writer options: ``path`` (from ``save(path)``), ``tracker`` (required),
 ``min_index_count_per_bucket``, ``max_time_step_per_segment_ms``,
@@ -22,9 +24,9 @@ from pyspark.sql.types import IntegralType, StructType
 from ..config import TrackerConfig
 from .build_job import DEFAULT_ID_STRIDE, plan_build
 from .build_task import BUILD_COLUMNS, PACKED_COLUMNS
-from .reader import StoreReader
+from .reader import StoreReader, TopicReader
 from .scan import DEFAULT_PARTITION_BYTES
-from .schema import READ_DDL
+from .schema import READ_DDL, TOPIC_DDL
 from .writer import InPlaceTasks, StoreWriter
 
 __all__ = ["BucketStoreDataSource", "FORMAT_NAME", "check_build_schema"]
@@ -41,7 +43,19 @@ class BucketStoreDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        return READ_DDL
+        return TOPIC_DDL if self._topics() is not False else READ_DDL
+
+    def _topics(self) -> list[str] | None | bool:
+        """The ``topics`` option: names, None for every topic (``*``), False when not given."""
+        raw = self.options.get("topics")
+        if raw is None:
+            return False
+        if self.options.get("trackers") is not None:
+            raise ValueError("give trackers or topics, not both: they are read with different columns")
+        names = [t.strip() for t in raw.split(",") if t.strip()]
+        if not names:
+            raise ValueError('option topics names no topic (give names, or "*" for every topic)')
+        return None if names == ["*"] else names
 
     def _store(self) -> str:
         path = self.options.get("path")
@@ -59,6 +73,9 @@ class BucketStoreDataSource(DataSource):
             raise ValueError(f"option {name} must be an integer, not {raw!r}") from None
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        topics = self._topics()
+        if topics is not False:
+            return TopicReader(self._store(), topics)  # type: ignore[arg-type]
         raw = self.options.get("trackers")
         trackers = [t.strip() for t in raw.split(",") if t.strip()] if raw else None
         return StoreReader(self._store(), trackers,

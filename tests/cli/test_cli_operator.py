@@ -80,8 +80,8 @@ def test_dump_of_a_file_that_is_not_a_ledger_says_so(capsys, tmp_path, content) 
     path.write_bytes(content)
     code, out, err = run(capsys, "dump", str(path))
     assert code == 2 and out == ""
-    assert err == f"bucketstore: {path}: not a ledger file (no ledger magic at its start or end); " \
-                  "dump takes a ledger file or a store\n"
+    assert err == f"bucketstore: {path}: not a ledger file nor a topic run file (no magic at its start or end); " \
+                  "dump takes a ledger file, a topic run file or a store\n"
     # A file named as a ledger is one, damaged: that stays DAMAGE (exit 1).
     named = tmp_path / f"{7:020d}.ledger"
     named.write_bytes(content)

@@ -758,3 +758,91 @@ def test_show_and_limit_print_no_worker_traceback(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "only showing top 3 rows" in run.stdout and "first 5 2" in run.stdout
     assert "Traceback" not in run.stderr and "Broken pipe" not in run.stderr, run.stderr
+
+
+# -- topics ------------------------------------------------------------------------------------
+TOPIC_SEAL = 50  # rows per sealed run: a few hundred rows are mostly in runs
+
+
+def topic_level_rows(topic) -> int:
+    with topic._file.read() as txn:
+        return topic._file.tables.count(txn, topic._id)
+
+
+def test_topic_read_gives_both_levels_with_each_subscriptions_state(spark, tmp_path):
+    """A topic whose rows are mostly in sealed runs reads back as describe_topics counts them and
+    as each subscription then delivers them: pending and unconfirmed rows are exactly what it
+    delivers, every row is there once per subscription, the runs' rows included."""
+    from bucketstore.engine.topics.topic_reader import describe_topics
+    path = str(tmp_path / "store")
+    clock = FakeClock(1_000)
+    cfg = bucketstore.TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=TOPIC_SEAL)
+    rows = [(i // 100, i % 100, 2_000 + (i * 7919) % 9_000) for i in range(400)]
+    with bucketstore.open(path) as store:
+        topic = store.topic("t", config=cfg, clock=clock)
+        subs = {name: topic.subscription(name) for name in ("ahead", "acked", "unconfirmed")}
+        for start in range(0, len(rows), 10):
+            topic.add_messages(rows[start:start + 10])
+        late = topic.subscription("late", start="latest")
+        topic.add_messages([(9, e, 20_000 + e) for e in range(20)])
+        clock.advance(3_000)
+        assert len(subs["ahead"].get_scheduled_messages(90)) == 90
+        subs["ahead"].confirm_delivered()
+        assert len(subs["unconfirmed"].get_scheduled_messages(30)) == 30  # never confirmed: redelivered
+        subs["acked"].mark_delete(1, 49)
+        topic.add_messages([(0, 0, 9_500)])  # a re-add of a position "ahead" has delivered
+        topic.add_messages([(2, 0, 9_600)])  # and of one nobody has: the first row stays the tracked one
+        assert topic_level_rows(topic) < TOPIC_SEAL and topic.stats()["rows"] >= 400  # mostly in runs
+        store.topic("bare", config=cfg, clock=clock).add_messages([(50, 1, 5_000), (50, 2, 6_000)])
+        del late
+    doc = describe_topics(path, now_ms=4_000)
+    assert doc["t"]["run_files"] >= 1
+
+    df = spark.read.format("bucketstore").option("topics", "*").load(path)
+    assert df.columns == ["topic", "subscription", "timestamp", "ledger_id", "entry_id", "seq", "state"]
+    got = df.collect()
+    bare = sorted((r.ledger_id, r.entry_id, r.subscription, r.state) for r in got if r.topic == "bare")
+    assert bare == [(50, 1, None, None), (50, 2, None, None)]
+    by_sub: dict[str, list] = {}
+    for r in got:
+        if r.topic == "t":
+            by_sub.setdefault(r.subscription, []).append(r)
+    assert sorted(by_sub) == sorted(doc["t"]["subscriptions"]) == ["acked", "ahead", "late", "unconfirmed"]
+    every = {(r.timestamp, r.ledger_id, r.entry_id, r.seq) for r in by_sub["ahead"]}
+    assert len(every) == len(by_sub["ahead"]) == doc["t"]["rows"]
+    tracked = {}
+    for name, sub_rows in by_sub.items():
+        assert {(r.timestamp, r.ledger_id, r.entry_id, r.seq) for r in sub_rows} == every
+        figures = doc["t"]["subscriptions"][name]
+        states = [r.state for r in sub_rows]
+        assert len(states) - states.count("done") == figures["number_of_delayed_messages"]
+        assert states.count("unconfirmed") == figures["unconfirmed"]
+        assert sum(r.state == "pending" and r.timestamp <= 4_000 for r in sub_rows) + states.count("unconfirmed") \
+            == figures["due_undelivered"]
+        tracked[name] = sorted((r.ledger_id, r.entry_id) for r in sub_rows if r.state != "done")
+    # "late" has the rows added after it: the 20 and the re-adds.
+    assert len(tracked["late"]) == 22 and doc["t"]["subscriptions"]["unconfirmed"]["unconfirmed"] == 30
+    # What each subscription then delivers is exactly what the read said it still had.
+    with bucketstore.open(path) as store:
+        clock.now = 100_000
+        topic = store.topic("t", config=cfg, clock=clock)
+        for name, want in tracked.items():
+            sub = topic.subscription(name)
+            delivered = []
+            while batch := sub.get_scheduled_messages(77):
+                delivered.extend(batch)
+                sub.confirm_delivered()
+            assert sorted(delivered) == want, name
+
+
+def test_topic_read_refuses_an_unknown_topic_and_trackers_beside_topics(spark, tmp_path):
+    bucketstore.open(tmp_path / "empty").close()
+    df = spark.read.format("bucketstore").option("topics", "*").load(str(tmp_path / "empty"))
+    assert df.count() == 0 and len(df.columns) == 7  # a store without topics: no rows
+    path = str(tmp_path / "store")
+    with bucketstore.open(path) as store:
+        store.topic("t").add_message(1, 1, 10**13)
+    with pytest.raises(Exception, match="no topic named 'nope'"):
+        spark.read.format("bucketstore").option("topics", "t,nope").load(path).count()
+    with pytest.raises(Exception, match="trackers or topics, not both"):
+        spark.read.format("bucketstore").option("topics", "t").option("trackers", "x").load(path).count()
