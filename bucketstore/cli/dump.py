@@ -32,15 +32,21 @@ def looks_like_ledger(path: str | os.PathLike[str]) -> bool:
     file, a catalog's data.mdb) is not a ledger at all, which is the caller's
     mistake rather than the disk's.
     """
+    return named_or_marked(path, (".ledger", ".ledger.tmp"), MAGIC, END_MAGIC)
+
+
+def named_or_marked(path: str | os.PathLike[str], suffixes: tuple[str, ...], magic: bytes, end_magic: bytes) -> bool:
+    """Whether ``path`` ends with one of ``suffixes`` (its name survives a zeroed or truncated
+    file), or starts with ``magic`` or ends with ``end_magic``."""
     name = os.fspath(path)
-    if name.endswith((".ledger", ".ledger.tmp")):
+    if name.endswith(suffixes):
         return True
     with open(name, "rb") as f:
-        head = f.read(len(MAGIC))
+        head = f.read(len(magic))
         size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - len(END_MAGIC)))
-        tail = f.read(len(END_MAGIC))
-    return head == MAGIC or tail == END_MAGIC
+        f.seek(max(0, size - len(end_magic)))
+        tail = f.read(len(end_magic))
+    return head == magic or tail == end_magic
 
 
 def describe_file(path: str | os.PathLike[str], indexes: int = 0) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pyroaring import BitMap64
 
 from ..format.topic_run import (END_MAGIC, HEADER, RUN_MAGIC, TRAILER, TopicRunError, decode_bitmaps,
                                 decode_directory, decode_header, decode_segment, decode_trailer)
+from .dump import named_or_marked
 
 __all__ = ["looks_like_run", "describe_run", "render_run_text"]
 
@@ -27,15 +28,7 @@ def looks_like_run(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is meant to be a topic run file, damaged or not: named ``*.run`` or
     ``*.run.tmp`` (a zeroed or truncated run keeps its name), or with the run's magic at its
     start or its end magic at its end."""
-    name = os.fspath(path)
-    if name.endswith((".run", ".run.tmp")):
-        return True
-    with open(name, "rb") as f:
-        head = f.read(len(RUN_MAGIC))
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - len(END_MAGIC)))
-        tail = f.read(len(END_MAGIC))
-    return head == RUN_MAGIC or tail == END_MAGIC
+    return named_or_marked(path, (".run", ".run.tmp"), RUN_MAGIC, END_MAGIC)
 
 
 def _read(f: BinaryIO, offset: int, length: int) -> bytes:
