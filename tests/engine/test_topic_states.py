@@ -17,7 +17,7 @@ from bucketstore.engine.topics.subscription_state import SubscriptionState
 from bucketstore.engine.topics.topic_states import STATES, read_topic_states
 from bucketstore.format.topic_codec import MULTI, decode_topic, split_sub_key, topic_prefix
 
-from helpers import FakeClock, example_count
+from helpers import SUBSCRIPTION_ACTIONS, FakeClock, act_on_subscription, example_count
 
 position = st.tuples(st.integers(0, 1), st.integers(0, 3))
 ahead = st.one_of(st.integers(1, 40), st.integers(1, 20_000))
@@ -83,7 +83,7 @@ def test_states_equal_the_row_by_row_rule_and_the_counts(tmp_path_factory, seal,
         topic.add_messages([(ledger, entry, clock() + dt) for ledger, entry, dt in first])
         for action in ops:
             kind, names = action[0], sorted(handles)
-            name = names[action[1] % len(names)] if kind in ("deliver", "confirm", "mark", "clear", "readd") else None
+            name = names[action[1] % len(names)] if kind in SUBSCRIPTION_ACTIONS else None
             if kind == "add":
                 topic.add_message(*action[1], clock() + action[2])
             elif kind == "advance":
@@ -95,19 +95,8 @@ def test_states_equal_the_row_by_row_rule_and_the_counts(tmp_path_factory, seal,
                 store = bucketstore.open(path)
                 topic = store.topic("t", config=config, clock=clock)
                 handles = {n: topic.subscription(n) for n in handles}
-            elif kind == "deliver":
-                handles[name].get_scheduled_messages(action[2])
-            elif kind == "confirm":
-                handles[name].confirm_delivered()
-            elif kind == "readd":
-                handles[name].add_message(*action[2], clock() + 1)
-                clock.advance(1)
-                handles[name].get_scheduled_messages(100)
-                handles[name].add_message(*action[2], clock() + action[3])
-            elif kind == "mark":
-                handles[name].mark_delete(*action[2])
-            elif kind == "clear":
-                handles[name].clear()
+            elif kind in SUBSCRIPTION_ACTIONS:
+                act_on_subscription(handles[name], clock, action)
         store.close()  # the records as a reader finds them: unconfirmed batches to deliver again
         rows, want = row_by_row(path)
         chunks = list(read_topic_states(path, "t", chunk_rows=chunk))

@@ -20,7 +20,7 @@ from bucketstore.engine.topics.topic_reader import describe_topics
 from bucketstore.format.topic_codec import MAX_KEY
 from bucketstore.testing.topic_oracle import scan_figures
 
-from helpers import FakeClock, example_count
+from helpers import SUBSCRIPTION_ACTIONS, FakeClock, act_on_subscription, example_count
 
 CFG = TrackerConfig(tick_time_ms=0)
 FIGURES = ("held_rows", "due_undelivered", "oldest_due_age_ms")
@@ -96,17 +96,8 @@ def test_range_scan_figures_equal_a_full_scan(tmp_path_factory, config, first, o
                 handles = {n: topic.subscription(n) for n in handles}
             elif name is None:
                 continue
-            elif kind == "deliver":
-                handles[name].get_scheduled_messages(action[2])
-            elif kind == "readd":
-                handles[name].add_message(*action[2], clock() + 1)
-                clock.advance(1)
-                handles[name].get_scheduled_messages(100)
-                handles[name].add_message(*action[2], clock() + action[3])
-            elif kind == "mark":
-                handles[name].mark_delete(*action[2])
-            elif kind == "clear":
-                handles[name].clear()
+            elif kind in SUBSCRIPTION_ACTIONS:
+                act_on_subscription(handles[name], clock, action)
             elif kind == "delete":
                 topic.delete_subscription(name)
                 del handles[name]

@@ -49,3 +49,29 @@ def as_format1_catalog(store_path) -> None:
             txn.put(b"format", b"1", db=env.open_db(b"meta", txn=txn))
     finally:
         env.close()
+
+
+#: The actions of a generated topic program that one subscription carries out.
+SUBSCRIPTION_ACTIONS = ("deliver", "confirm", "readd", "mark", "clear")
+
+
+def act_on_subscription(sub, clock, action: tuple) -> None:
+    """Carry out one of :data:`SUBSCRIPTION_ACTIONS` on ``sub`` (``action[1]`` chose it). A
+    ``readd`` delivers the position at once, then adds it again ``action[3]`` ms ahead: the
+    exception a frontier cannot express."""
+    kind = action[0]
+    if kind == "deliver":
+        sub.get_scheduled_messages(action[2])
+    elif kind == "confirm":
+        sub.confirm_delivered()
+    elif kind == "readd":
+        sub.add_message(*action[2], clock() + 1)
+        clock.advance(1)
+        sub.get_scheduled_messages(100)
+        sub.add_message(*action[2], clock() + action[3])
+    elif kind == "mark":
+        sub.mark_delete(*action[2])
+    elif kind == "clear":
+        sub.clear()
+    else:
+        raise ValueError(f"not a subscription's action: {kind!r}")
