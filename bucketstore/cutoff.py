@@ -71,6 +71,13 @@ class Cutoff:
         return self._value
 
 
+def _numpy_hint(value: object) -> str:
+    """What to do with a numpy integer, which a single add refuses (it would reach the journal's
+    msgpack and the catalog as a foreign type)."""
+    return " (int(x) converts one; add_messages takes numpy columns as they are)" \
+        if isinstance(value, np.integer) else ""
+
+
 def check_position(ledger_id: object, entry_id: object) -> None:
     """Raise TypeError/ValueError unless both are unsigned 64-bit ints."""
     if type(ledger_id) is int and type(entry_id) is int and 0 <= ledger_id < _U64_LIMIT \
@@ -78,7 +85,7 @@ def check_position(ledger_id: object, entry_id: object) -> None:
         return  # the hot path: plain ints in range
     for name, value in (("ledger_id", ledger_id), ("entry_id", entry_id)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}{_numpy_hint(value)}")
         if not 0 <= value < _U64_LIMIT:
             raise ValueError(f"{name} {value} is not an unsigned 64-bit int")
 
@@ -88,7 +95,8 @@ def check_timestamp(deliver_at: object) -> None:
     if type(deliver_at) is int and deliver_at < _U64_LIMIT:
         return
     if isinstance(deliver_at, bool) or not isinstance(deliver_at, int):
-        raise TypeError(f"deliver_at must be an int (epoch ms), not {type(deliver_at).__name__}")
+        raise TypeError(f"deliver_at must be an int (epoch ms), not {type(deliver_at).__name__}"
+                        f"{_numpy_hint(deliver_at)}")
     if deliver_at >= _U64_LIMIT:
         raise ValueError(f"deliver_at {deliver_at} does not fit an unsigned 64-bit int")
 

@@ -16,9 +16,9 @@ import threading
 from typing import Any
 
 from ..config import TrackerConfig, config_or_default
-from ..cutoff import Clock, Cutoff, as_columns, check_max
+from ..cutoff import Clock, Cutoff, as_columns, check_max, check_position, check_timestamp
 from ..waiting import CancelToken, DueWaiter
-from .timebucket import TimeBucketIndex, check_uint64
+from .timebucket import TimeBucketIndex
 from .volatile_base import VolatileTracker
 
 __all__ = ["TimeBucketTracker"]
@@ -81,10 +81,8 @@ class TimeBucketTracker(VolatileTracker):
             (including when it already was).
         :raises TypeError, ValueError: for positions that are not unsigned 64-bit ints.
         """
-        ledger_id = check_uint64("ledger_id", ledger_id)
-        entry_id = check_uint64("entry_id", entry_id)
-        if isinstance(deliver_at, bool) or not isinstance(deliver_at, int):
-            raise TypeError(f"deliver_at must be an int, not {type(deliver_at).__name__}")
+        check_position(ledger_id, entry_id)  # the same rules, and words, as every tracker's
+        check_timestamp(deliver_at)
         with self._lock:
             self._check_open()
             cutoff = self._cutoff.advance()  # every add reads the clock, acknowledged or not

@@ -122,3 +122,13 @@ def test_ambiguous_or_malformed_is_a_type_error(tracker, batch) -> None:
         tracker.add_messages(batch)
     assert info.type is TypeError or "differ in length" in str(info.value)
     assert tracker.number_of_delayed_messages == 0
+
+
+def test_a_numpy_integer_in_a_single_add_is_refused_with_the_way_out(tracker) -> None:
+    """A single add takes plain ints; a numpy scalar is told how to get one, or to use the batch."""
+    with pytest.raises(TypeError, match=r"not int64 \(int\(x\) converts one; add_messages takes numpy columns"):
+        tracker.add_message(np.int64(1), 2, 3)
+    with pytest.raises(TypeError, match=r"deliver_at .* not uint64 \(int\(x\)"):
+        tracker.add_message(1, 2, np.uint64(3))
+    tracker.add_messages(np.array([[1, 2, 10**13]], dtype=np.uint64))
+    assert tracker.contains_message(1, 2)
