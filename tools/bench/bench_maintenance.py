@@ -117,6 +117,8 @@ def trace_holds() -> None:
     wrap(seal_pipeline.SealJob, "_before_lock", "seal commit (no tracker lock)")
     wrap(merge_pipeline.MergeJob, "__init__", "merge plan")
     wrap(merge_pipeline.MergeJob, "_install", "merge install")  # (its unlinks come after the lock)
+    if hasattr(merge_pipeline.MergeJob, "uncommit"):  # (older trees commit a merge under the lock)
+        wrap(merge_pipeline.MergeJob, "_before_lock", "merge commit (no tracker lock)")
 
 
 def _rss_bytes() -> int:
