@@ -24,14 +24,15 @@ from ...config import TrackerConfig
 from ...errors import BucketStoreError
 from ...format import bucket_summary
 from ...format.bucket_summary import encode_summary
+from ...format.fs import FileSystem
 from ...format.snapshot import BucketMetadata, build_bucket, write_bucket
 from ..buckets.sealed_bucket import SealedBucket
+from ..catalog.catalog import Catalog
 from ..durability.handoff import HeldRows
 from ..durability.journal import CheckpointWrite
 from ..queue.index_set import DelayedIndexSet
 from ..queue.shared_queue import Run, Slot
 from ..threads.side_thread import run_beside
-from ..tracker.store_services import StoreServices
 
 __all__ = ["BucketJob", "JobHost", "JobStore"]
 

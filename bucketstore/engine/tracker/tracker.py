@@ -37,21 +37,15 @@ from ...memory.horizon import DeliveryHorizon
 from ...waiting import DueWaiter
 from ..buckets.index_pager import IndexPager
 from ..buckets.lazy_open import LazyOpening
-from ..buckets.lazy_open import LazyOpening
 from ..buckets.read_ahead import LOW_FRACTION, ReadAhead
 from ..buckets.sealed_bucket import BucketMap, SealedBucket
 from ..buckets.sealed_membership import SpilledMembership
 from ..durability.handoff import DeliveryHandoff
-from ..durability.journal import Journal, journal_directory
 from ..durability.journal import CheckpointWrite, Journal, journal_directory
 from ..maintenance.maintenance import MaintenanceCounters, close_on_exit
-from ..maintenance.maintenance import MaintenanceCounters, close_on_exit
-from ..maintenance.merge_pipeline import MergeJob
 from ..maintenance.merge_pipeline import MergeJob
 from ..maintenance.seal_pipeline import SealJob
 from ..mutable.mutable_bucket import MutableBucket
-from ..mutable.mutable_bucket import MutableBucket
-from ..mutable.mutable_timebucket import TimeBucketMutable
 from ..mutable.mutable_timebucket import TimeBucketMutable
 from ..queue.index_set import DelayedIndexSet
 from ..queue.shared_queue import Run, RunBuffer, SharedQueue
