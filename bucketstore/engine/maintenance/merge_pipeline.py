@@ -35,7 +35,10 @@ their files. What must be ordered with it, by ``commit_lock``:
   are dead in the index and in the merged file, as for any delivered row; the
   deletion removed its key again, a no-op, and its file, an orphan since the
   commit), and a merged bucket the mark-delete passed wholly is deleted at the
-  install (one it cuts through stays, trimmed in the index, as always). So a
+  install (one it cuts through stays, trimmed in the index, as always); so is
+  one whose every source was deleted meanwhile (read to its end, or passed):
+  nothing in it is live, and only a later delivery call would read it to its
+  end (a clean close before one would keep its key and file). So a
   deletion racing the commit needs no lock: either the commit saw the source
   dead, or the install treats the deletion as coming after it;
 * ``clear`` removes the merged key in its own transaction (``committed_key``) and
@@ -146,6 +149,9 @@ class MergeJob(BucketJob):
             tracker.delete_source_files([b.path for b in self.window])
             tracker.finish_job(self, "cancelled")
             return
+        # Every source deleted since the commit (read to its end, or passed by a mark-delete):
+        # no row of the merged file is live. (Read before retiring them, which kills them too.)
+        consumed = all(b.dead for b in self.window)
         tracker.retire_buckets(self.window)  # their runs and slots in the queue die with them
         merged = None
         if self.meta is not None and self.path is not None:
@@ -153,8 +159,14 @@ class MergeJob(BucketJob):
             tracker.enqueue(Slot(merged))
         tracker.drop_dead_runs()  # the sources' loaded segments
         self.committed_key = None  # installed
+        if merged is not None and consumed:
+            # Delete it now, as the delivery that emptied its last source would have, had the
+            # merge installed first (journal mode first journals the delivered, unconfirmed
+            # rows). Otherwise its key and file stay until a later delivery call reads past its
+            # rows, all dead, and a clean close before one keeps them: a reopen would find them.
+            tracker.bucket_consumed(merged)
         md = tracker.mark_delete_position
-        if merged is not None and md is not None and merged.end_ledger < md[0]:
+        if merged is not None and not merged.dead and md is not None and merged.end_ledger < md[0]:
             tracker.delete_buckets([merged])  # acknowledged between the commit and now
         # install() unlinks them once it let the lock go, then ends the job.
         self.orphans = [b.path for b in self.window]
