@@ -809,6 +809,46 @@ def test_a_source_delivered_to_its_end_between_a_merges_commit_and_install(tmp_p
 
 
 @pytest.mark.parametrize("durability", ["sealed", "journal"])
+def test_a_merge_whose_sources_were_all_delivered_after_its_commit_leaves_no_bucket(tmp_path, durability):
+    """The stepped worker runs a merge's catalog commit on its own (the install's step without
+    the lock), then every row of its sources is delivered, unconfirmed, then the install runs:
+    it deletes the merged bucket, as the seal's install deletes a bucket emptied meanwhile. In
+    journal mode the unconfirmed batch still comes back after a crash, once."""
+    worker = SteppedWorker()
+    clock = FakeClock(1_000)
+    cfg = TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=3,
+                        max_num_buckets=2)
+    store = Store(tmp_path, durability, background=True, maintenance=worker)
+    t = store.tracker("sub", cfg, clock)
+    for ledger in (1, 2, 3):
+        _fill(t, ledger, 5, 1_000 + 100 * ledger)
+    t.add_message(4, 0, 9_000)  # rolls: [3, 3] frozen
+    while worker.pending_kinds() != ["merge"]:
+        assert worker.install()  # the seals; the third starts the merge
+    assert worker.commit()
+    assert ("merge", "commit") in worker.history and worker.pending_kinds() == ["merge"]
+    [merged_key] = store.catalog.buckets("sub")  # committed: the sources' keys gone ...
+    assert len(t.buckets()) == 3  # ... not installed: the sources still serve
+    clock.now = 9_000
+    got = t.get_scheduled_messages(100)  # every row, the sources' too, delivered (not confirmed)
+    assert got == [(ledger, e) for ledger in (1, 2, 3) for e in range(5)] + [(4, 0)]
+    assert t.buckets() == [] and _ledger_files(tmp_path) == [f"{store.catalog.buckets('sub')[merged_key]:020d}.ledger"]
+    assert worker.install()
+    assert t.buckets() == [] and store.catalog.buckets("sub") == {}
+    assert _ledger_files(tmp_path) == []
+    assert t.stats()["merge"]["succeeded"] == 1 and t.stats()["maintenance"]["failed"] == 0
+    t._check()
+    if durability == "journal":  # a crash now: the unconfirmed batch comes back, once
+        abandon_store(store)
+        with bucketstore.open(tmp_path, "journal") as again:
+            t = again.tracker("sub", cfg, clock)
+            assert sorted(t.get_scheduled_messages(100)) == got
+    else:
+        store.close()
+        assert _ledger_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("durability", ["sealed", "journal"])
 def test_every_source_delivered_between_a_merges_commit_and_install(tmp_path, monkeypatch, durability):
     """Every merge source read to its end after the merge committed: the merged bucket holds
     nothing live, so its install deletes it (key and file), as the delivery that emptied the last

@@ -182,6 +182,7 @@ class BucketJob:
         #: The journal checkpoint a seal's install began: written once it let the lock go, and
         #: only then does the job end.
         self.checkpoint: CheckpointWrite | None = None
+        self._commit_ran = False
 
     def covers(self, ledger_id: int) -> bool:
         return self.start <= ledger_id <= self.end
@@ -221,14 +222,23 @@ class BucketJob:
                                  tracker.file_identity, fs=store.fs)
 
     # -- installing: a part before the lock, then the lock -------------------------------------
-    def install(self) -> None:
-        tracker = self.tracker
+    def commit(self) -> None:
+        """The install's step before the tracker's lock (the job's catalog commit), once: a
+        stepped worker may run it on its own, then deliveries, then :meth:`install` (which
+        runs it if not done yet), to order tracker calls between the commit and the rest."""
+        if self._commit_ran:
+            return
+        self._commit_ran = True
         started = time.perf_counter()
         try:
             self._before_lock()
         except Exception as exc:  # a bug: reported by the install under the lock, which abandons the job
             self.error = exc
         self.seconds += time.perf_counter() - started
+
+    def install(self) -> None:
+        tracker = self.tracker
+        self.commit()
         with tracker.job_lock:
             started = time.perf_counter()
             try:
