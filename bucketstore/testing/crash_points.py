@@ -42,7 +42,7 @@ from bucketstore.testing.stepped_worker import SteppedWorker
 
 __all__ = ["CrashState", "crash_each_point", "Workload", "Run", "Reference", "reference", "DamagedImage",
            "damaged_images", "crashed_recoveries", "shape", "REOPEN", "BG_WORK", "BG_WORK_SECOND", "BG_INSTALL",
-           "BG_ALL"]
+           "BG_COMMIT", "BG_ALL"]
 
 TRACKER = "sub"
 
@@ -153,12 +153,19 @@ def BG_INSTALL(tracker, clock) -> None:  # noqa: N802
     raise AssertionError("BG_INSTALL is handled by the runner")
 
 
+def BG_COMMIT(tracker, clock) -> None:  # noqa: N802
+    """Marker step (background runs): the oldest pending job does its work if not done yet, then
+    its install's catalog commit, made without the tracker's lock; the rest of its install
+    waits for a later ``BG_INSTALL`` (tracker calls between run as if the lock were taken late)."""
+    raise AssertionError("BG_COMMIT is handled by the runner")
+
+
 def BG_ALL(tracker, clock) -> None:  # noqa: N802
     """Marker step (background runs): every pending job runs to its end."""
     raise AssertionError("BG_ALL is handled by the runner")
 
 
-_BACKGROUND_MARKERS = (BG_WORK, BG_WORK_SECOND, BG_INSTALL, BG_ALL)
+_BACKGROUND_MARKERS = (BG_WORK, BG_WORK_SECOND, BG_INSTALL, BG_COMMIT, BG_ALL)
 _MARKERS = (REOPEN, *_BACKGROUND_MARKERS)
 
 
@@ -209,8 +216,10 @@ BACKGROUND_STEPS = (
 
 #: Merges in the background (with ``max_num_buckets=2``): a merge writes its file while
 #: rows of its sources are delivered and trimmed (they must not come back at its install),
-#: its install commits and then deletes the sources (crash points in between), and a later
-#: merge loses a source to a mark-delete while it is queued (cancelled at its install).
+#: its install commits and then deletes the sources (crash points in between), a later
+#: merge loses a source to a mark-delete while it is queued (cancelled at its install), and
+#: another has every source read to its end between its catalog commit (made without the
+#: lock) and the rest of its install, which then deletes the merged bucket.
 BACKGROUND_MERGE_STEPS = (
     ("seal three buckets (queued)", adds(1, 4, 100)),
     ("background: a seal installs", BG_INSTALL),
@@ -227,6 +236,11 @@ BACKGROUND_MERGE_STEPS = (
     ("background: the next seal writes", BG_WORK),
     ("mark-delete acknowledges a source of the queued merge", lambda t, c: t.mark_delete(5, 0)),
     ("background: everything pending runs (the merge is cancelled)", BG_ALL),
+    ("a seal queued", adds(9, 9, 300)),
+    ("background: the seal installs, starting a merge", BG_INSTALL),
+    ("background: the merge writes and commits, not installed", BG_COMMIT),
+    ("deliver every source of the merge to its end (each deleted)", deliver(2000, 200)),
+    ("background: the merge installs; nothing in it live, it is deleted", BG_INSTALL),
     ("seal the last ones, left in flight", adds(9, 11, 300)),
     ("background: the next seal writes", BG_WORK),
 )
@@ -297,8 +311,8 @@ class Reference:
     states: list[CatalogState]  # states[i]: after the i-th commit (states[0]: nothing committed)
     commit_kinds: list[str]
     #: Background runs: the half-steps the stepped worker ran, in order, as
-    #: ``(kind, phase, first, end)``: ``kind`` "create" or "merge", ``phase`` "work" or
-    #: "install", and the numbered calls ``first <= k < end`` it made.
+    #: ``(kind, phase, first, end)``: ``kind`` "create" or "merge", ``phase`` "work",
+    #: "commit" or "install", and the numbered calls ``first <= k < end`` it made.
     background_steps: list[tuple[str, str, int, int | None]]
     #: Background runs: the stepped worker's ``side_by_side`` (the pairs of jobs held in flight together).
     side_by_side: list[tuple[str, str]] = field(default_factory=list)
@@ -366,7 +380,8 @@ class Run:
                 elif step in _BACKGROUND_MARKERS:
                     assert self.worker is not None, f"step {name!r} needs a background run"
                     {BG_WORK: self.worker.work, BG_WORK_SECOND: lambda: self.worker.work(1),
-                     BG_INSTALL: self.worker.install, BG_ALL: self.worker.run_all}[step]()
+                     BG_INSTALL: self.worker.install, BG_COMMIT: self.worker.commit,
+                     BG_ALL: self.worker.run_all}[step]()
                 else:
                     step(tracker, self.clock)
             self.crashed_in = "end"

@@ -41,7 +41,7 @@ class SteppedWorker(MaintenanceWorker):
     """Background jobs queued until :meth:`work`, :meth:`install` or :meth:`run_all` runs them.
 
     :ivar history: ``(kind, phase)`` of every half-step run, in order (``kind`` is the
-        job's ``"create"`` or ``"merge"``, ``phase`` ``"work"`` or ``"install"``), for
+        job's ``"create"`` or ``"merge"``, ``phase`` ``"work"``, ``"commit"`` or ``"install"``), for
         tests to check that a workload reaches the steps it claims to.
     :ivar spans: with ``calls`` given, ``(kind, phase, first, end)`` per half-step: it
         made the numbered calls ``first <= k < end`` (``end`` is None if it never returned).
@@ -123,6 +123,18 @@ class SteppedWorker(MaintenanceWorker):
         job = self._queue.popleft()
         self._worked.discard(id(job))
         self._run(job, "install", job.install)
+        return True
+
+    def commit(self) -> bool:
+        """Run the oldest pending job's work if not done yet, then the first step of its install,
+        the one before the tracker's lock (a seal's or merge's catalog commit): tracker calls
+        can then run between the commit and the rest of the install (:meth:`install`, which
+        does not commit again). False if no job is pending."""
+        if not self._queue:
+            return False
+        self.work()
+        job = self._queue[0]
+        self._run(job, "commit", getattr(job, "commit", lambda: None))
         return True
 
     def _run(self, job: Job, phase: str, fn: Callable[[], None]) -> None:

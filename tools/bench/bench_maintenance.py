@@ -15,7 +15,9 @@ within one run on a noisy machine.
   writer's rate at the caller (seals included), the rate until everything is
   sealed (``flush``), the process's resident memory (at the start and its peak, sampled
   by the other thread) and the writer's backpressure waits. ``--seal-at`` sets
-  ``min_index_count_per_bucket`` apart from the ledger size, ``--backlog-mb`` the budget.
+  ``min_index_count_per_bucket`` apart from the ledger size, ``--backlog-mb`` the budget,
+  ``--durability journal`` journal mode (``sync_interval_ms=5``: a seal's install then takes a
+  checkpoint too).
 * ``rates``: ``--messages`` indexes (delays U[0, 1 h), 50,000 entries per ledger,
   the default config: a 50,000-index seal per ledger) added with single calls,
   then delivered with ``get_scheduled_messages(10000)``; then added again in
@@ -47,7 +49,7 @@ within one run on a noisy machine.
 
 Run:  python tools/bench/bench_maintenance.py [--cases ledgers,stalls,rates,readahead,steps,stepgil,gil] [--repeats R]
       [--ledgers N] [--per-bucket N] [--total N] [--messages N] [--gap-ms MS] [--seal-at N] [--backlog-mb MB]
-      [--pieces on,off,all]
+      [--pieces on,off,all] [--durability sealed|journal] [--trace-holds]
 The issue-26 workload: --cases stalls --per-bucket 1e6 --seal-at 5e5 --total 7e6
 """
 
@@ -128,6 +130,8 @@ def trace_holds() -> None:
     wrap(seal_pipeline.SealJob, "_before_lock", "seal commit (no tracker lock)")
     wrap(merge_pipeline.MergeJob, "__init__", "merge plan")
     wrap(merge_pipeline.MergeJob, "_install", "merge install")  # (its unlinks come after the lock)
+    if hasattr(merge_pipeline.MergeJob, "uncommit"):  # (older trees commit a merge under the lock)
+        wrap(merge_pipeline.MergeJob, "_before_lock", "merge commit (no tracker lock)")
 
 
 def _rss_bytes() -> int:
@@ -136,10 +140,13 @@ def _rss_bytes() -> int:
 
 
 def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
-                 max_pending: int = 2, seal_at: int | None = None, backlog_mb: float | None = None) -> dict[str, float]:
+                 max_pending: int = 2, seal_at: int | None = None, backlog_mb: float | None = None,
+                 durability: str = "sealed") -> dict[str, float]:
     cfg = TrackerConfig(min_index_count_per_bucket=seal_at or per_bucket, max_num_buckets=4,
                         max_indexes_per_segment=per_bucket // 4)
     budget = {} if backlog_mb is None else {"max_backlog_bytes": int(backlog_mb * 2 ** 20)}
+    if durability == "journal":
+        budget["sync_interval_ms"] = 5
     gc.collect()
     rss_start = _rss_bytes()
     rss_peak = [rss_start]
@@ -149,7 +156,7 @@ def bench_stalls(tmp: str, per_bucket: int, total: int, background: bool,
     latencies: list[float] = []
     stop = threading.Event()
     current = [1]  # the writer's ledger: the other thread adds to it too (entry ids past the writer's)
-    with bucketstore.open(path, durability="sealed", background=background, max_pending_maintenance=max_pending,
+    with bucketstore.open(path, durability=durability, background=background, max_pending_maintenance=max_pending,
                           **budget) as store:
         tracker = store.tracker("t", cfg, clock=clock)
 
@@ -809,6 +816,8 @@ def main() -> None:
     p.add_argument("--seal-at", type=float, default=None,
                    help="stalls: min_index_count_per_bucket (default: --per-bucket; a seal happens at a ledger roll)")
     p.add_argument("--backlog-mb", type=float, default=None, help="stalls: max_backlog_bytes in MiB (default 256)")
+    p.add_argument("--durability", choices=("sealed", "journal"), default="sealed",
+                   help="stalls: the store's durability (journal: sync_interval_ms=5)")
     p.add_argument("--trace-holds", action="store_true",
                    help="stalls: time the steps the background design runs under the tracker's lock")
     p.add_argument("--pieces", default="on",
@@ -841,12 +850,13 @@ def main() -> None:
                         TRACING.set()
                     pieces(h)
                     runs[(m, h)].append(bench_stalls(tmp, int(args.per_bucket), int(args.total), m, args.max_pending,
-                                                     int(args.seal_at) if args.seal_at else None, args.backlog_mb))
+                                                     int(args.seal_at) if args.seal_at else None, args.backlog_mb,
+                                                     args.durability))
                     TRACING.clear()
             pieces("on")
             for m, h in runs:
                 print(f"stalls ({int(args.total):,} indexes, {int(args.per_bucket):,}-index seals, merges; "
-                      f"pieces {h}):", _median_of(runs[(m, h)]))
+                      f"pieces {h}, {args.durability}):", _median_of(runs[(m, h)]))
             for h in args.pieces.split(","):
                 print(f"stalls, pieces {h}, background / synchronous (median of paired ratios):",
                       _paired_ratios(runs[(False, h)], runs[(True, h)]))

@@ -32,6 +32,18 @@ A new file starts with a *checkpoint*: the tracker's whole in-memory-only
 state at that moment. Once it is durable, older files are deleted; on replay,
 files before the newest complete checkpoint are ignored (and removed).
 
+A seal's checkpoint is written without the tracker's lock, in two steps
+(:meth:`Journal.begin_checkpoint` under it, :meth:`Journal.write_checkpoint`
+without it): the state is taken under the lock and the checkpoint gets file
+number ``n``, while appends move on at once to a *tail* file ``n + 1``, created
+by the next commit (named only once its header and first group are durable,
+as every journal file). Replay folds every file from the newest complete
+checkpoint on, so the log stays whole at every moment: before checkpoint ``n``
+is durable, the older files and the tail (everything before the state, then
+everything after it); after, the checkpoint and the tail. The records of the
+older files the state already holds may come back as duplicates only if the
+checkpoint is lost, as between a seal's catalog commit and its checkpoint.
+
 Records (msgpack arrays):
 
 ``["a", ledgers, entries, timestamps]``
@@ -72,7 +84,7 @@ from ...format.journal_codec import (CHECKPOINT_END, CHECKPOINT_START, MAX_HEADE
                                     encode_add_one, encode_frontier, encode_header, encode_untrack, frame_group,
                                     parse_file, parse_header)
 
-__all__ = ["Journal", "JournalState", "FdPool", "journal_directory", "has_journal", "read_frontier",
+__all__ = ["CheckpointWrite", "Journal", "JournalState", "FdPool", "journal_directory", "has_journal", "read_frontier",
            "read_identity", "read_journal", "list_files", "newest_checkpoint"]
 
 _DIR_PREFIX = 48
@@ -149,6 +161,18 @@ class JournalState:
     cut_bytes: int
 
 
+@dataclass
+class CheckpointWrite:
+    """A checkpoint begun under the tracker's lock (:meth:`Journal.begin_checkpoint`), to be
+    written without it (:meth:`Journal.write_checkpoint`): its file number and its records,
+    but the memory-only rows, encoded by the write (fresh arrays, never changed)."""
+
+    number: int
+    head: list[bytes]
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray]
+    tail: list[bytes]
+
+
 class Journal:
     """Append-only, group-committed journal of one tracker.
 
@@ -181,6 +205,8 @@ class Journal:
             self.identity = (store_id, tracker)
         self._pool = pool
         self._fd_lock = threading.Lock()
+        #: Whether file ``_number`` is a tail a begun checkpoint reserved, not created yet.
+        self._tail_fresh = False
 
     def discard_deleted(self) -> int:
         """Remove the files a deleted tracker of this name left here; how many.
@@ -330,6 +356,17 @@ class Journal:
         if self._number < 0:
             self._open_new(checkpoint=[])
         body = b"".join(self._pending)
+        if self._tail_fresh:
+            self._open_tail(frame_group(self._number, body))
+        else:
+            self._append(body)
+        self._pending.clear()
+        self._urgent = self._lazy_last = False
+        self.groups += 1
+        if self._pending_frontier is not None:
+            self.durable_frontier, self._pending_frontier = self._pending_frontier, None
+
+    def _append(self, body: bytes) -> None:
         with self._fd_lock:  # the pool must not close the descriptor mid-write
             # Reopening the file the pool closed (EMFILE, ENFILE) writes nothing: the group stays
             # pending and the next commit tries again, as after a failed first file's creation.
@@ -342,11 +379,50 @@ class Journal:
             except OSError as exc:
                 self._poisoned = f"{type(exc).__name__}: {exc}"
                 raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
-        self._pending.clear()
-        self._urgent = self._lazy_last = False
-        self.groups += 1
-        if self._pending_frontier is not None:
-            self.durable_frontier, self._pending_frontier = self._pending_frontier, None
+
+    def _open_tail(self, group: bytes) -> None:
+        """Create the tail file a begun checkpoint reserved, holding its first group, durably
+        before it is named (a named journal file always has a whole header). A failure before
+        the rename names nothing: the group stays pending (raised as the ``OSError``); after
+        it, the group may be durable or not, so the journal is poisoned."""
+        path = self._current_path()
+        fd = self._write_named(path, encode_header(self._number, self.identity) + group, keep_open=True)
+        with self._fd_lock:
+            self._fd, self._tail_fresh = fd, False
+            if self._pool is not None:
+                self._pool.admit(self)
+
+    def _write_named(self, path: str, data: bytes, keep_open: bool) -> int:
+        """Write ``data`` as a new file ``path``: a temporary file, fsync, rename, directory fsync.
+        Returns the descriptor if ``keep_open`` (else -1). A failure after the rename poisons
+        the journal unless ``keep_open`` is False (a checkpoint written beside a tail)."""
+        tmp = path + ".tmp"
+        fd = self._fs.create(tmp)
+        renamed = False
+        try:
+            self._fs.write(fd, data)
+            self._fs.fsync(fd)
+            if not keep_open:
+                fd, closing = -1, fd
+                self._fs.close(closing)
+            self._fs.rename(tmp, path)
+            renamed = True
+            self._fs.fsync_dir(self.directory)
+        except BaseException as exc:
+            try:
+                if fd >= 0:
+                    self._fs.close(fd)
+            finally:
+                if not renamed:
+                    try:
+                        self._fs.unlink(tmp)
+                    except OSError:
+                        pass
+            if renamed and keep_open and isinstance(exc, OSError):
+                self._poisoned = f"{type(exc).__name__}: {exc}"
+                raise JournalError(path, 0, f"journal file creation failed after its rename: {exc}") from exc
+            raise
+        return fd
 
     def _ensure_fd(self) -> int:
         """The current file's descriptor, reopened for appending if the pool closed it."""
@@ -398,6 +474,7 @@ class Journal:
             raise
         with self._fd_lock:
             old_fd, self._fd, self._number = self._fd, fd, number
+            self._tail_fresh = False
             if old_fd >= 0:
                 self._fs.close(old_fd)
             if self._pool is not None:
@@ -442,6 +519,53 @@ class Journal:
             if number < self._number:
                 self._fs.unlink(path)
         self._fs.fsync_dir(self.directory)
+
+    def begin_checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
+                         frontier: tuple[int, int, int] | None,
+                         untracked: list[tuple[int, int]] = (),
+                         redeliver: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> CheckpointWrite:
+        """:meth:`checkpoint`'s first step, under the tracker's lock: the state (as for
+        :meth:`checkpoint`; ``ledgers``, ``entries``, ``ts`` must be arrays nobody changes) gets
+        the next file number, and appends move on to the number after it (the tail), so every
+        record journaled from now on lands after the checkpoint. A pending group is committed
+        first, to the current file: the state holds it, and so must the log it replaces until
+        the checkpoint is durable. :meth:`write_checkpoint` writes it, without the lock."""
+        if self._poisoned:
+            raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
+                                                        f"{self._poisoned}")
+        self.commit()
+        head = [encode_untrack(ledger, entry) for ledger, entry in untracked]
+        if redeliver is not None and len(redeliver[0]):
+            head.append(encode_add(*redeliver))
+        number = self._number + 1
+        with self._fd_lock:
+            self._close_fd()
+            self._number, self._tail_fresh = number + 1, True
+        self.groups += 1  # as a checkpoint: a mark taken before the state is stale (see rewind)
+        return CheckpointWrite(number, head, (ledgers, entries, ts),
+                               [encode_frontier(frontier)] if frontier is not None else [])
+
+    def write_checkpoint(self, begun: CheckpointWrite) -> None:
+        """Write a begun checkpoint, then delete the files before it; needs no tracker lock (it
+        touches only its own file and older ones, never the tail appends go to).
+
+        A failure leaves the journal whole and usable: before the rename nothing is named; after
+        it, whether the checkpoint survives a crash or not, replay folds it or the older files,
+        and then the tail, so nothing is poisoned. The older files are deleted only once the
+        checkpoint's name is durable.
+        """
+        records = list(begun.head)
+        if len(begun.rows[0]):
+            records.append(encode_add(*begun.rows))
+        body = b"".join([CHECKPOINT_START, *records, *begun.tail, CHECKPOINT_END])
+        path = os.path.join(self.directory, f"{begun.number:020d}.journal")
+        self._write_named(path, encode_header(begun.number, self.identity) + frame_group(begun.number, body),
+                          keep_open=False)
+        older = [p for number, p in _list_files(self.directory)[0] if number < begun.number]
+        for p in older:
+            self._fs.unlink(p)
+        if older:
+            self._fs.fsync_dir(self.directory)
 
     def close(self) -> None:
         with self._fd_lock:

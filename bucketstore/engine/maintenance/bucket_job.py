@@ -29,6 +29,7 @@ from ...format.snapshot import BucketMetadata, build_bucket, write_bucket
 from ..buckets.sealed_bucket import SealedBucket
 from ..catalog.catalog import Catalog
 from ..durability.handoff import HeldRows
+from ..durability.journal import CheckpointWrite
 from ..queue.index_set import DelayedIndexSet
 from ..queue.shared_queue import Run, Slot
 from ..threads.side_thread import run_beside
@@ -59,8 +60,9 @@ class JobHost(Protocol):
 
     Every member is used under :attr:`job_lock` but ``store_services``, ``config``,
     ``file_identity`` and ``job_started``, which :meth:`BucketJob.work` uses off the lock,
-    ``commit_lock`` and ``closed``, which a seal's install reads before taking the lock, and
-    ``delete_source_files``, which :meth:`BucketJob.install` calls once it let the lock go.
+    ``commit_lock`` and ``closed``, which an install reads before taking the lock, and
+    ``delete_source_files``, which :meth:`BucketJob.install` calls once it let the lock go
+    (or under it, for a merge given up after its commit: the tracker is closed then).
     """
 
     name: str
@@ -73,9 +75,9 @@ class JobHost(Protocol):
 
     @property
     def commit_lock(self) -> AbstractContextManager[Any]:
-        """Orders a seal's catalog commit, made without :attr:`job_lock`, against cancelling
-        jobs (``clear``, ``close``, ``delete_tracker``): taken after ``job_lock`` when both
-        are held, never by adds."""
+        """Orders a job's catalog commit, made without :attr:`job_lock`, against cancelling
+        jobs (``clear``, ``close``, ``delete_tracker``) and deleting a merge's sources:
+        taken after ``job_lock`` when both are held, never by adds."""
 
     @property
     def store_services(self) -> JobStore:
@@ -130,8 +132,16 @@ class JobHost(Protocol):
     def delete_buckets(self, buckets: list[SealedBucket]) -> None:
         """Delete buckets: their catalog keys, then their files."""
 
-    def checkpoint_after_seal(self) -> None:
-        """In journal mode (not replaying), let the journal go of the rows a seal made durable."""
+    def checkpoint_after_seal(self) -> CheckpointWrite | None:
+        """In journal mode (not replaying), let the journal go of the rows a seal made durable: the
+        state is taken now; in the background, the checkpoint returned is written by
+        :meth:`write_checkpoint` once the install let the lock go (None: nothing to write)."""
+
+    def write_checkpoint(self, begun: CheckpointWrite) -> BaseException | None:
+        """Write a begun journal checkpoint (called without the lock); its failure, returned."""
+
+    def checkpoint_written(self, error: BaseException | None) -> None:
+        """After :meth:`write_checkpoint`, under the lock: report its failure, if any."""
 
     def finish_job(self, job: BucketJob, outcome: str) -> None:
         """Record the job's end (``"done"``, ``"failed"``, ``"cancelled"``) and wake its waiters."""
@@ -168,9 +178,16 @@ class BucketJob:
         self.backlog_bytes = 0
         #: The first rows written (copies), for the summary's prefix.
         self.head: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: The key this job committed before taking the lock, while it is durable and not
+        #: installed yet (``clear`` removes it in its own transaction, then calls :meth:`uncommit`).
+        self.committed_key: str | None = None
         #: Files the install made orphans (a merge's sources): unlinked once it let the lock go,
-        #: and only then does the job end (see :meth:`_drop_orphans`).
+        #: and only then does the job end (see :meth:`_after_lock`).
         self.orphans: list[str] = []
+        #: The journal checkpoint a seal's install began: written once it let the lock go, and
+        #: only then does the job end.
+        self.checkpoint: CheckpointWrite | None = None
+        self._commit_ran = False
 
     def covers(self, ledger_id: int) -> bool:
         return self.start <= ledger_id <= self.end
@@ -210,14 +227,23 @@ class BucketJob:
                                  tracker.file_identity, fs=store.fs)
 
     # -- installing: a part before the lock, then the lock -------------------------------------
-    def install(self) -> None:
-        tracker = self.tracker
+    def commit(self) -> None:
+        """The install's step before the tracker's lock (the job's catalog commit), once: a
+        stepped worker may run it on its own, then deliveries, then :meth:`install` (which
+        runs it if not done yet), to order tracker calls between the commit and the rest."""
+        if self._commit_ran:
+            return
+        self._commit_ran = True
         started = time.perf_counter()
         try:
             self._before_lock()
         except Exception as exc:  # a bug: reported by the install under the lock, which abandons the job
             self.error = exc
         self.seconds += time.perf_counter() - started
+
+    def install(self) -> None:
+        tracker = self.tracker
+        self.commit()
         with tracker.job_lock:
             started = time.perf_counter()
             try:
@@ -229,36 +255,52 @@ class BucketJob:
                 raise
             finally:
                 self.seconds += time.perf_counter() - started
-        if self.orphans:
-            self._drop_orphans(tracker)
+        if self.orphans or self.checkpoint is not None:
+            self._after_lock(tracker)
 
-    def _drop_orphans(self, tracker: JobHost) -> None:
-        """Unlink the files the install made orphans (a merge's sources) holding no lock, then
-        end the job under the lock: whoever waits for the job (``flush``) finds them gone.
+    def _after_lock(self, tracker: JobHost) -> None:
+        """Unlink the files the install made orphans (a merge's sources) and write the journal
+        checkpoint it began (a seal's) holding no lock, then end the job under the lock: whoever
+        waits for the job (``flush``) finds them done.
 
         Unlinking four files and fsyncing their directory under the lock took a merge's install
         from about 2 ms to 20, and another thread's single add waited for all of it. Their keys
         are gone already: a crash before the unlinks leaves orphans, which the next open removes.
+        A checkpoint writes the memory-only rows (up to a bucket's worth) and fsyncs twice; the
+        journal's appends go to a tail file after it meanwhile (see ``journal``).
         """
         orphans, self.orphans = self.orphans, []
+        begun, self.checkpoint = self.checkpoint, None
         started = time.perf_counter()
+        error = None
         try:
-            tracker.delete_source_files(orphans)  # (an OSError leaves orphans, swallowed there)
-        except Exception:  # a bug: the merge is installed all the same, so the job still ends
-            self._end_installed(tracker, started)
+            if orphans:
+                tracker.delete_source_files(orphans)  # (an OSError leaves orphans, swallowed there)
+            if begun is not None:
+                error = tracker.write_checkpoint(begun)
+        except Exception:  # a bug: the job is installed all the same, so it still ends
+            self._end_installed(tracker, started, begun is not None, None)
             raise
         # (Not in a ``finally``: a crash, a BaseException, runs nothing more, as a dead process.)
-        self._end_installed(tracker, started)
+        self._end_installed(tracker, started, begun is not None, error)
 
-    def _end_installed(self, tracker: JobHost, started: float) -> None:
+    def _end_installed(self, tracker: JobHost, started: float, checkpointed: bool = False,
+                       error: BaseException | None = None) -> None:
         with tracker.job_lock:
             self.seconds += time.perf_counter() - started
+            if checkpointed:
+                tracker.checkpoint_written(error)
             tracker.finish_job(self, "done")
             tracker.merge_while_too_many()
             tracker.page_out_idle()
 
     def _before_lock(self) -> None:
-        """The install's step that needs no tracker lock (a seal's catalog commit); none by default."""
+        """The install's step that needs no tracker lock (the job's catalog commit); none by default."""
+
+    def uncommit(self) -> None:
+        """``clear`` removed what this job committed (under ``commit_lock``, the job cancelled):
+        its install now removes its file like any cancelled job's."""
+        self.committed_key = None
 
     def _install(self, tracker: JobHost) -> None:
         raise NotImplementedError

@@ -10,7 +10,9 @@
     commit (no lock)  one catalog commit adds the key, under the tracker's commit
                       lock only (adds never take it)
     install (lock)    the sealed bucket replaces the frozen runs in the queue;
-                      journal mode checkpoints
+                      journal mode takes the checkpoint's state
+    checkpoint        journal mode writes it (no lock: appends go to a tail file
+      (no lock)       after it), then the job ends
 
 Durability order: the file is durable before the catalog names it (a crash
 between leaves an orphan file, removed on open), and in journal mode the
@@ -68,9 +70,6 @@ class SealJob(BucketJob):
         self._liveness = FrozenMutableLiveness(tracker.live_index, start, end, tracker.mark_delete_position)
         self._sealed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._due: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        #: The key this seal committed before taking the lock, while it is durable and not
-        #: installed yet (``clear`` removes it and resets this; see the module docstring).
-        self.committed_key: str | None = None
 
     def __repr__(self) -> str:
         return f"SealJob({self.tracker.name!r}, [{self.start}, {self.end}])"
@@ -160,8 +159,11 @@ class SealJob(BucketJob):
         if bucket is not None and not bucket.dead and md is not None and bucket.end_ledger < md[0]:
             tracker.delete_buckets([bucket])  # acknowledged while it was being written
         # Only now, with the bucket durable and in the catalog, may the journal let
-        # go of its rows (a checkpoint before the commit could lose them in a crash).
-        tracker.checkpoint_after_seal()
+        # go of its rows (a checkpoint before the commit could lose them in a crash). The
+        # state is taken here, with the install, and written once the lock is let go.
+        self.checkpoint = tracker.checkpoint_after_seal()
+        if self.checkpoint is not None:
+            return  # install() writes it without the lock, then ends the job
         tracker.finish_job(self, "done")
         tracker.merge_while_too_many()
         tracker.page_out_idle()

@@ -17,6 +17,7 @@ from ...errors import BucketStoreError
 from ...format.snapshot import BucketMetadata
 from ..buckets.sealed_bucket import SealedBucket
 from ..durability.handoff import HeldRows
+from ..durability.journal import CheckpointWrite
 from ..maintenance.bucket_job import BucketJob, JobStore
 from ..maintenance.merge import choose_merge_window
 from ..maintenance.merge_pipeline import MergeJob
@@ -121,16 +122,34 @@ class JobRunning:
         self._finished = max(self._finished, job.number)
         self._cond.notify_all()
 
-    def checkpoint_after_seal(self) -> None:
+    def checkpoint_after_seal(self) -> CheckpointWrite | None:
         if self._journal is None or self._replaying:
-            return
+            return None
         try:
-            self._checkpoint()
+            if not self._background:  # (on the caller's thread, holding the lock anyway)
+                self._checkpoint()
+                return None
+            return self._checkpoint(begin=True)
         except (OSError, BucketStoreError) as exc:
-            self._maint.failed += 1
-            self._maint.last_error = f"journal checkpoint: {type(exc).__name__}: {exc}"
-            log.error("tracker %r: %s", self.name, self._maint.last_error)
-            self._record_failure(exc)
+            self._checkpoint_failed(exc)
+            return None
+
+    def write_checkpoint(self, begun: CheckpointWrite) -> BaseException | None:
+        try:
+            self._journal.write_checkpoint(begun)
+        except (OSError, BucketStoreError) as exc:
+            return exc
+        return None
+
+    def checkpoint_written(self, error: BaseException | None) -> None:
+        if error is not None:
+            self._checkpoint_failed(error)
+
+    def _checkpoint_failed(self, exc: BaseException) -> None:
+        self._maint.failed += 1
+        self._maint.last_error = f"journal checkpoint: {type(exc).__name__}: {exc}"
+        log.error("tracker %r: %s", self.name, self._maint.last_error)
+        self._record_failure(exc)
 
     def delete_source_files(self, paths: list[str]) -> None:
         self._store.remove_ledger_files(paths)
@@ -180,9 +199,10 @@ class JobRunning:
     def commit_lock(self) -> AbstractContextManager[Any]:
         return self._job_commits
 
-    def _committed_seal_keys(self) -> list[str]:
-        """Keys seals committed without the lock and have not installed yet (under ``commit_lock``)."""
-        return [job.committed_key for job in self._sealing if job.committed_key is not None]
+    def _committed_job_keys(self) -> list[str]:
+        """Keys seals and merges committed without the lock and have not installed yet (under
+        ``commit_lock``)."""
+        return [job.committed_key for job in (*self._sealing, *self._merging) if job.committed_key is not None]
 
     @property
     def store_services(self) -> JobStore:

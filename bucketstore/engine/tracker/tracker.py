@@ -41,7 +41,7 @@ from ..buckets.read_ahead import LOW_FRACTION, ReadAhead
 from ..buckets.sealed_bucket import BucketMap, SealedBucket
 from ..buckets.sealed_membership import SpilledMembership
 from ..durability.handoff import DeliveryHandoff
-from ..durability.journal import Journal, journal_directory
+from ..durability.journal import CheckpointWrite, Journal, journal_directory
 from ..maintenance.maintenance import MaintenanceCounters, close_on_exit
 from ..maintenance.merge_pipeline import MergeJob
 from ..maintenance.seal_pipeline import SealJob
@@ -352,7 +352,9 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             return empty, empty, empty
         return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, begin: bool = False) -> CheckpointWrite | None:
+        """Checkpoint the journal now; with ``begin``, only take the state and return it to be
+        written without the lock (``Journal.begin_checkpoint``: a seal's install)."""
         self._index.settle()  # the ghosts are read directly below
         ledgers, entries, ts = self._memory_only_rows()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
@@ -385,18 +387,24 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
                     untracked.append((ledger, entry))
         # The confirmed frontier, never the delivered one: what the embedder has not
         # confirmed is carried as rows to deliver again.
-        self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
+        begun = None
+        if begin:
+            begun = self._journal.begin_checkpoint(ledgers, entries, ts, handoff.confirmed, untracked,
+                                                   handoff.carry_rows())
+        else:
+            self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
         self._last_sync = time.monotonic()
         handoff.release(self._journal.durable_frontier)
+        return begun
 
     def clear(self) -> None:
         """Forget every index and delete every bucket (files and keys), durably."""
         with self._lock:
             self._check_open()
             buckets = self._buckets.values()
-            with self._job_commits:  # a seal committing its key off the lock: before this, or cancelled
-                # Seals whose keys are committed but not installed yet go too.
-                keys = [b.key for b in buckets] + self._committed_seal_keys()
+            with self._job_commits:  # a job committing off the lock: before this, or cancelled
+                # Keys seals and merges committed but did not install yet go too.
+                keys = [b.key for b in buckets] + self._committed_job_keys()
                 if keys:
                     # The keys go first, and a failed commit raises before anything changed: a
                     # clear that dropped only its memory would see its buckets come back at the
@@ -426,8 +434,8 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
             for job in (*self._sealing, *self._merging):
                 job.cancelled = True
             if keys_removed:
-                for job in self._sealing:
-                    job.committed_key = None
+                for job in (*self._sealing, *self._merging):
+                    job.uncommit()
         self._sealing_end = -1
 
     def close(self, timeout: float | None = None) -> bool:
