@@ -26,9 +26,11 @@ __all__ = ["SealedRuns", "LEVEL_ROWS"]
 #: The most rows the LMDB level holds before they are sealed into a run (fewer when
 #: ``min_index_count_per_bucket`` says so, Pulsar's seal). LMDB never gives pages back to the
 #: file system, so the level's peak is what it costs on disk for good: with journal mode's group
-#: commit writing at most half as many at once, the file peaks below a megabyte (measured with
-#: tools/bench/bench_topics.py: 0.9 MB; 50,000 rows and group commits of 10,000 took 7 MB).
-LEVEL_ROWS = 4_096
+#: commit writing at most half as many at once, the file peaks near 2 MB. Each seal costs two
+#: fsyncs and a commit whatever its size, and each merge as much again, which an add pays for:
+#: with 4,096 rows (0.9 MB) adding to a topic cost 1.4-1.7x adding to a lone tracker, with 8,192
+#: 1.2-1.5x, 16,384 (3.2 MB) no better (tools/bench/bench_topics.py, 100,000 adds, issue 25).
+LEVEL_ROWS = 8_192
 
 
 class SealedRuns:
