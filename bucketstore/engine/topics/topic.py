@@ -35,7 +35,7 @@ from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
-from .topic_sealing import LEVEL_ROWS, SealedRuns
+from .topic_sealing import GROUP_ROWS, SealedRuns
 from .topic_windows import Window, WindowCache, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
@@ -70,7 +70,7 @@ class Topic(SealedRuns):
         self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
-        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else LEVEL_ROWS // 2
+        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else GROUP_ROWS
         self._handles: dict[str, Subscription] = {}
         self._raw_name = raw_name = validate_name(name, "topic")
         self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
