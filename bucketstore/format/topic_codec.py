@@ -33,7 +33,7 @@ import numpy as np
 from .catalog_codec import validate_name  # topic and subscription names follow the tracker names' rule
 
 __all__ = ["TOPICS_FORMAT", "TopicRecordError", "ROW_KEY", "ROW_DUP", "POS_KEY", "POS_DUP", "MULTI", "TOPIC_ID",
-           "U64", "row_parts", "row_from", "position_parts", "split_position", "multi_key", "sub_key", "split_sub_key",
+           "U64", "row_parts", "row_from", "position_parts", "records_of", "split_position", "multi_key", "sub_key", "split_sub_key",
            "encode_topic", "decode_topic", "encode_subscription", "decode_subscription", "validate_name",
            "MAX_KEY", "topic_prefix", "WINDOW_BITS", "ROW_QUAD", "pack_rows", "RUN_KEY", "DEAD_KEY",
            "encode_run_record", "decode_run_record"]
@@ -66,6 +66,36 @@ def row_parts(topic_id: int, ts: int, ledger: int, entry: int, seq: int) -> tupl
     """The ``rows`` key and value of a row."""
     return (ROW_KEY.pack(topic_id, ts >> _WINDOW_BITS),
             ROW_DUP.pack(ts & ((1 << _WINDOW_BITS) - 1), ledger, entry, seq))
+
+
+_ROW_KEY_DT = np.dtype([("topic", ">u4"), ("high", ">u8")])
+_ROW_DUP_DT = np.dtype([("low", ">u2"), ("ledger", ">u8"), ("entry", ">u8"), ("seq", ">u8")])
+_POS_KEY_DT = np.dtype([("topic", ">u4"), ("ledger", ">u8")])
+_POS_DUP_DT = np.dtype([("entry", ">u8"), ("seq", ">u8"), ("ts", ">u8")])
+
+
+def _split(arr: np.ndarray) -> list[bytes]:
+    raw, size = arr.tobytes(), arr.dtype.itemsize
+    return [raw[i:i + size] for i in range(0, len(raw), size)]
+
+
+def records_of(topic_id: int, ts: list[int], ledger: list[int], entry: list[int],
+               first_seq: int) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """The ``rows`` and ``positions`` records (as :func:`row_parts` and :func:`position_parts`
+    give them one at a time) of a batch of rows numbered from ``first_seq``: packed by numpy
+    a column at a time, an add's record costs a slice instead of two struct packs."""
+    n = len(ts)
+    t, lg, en = (np.asarray(c, dtype=np.uint64) for c in (ts, ledger, entry))
+    seq = np.arange(first_seq, first_seq + n, dtype=np.uint64)
+    rk = np.empty(n, dtype=_ROW_KEY_DT)
+    rk["topic"], rk["high"] = topic_id, t >> np.uint64(_WINDOW_BITS)
+    rd = np.empty(n, dtype=_ROW_DUP_DT)
+    rd["low"], rd["ledger"], rd["entry"], rd["seq"] = t & np.uint64((1 << _WINDOW_BITS) - 1), lg, en, seq
+    pk = np.empty(n, dtype=_POS_KEY_DT)
+    pk["topic"], pk["ledger"] = topic_id, lg
+    pd = np.empty(n, dtype=_POS_DUP_DT)
+    pd["entry"], pd["seq"], pd["ts"] = en, seq, t
+    return list(zip(_split(rk), _split(rd))), list(zip(_split(pk), _split(pd)))
 
 
 def row_from(key: bytes, value: bytes) -> tuple[int, int, int, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 import bucketstore
@@ -14,6 +15,8 @@ from bucketstore import CatalogError, TrackerConfig
 from bucketstore.engine.topics.topic_reader import describe_topics, verify_topics
 from bucketstore.engine.topics.topic_rows import RowTables
 from bucketstore.engine.topics.topic_runs import RunSet
+from bucketstore.engine.topics.topic_windows import WindowBudget
+from bucketstore.format.fs import FileSystem
 
 from helpers import FakeClock
 
@@ -253,3 +256,18 @@ def test_a_wide_entry_id_asked_of_a_run_whose_ledger_holds_narrow_ids_is_simply_
         assert not sub.contains_message(2, 2**40)
         topic.add_message(2, 2**40, 5_000)
         assert sub.contains_message(2, 2**40) and sub.number_of_delayed_messages == 501
+
+
+def test_a_written_runs_entry_names_its_least_and_greatest_position(tmp_path) -> None:
+    """A run's position range (what lookups and mark-deletes skip runs by) is its rows' least and
+    greatest (ledger, entry), whatever their delivery order."""
+    rng = np.random.default_rng(7)
+    runs = RunSet(str(tmp_path / "runs"), 3, WindowBudget(), FileSystem())
+    for _ in range(20):
+        n = int(rng.integers(1, 40))
+        cols = np.unique(np.column_stack([rng.integers(0, 50, n), rng.integers(0, 4, n), rng.integers(0, 6, n),
+                                          np.arange(n)]).astype(np.uint64), axis=0)
+        cols = cols[np.lexsort((cols[:, 3], cols[:, 2], cols[:, 1], cols[:, 0]))]
+        positions = sorted((int(lg), int(en)) for lg, en in cols[:, 1:3])
+        run = runs.write(cols)
+        assert (run.min_pos, run.max_pos) == (positions[0], positions[-1])

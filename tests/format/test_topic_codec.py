@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketstore.format.topic_codec import (TopicRecordError, decode_subscription, decode_topic, position_parts,
-                                            pack_rows, row_from, row_parts, split_position, split_sub_key, sub_key,
+                                            pack_rows, records_of, row_from, row_parts, split_position, split_sub_key, sub_key,
                                             validate_name)
 
 u64 = st.integers(0, 2**64 - 1)
@@ -28,6 +28,17 @@ def test_rows_round_trip_and_sort_as_their_keys(a, b, tid) -> None:
     pa, pb = position_parts(tid, *a), position_parts(tid, *b)
     assert ((pa[0], pa[1][:16]) < (pb[0], pb[1][:16])) == ((a[1], a[2], a[3]) < (b[1], b[2], b[3])) \
         or (a[1], a[2], a[3]) == (b[1], b[2], b[3])
+
+
+@settings(max_examples=100)
+@given(batch=st.lists(st.tuples(u64, u64, u64), max_size=20), tid=st.integers(0, 2**32 - 1),
+       first=st.integers(0, 2**63))
+def test_records_of_a_batch_are_each_rows_records(batch, tid, first) -> None:
+    """The add path packs a batch's records by columns: byte for byte what a row at a time gives."""
+    rows_, positions = records_of(tid, [t for t, _, _ in batch], [lg for _, lg, _ in batch],
+                                  [en for _, _, en in batch], first)
+    assert rows_ == [row_parts(tid, t, lg, en, first + i) for i, (t, lg, en) in enumerate(batch)]
+    assert positions == [position_parts(tid, t, lg, en, first + i) for i, (t, lg, en) in enumerate(batch)]
 
 
 def test_bad_records_are_typed_errors() -> None:

@@ -28,14 +28,14 @@ from ...config import TrackerConfig
 from ...cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ...errors import CatalogError, StoreClosedError
 from ...format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic, encode_topic, multi_key,
-                                  position_parts, row_parts, split_sub_key, sub_key, topic_prefix,
+                                  records_of, split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ...waiting import DueWaiter
 from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
-from .topic_sealing import LEVEL_ROWS, SealedRuns
+from .topic_sealing import GROUP_ROWS, SealedRuns
 from .topic_windows import Window, WindowCache, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
@@ -70,7 +70,7 @@ class Topic(SealedRuns):
         self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
-        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else LEVEL_ROWS // 2
+        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else GROUP_ROWS
         self._handles: dict[str, Subscription] = {}
         self._raw_name = raw_name = validate_name(name, "topic")
         self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
@@ -334,27 +334,26 @@ class Topic(SealedRuns):
         the index of that add (``len(pending)``: all written). Such an add is tracked by every
         subscription: it bumps only the topic's ``inserted``."""
         tid, md, multi, last = self._id, self._max_md, self._multi, self._last_position
-        seq = self._next_seq
-        rows, positions = [], []
+        ledgers, entries, times = [], [], []
         cached = self._windows.invalidate if self._windows.holds_any() else None
         end = start
         for ledger, entry, ts, cutoff in pending[start:]:
             pos = (ledger, entry)
             if ts <= cutoff or pos <= last or (md is not None and pos <= md) or pos in multi:
                 break
-            rows.append(row_parts(tid, ts, ledger, entry, seq))
-            positions.append(position_parts(tid, ts, ledger, entry, seq))
+            ledgers.append(ledger)
+            entries.append(entry)
+            times.append(ts)
             if cached is not None:
                 cached(ts)
-            seq += 1
             last = pos
             end += 1
-        if rows:
+        if times:
             if not self._seal_fresh(txn, pending[start:end], self._next_seq):
-                self._file.tables.insert_records(txn, rows, positions)
-            self._next_seq, self._last_position = seq, last
-            self._rows += len(rows)
-            self._inserted += len(rows)
+                self._file.tables.insert_records(txn, *records_of(tid, times, ledgers, entries, self._next_seq))
+            self._next_seq, self._last_position = self._next_seq + len(times), last
+            self._rows += len(times)
+            self._inserted += len(times)
         return end
 
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:

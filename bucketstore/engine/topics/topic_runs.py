@@ -45,6 +45,16 @@ def runs_directory(topics_path: str) -> str:
     return os.path.join(topics_path, "runs")
 
 
+def _extreme_position(cols: np.ndarray, pick: Any) -> Position:
+    """The least (``pick=min``) or greatest (``max``) position of rows in delivery order: two
+    passes over the columns, where sorting them by position cost a seal and a merge more than
+    the rest of their bookkeeping."""
+    ledgers = cols[:, 1]
+    ledger = ledgers.min() if pick is min else ledgers.max()
+    entries = cols[ledgers == ledger, 2]
+    return int(ledger), int(entries.min() if pick is min else entries.max())
+
+
 @dataclass
 class Run:
     """A sealed run's catalog entry, and what was read of its file."""
@@ -146,10 +156,8 @@ class RunSet:
             fs.close(fd)
         fs.rename(tmp, final)
         fs.fsync_dir(self.directory)
-        order = np.lexsort((cols[:, 3], cols[:, 2], cols[:, 1]))
-        first_pos, last_pos = cols[order[0]], cols[order[-1]]
         return Run(run_id, len(cols), 0, tuple(int(x) for x in cols[0]), tuple(int(x) for x in cols[-1]),
-                   (int(first_pos[1]), int(first_pos[2])), (int(last_pos[1]), int(last_pos[2])),
+                   _extreme_position(cols, min), _extreme_position(cols, max),
                    (int(cols[:, 3].min()), int(cols[:, 3].max())))
 
     def put(self, txn: lmdb.Transaction, db: object, run: Run) -> None:

@@ -21,14 +21,19 @@ from .topic_merge import kept_rows, plan_merge
 from .topic_runs import Run, RunSet
 from .topic_windows import Window, WindowCache, packed_key
 
-__all__ = ["SealedRuns", "LEVEL_ROWS"]
+__all__ = ["SealedRuns", "LEVEL_ROWS", "GROUP_ROWS"]
 
 #: The most rows the LMDB level holds before they are sealed into a run (fewer when
 #: ``min_index_count_per_bucket`` says so, Pulsar's seal). LMDB never gives pages back to the
-#: file system, so the level's peak is what it costs on disk for good: with journal mode's group
-#: commit writing at most half as many at once, the file peaks below a megabyte (measured with
-#: tools/bench/bench_topics.py: 0.9 MB; 50,000 rows and group commits of 10,000 took 7 MB).
-LEVEL_ROWS = 4_096
+#: file system, so the level's peak is what it costs on disk for good: about 2 MB with journal
+#: mode's group commits of :data:`GROUP_ROWS`. Each seal costs two fsyncs and a commit whatever
+#: its size, and each merge as much again, which the adds pay for: with 4,096 rows (0.9 MB)
+#: adding to a topic cost 1.4-1.7x adding to a lone tracker, with 8,192 1.2-1.5x, 16,384 (3.2 MB)
+#: no better (tools/bench/bench_topics.py, 100,000 adds, issue 25).
+LEVEL_ROWS = 8_192
+#: The most adds journal mode's group commit holds before writing them (they are synced at its
+#: interval): counted, not timed, so that the level's peak does not hang on the machine's speed.
+GROUP_ROWS = 2_048
 
 
 class SealedRuns:
