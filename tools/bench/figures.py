@@ -588,13 +588,13 @@ def sparse(run: Run) -> None:
                  "first batch ms", "disk B/index"], rows, right={2, 3, 4, 5, 6, 7, 8}))
     sparse_rows = [r for r in rows if "ledgers" in r[1]]
     if sparse_rows:
-        last = sparse_rows[-1]
-        run.headline["sparse"] = (f"Resident memory of a sparse store of {last[0].split(' (')[0]} held indexes "
-                                  f"({last[1].split(', ')[1]}) after a broker's use ({uses:,} `contains_message` "
-                                  f"questions on random ledgers and the first due batch): {last[4].strip('*')} "
-                                  f"B/index over the interpreter that imported bucketstore; the whole process "
-                                  f"{last[5].split(' (')[0]} B/index, {last[5].split('(')[1].rstrip(')')} of it "
-                                  f"before the open.")
+        shapes = "; ".join(f"{r[1]}: {r[4].strip('*')} B/index resident, {r[8]} B/index on disk" for r in sparse_rows)
+        whole = sorted(float(r[5].split(" (")[0]) for r in sparse_rows)
+        run.headline["sparse"] = (f"Sparse stores of {sparse_rows[0][0].split(' (')[0]} held indexes after a broker's use "
+                                  f"({uses:,} `contains_message` questions on random ledgers and the first due "
+                                  f"batch), resident over the interpreter that imported bucketstore: {shapes}; the "
+                                  f"whole process {whole[0]:.2f}-{whole[-1]:.2f} B/index, "
+                                  f"{sparse_rows[0][5].split('(')[1].rstrip(')')} of it before the open.")
     run.regions["memory-sparse"] = text + "\n"
     run.sections["sparse"] = "## Sparse stores: open, resident memory after use, disk\n\n" + text
 
