@@ -392,10 +392,14 @@ class Journal:
             if self._pool is not None:
                 self._pool.admit(self)
 
-    def _write_named(self, path: str, data: bytes, keep_open: bool) -> int:
+    def _write_named(self, path: str, data: bytes, keep_open: bool, what: str = "file creation") -> int:
         """Write ``data`` as a new file ``path``: a temporary file, fsync, rename, directory fsync.
         Returns the descriptor if ``keep_open`` (else -1). A failure after the rename poisons
-        the journal unless ``keep_open`` is False (a checkpoint written beside a tail)."""
+        the journal unless ``keep_open`` is False (a checkpoint written beside a tail): the new
+        file is complete under its final name, its entry perhaps durable, so a replay starts
+        from it and would skip whatever this journal appended to the current file from then on.
+        Unlinking it could be undone by a crash as well, so no more appends: a reopen replays.
+        ``what`` names the write in that error."""
         tmp = path + ".tmp"
         fd = self._fs.create(tmp)
         renamed = False
@@ -420,7 +424,7 @@ class Journal:
                         pass
             if renamed and keep_open and isinstance(exc, OSError):
                 self._poisoned = f"{type(exc).__name__}: {exc}"
-                raise JournalError(path, 0, f"journal file creation failed after its rename: {exc}") from exc
+                raise JournalError(path, 0, f"journal {what} failed after its rename: {exc}") from exc
             raise
         return fd
 
@@ -444,34 +448,9 @@ class Journal:
         """Start the next file with a checkpoint group, durable before anything else uses it."""
         number = self._number + 1
         path = os.path.join(self.directory, f"{number:020d}.journal")
-        tmp = path + ".tmp"
-        head = encode_header(number, self.identity)
         body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
-        fd = self._fs.create(tmp)
-        renamed = False
-        try:
-            self._fs.write(fd, head + frame_group(number, body))
-            self._fs.fsync(fd)
-            self._fs.rename(tmp, path)
-            renamed = True
-            self._fs.fsync_dir(self.directory)
-        except BaseException as exc:
-            try:
-                self._fs.close(fd)
-            finally:
-                if not renamed:
-                    try:
-                        self._fs.unlink(tmp)
-                    except OSError:
-                        pass
-            if renamed and isinstance(exc, OSError):
-                # The new file is complete under its final name, its entry perhaps durable: a
-                # replay starts from it and would skip whatever this journal appended to the
-                # current file from now on. Unlinking it could be undone by a crash as well, so
-                # no more appends: the file holds the whole state, and a reopen replays it.
-                self._poisoned = f"{type(exc).__name__}: {exc}"
-                raise JournalError(path, 0, f"journal checkpoint failed after its rename: {exc}") from exc
-            raise
+        fd = self._write_named(path, encode_header(number, self.identity) + frame_group(number, body),
+                               keep_open=True, what="checkpoint")
         with self._fd_lock:
             old_fd, self._fd, self._number = self._fd, fd, number
             self._tail_fresh = False
