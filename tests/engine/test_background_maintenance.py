@@ -507,6 +507,31 @@ def _seal_held(store, cfg: TrackerConfig, hold: str, monkeypatch) -> tuple:
     return t, hook
 
 
+def _clear_beside_a_held_job(store, path, t, hook) -> None:
+    """clear() on another thread while a job is held in or just after its commit, then the job
+    let go: its key goes in clear's transaction, every file after, and the job is cancelled."""
+    errors: list[BaseException] = []
+
+    def clear() -> None:
+        try:
+            t.clear()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    clearing = threading.Thread(target=clear)
+    clearing.start()
+    time.sleep(0.05)  # (room for clear to get ahead of the job's commit lock wrongly)
+    hook.gate.set()
+    clearing.join(60)
+    assert not clearing.is_alive() and errors == []
+    assert t.wait_for_maintenance(60)
+    assert store.catalog.buckets("t") == {}
+    assert t.buckets() == [] and t.number_of_delayed_messages == 0
+    assert _ledger_files(path) == []
+    assert t.stats()["maintenance"]["cancelled"] == 1
+    t._check()
+
+
 @pytest.mark.parametrize("hold", ["in_commit", "after_commit"])
 def test_clear_during_a_seals_commit_removes_its_key(tmp_path, monkeypatch, hold):
     """clear() while a seal commits its key, or has committed it but not installed it: the key
@@ -516,26 +541,7 @@ def test_clear_during_a_seals_commit_removes_its_key(tmp_path, monkeypatch, hold
     with _open(path, FileSystem()) as store:
         t, hook = _seal_held(store, cfg, hold, monkeypatch)
         assert len(store.catalog.buckets("t")) == 1 and t.buckets() == []
-        errors: list[BaseException] = []
-
-        def clear() -> None:
-            try:
-                t.clear()
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        clearing = threading.Thread(target=clear)
-        clearing.start()
-        time.sleep(0.05)  # (room for clear to get ahead of the seal's commit lock wrongly)
-        hook.gate.set()
-        clearing.join(60)
-        assert not clearing.is_alive() and errors == []
-        assert t.wait_for_maintenance(60)
-        assert store.catalog.buckets("t") == {}
-        assert t.buckets() == [] and t.number_of_delayed_messages == 0
-        assert _ledger_files(path) == []
-        assert t.stats()["maintenance"]["cancelled"] == 1
-        t._check()
+        _clear_beside_a_held_job(store, path, t, hook)
     with _open(path, FileSystem()) as store:
         assert store.tracker("t", cfg, FakeClock(0)).number_of_delayed_messages == 0
 
@@ -688,26 +694,7 @@ def test_clear_during_a_merges_commit_removes_its_key(tmp_path, monkeypatch, hol
     path = tmp_path / "s"
     with _open(path, FileSystem()) as store:
         t, hook = _merge_held(store, hold, monkeypatch)
-        errors: list[BaseException] = []
-
-        def clear() -> None:
-            try:
-                t.clear()
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        clearing = threading.Thread(target=clear)
-        clearing.start()
-        time.sleep(0.05)  # (room for clear to get ahead of the merge's commit lock wrongly)
-        hook.gate.set()
-        clearing.join(60)
-        assert not clearing.is_alive() and errors == []
-        assert t.wait_for_maintenance(60)
-        assert store.catalog.buckets("t") == {}
-        assert t.buckets() == [] and t.number_of_delayed_messages == 0
-        assert _ledger_files(path) == []
-        assert t.stats()["maintenance"]["cancelled"] == 1
-        t._check()
+        _clear_beside_a_held_job(store, path, t, hook)
     with _open(path, FileSystem()) as store:
         assert store.tracker("t", _MERGE_CFG, FakeClock(0)).number_of_delayed_messages == 0
 
