@@ -306,6 +306,19 @@ def test_deliveries_stay_exact_under_threads_while_seals_and_merges_run(tmp_path
             t._check()
 
 
+def _crash_brings_the_unconfirmed_batch_back_once(store, tmp_path, durability, cfg, clock, got) -> None:
+    """Journal mode: a crash now brings the delivered, unconfirmed batch back, once. Sealed mode:
+    a clean close leaves nothing in ledgers/."""
+    if durability == "journal":
+        abandon_store(store)
+        with bucketstore.open(tmp_path, "journal") as again:
+            t = again.tracker("sub", cfg, clock)
+            assert sorted(t.get_scheduled_messages(100)) == got
+    else:
+        store.close()
+        assert os.listdir(tmp_path / "ledgers") == []
+
+
 @pytest.mark.parametrize("durability", ["sealed", "journal"])
 def test_a_seal_whose_rows_were_all_delivered_meanwhile_leaves_no_bucket(tmp_path, durability):
     """Found by the merging differential test once background became the default: every row
@@ -328,14 +341,7 @@ def test_a_seal_whose_rows_were_all_delivered_meanwhile_leaves_no_bucket(tmp_pat
     assert t.buckets() == [] and store.catalog.buckets("sub") == {}
     assert os.listdir(tmp_path / "ledgers") == []
     assert t.stats()["create"]["succeeded"] == 1 and t.stats()["delete"]["succeeded"] == 1
-    if durability == "journal":  # a crash now: the unconfirmed batch comes back, once
-        abandon_store(store)
-        with bucketstore.open(tmp_path, "journal") as again:
-            t = again.tracker("sub", cfg, clock)
-            assert sorted(t.get_scheduled_messages(100)) == got
-    else:
-        store.close()
-        assert os.listdir(tmp_path / "ledgers") == []
+    _crash_brings_the_unconfirmed_batch_back_once(store, tmp_path, durability, cfg, clock, got)
 
 
 def lock_is_free(tracker) -> bool:
@@ -825,14 +831,7 @@ def test_a_merge_whose_sources_were_all_delivered_after_its_commit_leaves_no_buc
     assert _ledger_files(tmp_path) == []
     assert t.stats()["merge"]["succeeded"] == 1 and t.stats()["maintenance"]["failed"] == 0
     t._check()
-    if durability == "journal":  # a crash now: the unconfirmed batch comes back, once
-        abandon_store(store)
-        with bucketstore.open(tmp_path, "journal") as again:
-            t = again.tracker("sub", cfg, clock)
-            assert sorted(t.get_scheduled_messages(100)) == got
-    else:
-        store.close()
-        assert _ledger_files(tmp_path) == []
+    _crash_brings_the_unconfirmed_batch_back_once(store, tmp_path, durability, cfg, clock, got)
 
 
 @pytest.mark.parametrize("durability", ["sealed", "journal"])

@@ -21,18 +21,23 @@ def _rows(n: int, seed: int):
     return sort_rows(1_000 + rng.integers(0, 50_000, n).astype(np.uint64), ledgers, entries)
 
 
+def _recording_beside(threads: list[str]):
+    """``run_beside``, noting in ``threads`` the name of the thread each call ran on."""
+    def beside(fn):
+        def named():
+            threads.append(threading.current_thread().name)
+            return fn()
+        return run_beside(named)
+    return beside
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_split_encode_is_byte_identical(monkeypatch, seed) -> None:
     monkeypatch.setattr(snapshot, "SPLIT_ROWS", 1_000)
     monkeypatch.setattr(shared_work, "ENCODE_PIECE_ROWS", 700)  # several pieces, taken by either thread
     rows = _rows(5_000, seed)
     threads: list[str] = []
-
-    def beside(fn):
-        def named():
-            threads.append(threading.current_thread().name)
-            return fn()
-        return run_beside(named)
+    beside = _recording_beside(threads)
 
     kw = dict(time_step_ms=3_000, max_indexes_per_segment=400)
     one_meta, one = build_bucket(1, 3, *rows, **kw)
@@ -78,12 +83,7 @@ def test_split_sort_is_the_whole_sort(monkeypatch, sizes) -> None:
     monkeypatch.setattr(row_sort, "RANGE_ROWS", 1_500)  # several ranges, taken by either thread
     parts = _sorted_parts(sizes, len(sizes))
     threads: list[str] = []
-
-    def beside(fn):
-        def named():
-            threads.append(threading.current_thread().name)
-            return fn()
-        return run_beside(named)
+    beside = _recording_beside(threads)
 
     got = sort_row_parts(parts, sorted_parts=True, run_beside=beside)
     assert threads == ["bucketstore-encode"]
@@ -121,12 +121,7 @@ def _merged_entries(path: str, split: bool, monkeypatch) -> tuple[list[bytes], l
     for module, piece in ((merge_pipeline, "PIECE_ROWS"), (row_sort, "RANGE_ROWS"), (shared_work, "ENCODE_PIECE_ROWS")):
         monkeypatch.setattr(module, piece, 1_500)  # several pieces of each step
     threads: list[str] = []
-
-    def beside(fn):
-        def named():
-            threads.append(threading.current_thread().name)
-            return fn()
-        return run_beside(named)
+    beside = _recording_beside(threads)
 
     monkeypatch.setattr(merge_pipeline, "run_beside", beside)
     epoch = 1_700_000_000_000
