@@ -14,7 +14,7 @@ must be rejected by ``BucketFile`` (plus reading its segments), by
 ``*.summary`` files are the golden catalog summary (``formats/golden/summary_v2.bin``) with
 one field wrong (``summary_damage.py``): each must be refused or disagree with the bucket
 it describes (``tests/format/test_summary_damage.py``), and no bucket file is deleted on
-the word of such a summary (``tests/engine/test_deletion_evidence.py``).
+the word of such a summary (``tests/engine/catalog/test_deletion_evidence.py``).
 """
 
 from __future__ import annotations

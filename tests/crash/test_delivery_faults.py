@@ -255,7 +255,7 @@ def test_a_transient_fault_on_any_read_loses_nothing(tmp_path, durability, read_
     # (With read-ahead a reader thread races the polls, so a read's number may differ between
     # runs; most still fire. Whether one lands in the reader thread is up to the scheduler: a
     # fresh clone's CI run had none, so it is reported, not required. A failed read-ahead is
-    # pinned deterministically by tests/engine/test_read_ahead.py's
+    # pinned deterministically by tests/engine/buckets/test_read_ahead.py's
     # test_a_failed_read_ahead_falls_back_to_the_synchronous_read.)
     assert fired >= len(restarts) * reads // 2, (fired, reads)
     print(f"\n{durability}, read-ahead {read_ahead}: {reads} read calls swept x {len(restarts)}, {fired} faults fired, "

@@ -5,7 +5,7 @@ The cases are the golden summary (formats/golden/summary_v2.bin, of the bucket
 ``make_summary_golden.golden_bucket()`` stored as ledger 5 of 777 bytes) with one field
 wrong but the record well-formed where it can be. What a reader has to check, and where
 a disagreement is found (``formats/catalog.md``), is what this pins; that the engine
-deletes nothing on such a summary's word is ``tests/engine/test_deletion_evidence.py``.
+deletes nothing on such a summary's word is ``tests/engine/catalog/test_deletion_evidence.py``.
 """
 
 from __future__ import annotations

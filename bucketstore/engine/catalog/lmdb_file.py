@@ -29,7 +29,7 @@ Extending a short file before mapping would hide a real truncation (zeros read
 as an empty page) and writes to a file that may only be inspected; opening
 without mapping is not something LMDB offers. The walk costs one ``pread``
 per referenced page: 2 to 3 ms for a catalog of 4,000 bucket keys and
-summaries (``tests/engine/test_lmdb_file.py`` measures it).
+summaries (``tests/engine/catalog/test_lmdb_file.py`` measures it).
 
 The input may be hostile: every page number is range-checked before it is
 read, every page is read at most once (a cycle ends there), the tree depth is

@@ -1,7 +1,7 @@
 """A subscription of a topic: the whole tracker API over the topic's shared rows.
 
 Each call behaves, for this subscription, as the same call on an independent tracker that had
-received every add of the topic (``tests/engine/test_topics_differential.py`` holds them to
+received every add of the topic (``tests/engine/topics/test_topics_differential.py`` holds them to
 it against :class:`~bucketstore.InMemoryTracker`); what the subscription stores of its own is
 :class:`~bucketstore.engine.topics.subscription_state.SubscriptionState`.
 """
