@@ -5,7 +5,10 @@ rounds alternating which goes first, and read the ratios of the same round: each
 given tree's own ``tools/bench/bench_maintenance.py`` and package, times the steps it runs under
 the tracker's lock (``--trace-holds``) and prints the other thread's add latencies beside them.
 ``--durability journal`` opens the store in journal mode (``sync_interval_ms=5``) whatever the
-tree's benchmark supports (older ones open ``sealed`` only).
+tree's benchmark supports (older ones open ``sealed`` only). A tree whose ``bench_stalls`` has no
+``seal_at`` (e4041a5's, say) seals at ``per_bucket``: each ledger roll seals the whole ledger there,
+as it does with any ``--seal-at`` up to ``--per-bucket``, so those runs make the same seals; a
+larger ``--seal-at`` is refused for such a tree.
 
     python tools/bench/stalls_by_tree.py /work/main main --durability journal
     python tools/bench/stalls_by_tree.py . branch --durability journal
@@ -14,6 +17,7 @@ tree's benchmark supports (older ones open ``sealed`` only).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -45,11 +49,18 @@ def main() -> None:
             return opened(path, durability="journal", sync_interval_ms=5, **kw)
 
         bm.bucketstore.open = journal_open
+    per_bucket, seal_at = int(args.per_bucket), int(args.seal_at)
+    extra = {}
+    if "seal_at" in inspect.signature(bm.bench_stalls).parameters:
+        extra["seal_at"] = seal_at
+    elif seal_at > per_bucket:
+        raise SystemExit(f"{tree}'s bench_stalls seals at --per-bucket only: --seal-at {seal_at} is not "
+                         "measurable there")
     bm.trace_holds()
     bm.TRACING.set()
     tmp = tempfile.mkdtemp(prefix="stalls-by-tree-")
     try:
-        out = bm.bench_stalls(tmp, int(args.per_bucket), int(args.total), True, 2, int(args.seal_at), None)
+        out = bm.bench_stalls(tmp, per_bucket, int(args.total), True, 2, **extra)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out.update(tree=args.label, durability=args.durability, load=round(os.getloadavg()[0], 2),
