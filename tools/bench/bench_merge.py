@@ -36,17 +36,19 @@ EPOCH = 1_700_000_000_000
 PER_BUCKET = 50_000
 
 
-def merge_once(path: str, seed: int) -> dict[str, float]:
+def merge_once(path: str, seed: int, per_bucket: int = PER_BUCKET, segment: int | None = None) -> dict[str, float]:
+    """Seal five ledgers of ``per_bucket`` random-delay indexes (segments of ``segment``, default the
+    config's); the fifth seal merges the four oldest."""
     clock = lambda: EPOCH  # noqa: E731 - nothing falls due during the benchmark
-    cfg = TrackerConfig(max_num_buckets=4)
+    cfg = TrackerConfig(max_num_buckets=4, **({} if segment is None else {"max_indexes_per_segment": segment}))
     rng = np.random.default_rng(seed)
     # Maintenance on the caller's thread: the roll below then seals and merges before it returns (with
     # background maintenance, the default, the stats read next would see no merge yet).
     with bucketstore.open(path, durability="sealed", background=False) as store:
         t = store.tracker("m", cfg, clock)
         for ledger in range(5):
-            at = EPOCH + 10_000 + rng.integers(0, 3_600_000, PER_BUCKET)
-            t.add_messages((np.full(PER_BUCKET, ledger, np.uint64), np.arange(PER_BUCKET, dtype=np.uint64), at))
+            at = EPOCH + 10_000 + rng.integers(0, 3_600_000, per_bucket)
+            t.add_messages((np.full(per_bucket, ledger, np.uint64), np.arange(per_bucket, dtype=np.uint64), at))
             before = sum(b.size for b in t.buckets())  # the four that will be merged
         t.add_messages([(5, 0, EPOCH + 10**8)])  # rolls ledger 4: the fifth seal, then a merge
         st = t.stats()
