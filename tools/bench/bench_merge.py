@@ -40,7 +40,8 @@ def merge_once(path: str, seed: int, per_bucket: int = PER_BUCKET, segment: int 
     """Seal five ledgers of ``per_bucket`` random-delay indexes (segments of ``segment``, default the
     config's); the fifth seal merges the four oldest."""
     clock = lambda: EPOCH  # noqa: E731 - nothing falls due during the benchmark
-    cfg = TrackerConfig(max_num_buckets=4, **({} if segment is None else {"max_indexes_per_segment": segment}))
+    cfg = TrackerConfig(max_num_buckets=4, min_index_count_per_bucket=per_bucket,
+                        **({} if segment is None else {"max_indexes_per_segment": segment}))
     rng = np.random.default_rng(seed)
     # Maintenance on the caller's thread: the roll below then seals and merges before it returns (with
     # background maintenance, the default, the stats read next would see no merge yet).

@@ -49,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path[:0] = [ROOT, HERE]
 
+import before_after  # noqa: E402
 import bench_codec  # noqa: E402
 import bench_drain_scale  # noqa: E402
 import bench_handoff  # noqa: E402
@@ -77,7 +78,8 @@ SIZES: dict[str, dict[str, object]] = {
               "sparse_runs": [(10_000_000, 50_000, "1,10,dense", 1)], "sparse_use": 20_000,
               "readahead_messages": 1_000_000, "readahead_repeat": 1,
               "spark_rows": 2_000_000, "spark_repeat": 3, "timebucket_messages": 10_000_000,
-              "nack_messages": 500_000, "topics_indexes": 100_000, "topics_subscriptions": 100},
+              "nack_messages": 500_000, "topics_indexes": 100_000, "topics_subscriptions": 100,
+              "before_after_rounds": 3},
     "full": {"codec_indexes": 50_000, "codec_repeat": 5, "seal_indexes": 1_000_000, "seal_repeat": 5,
              "tracker_messages": 1_000_000, "restart_sizes": [1_000_000, 10_000_000, 100_000_000],
              "restart_repeats": 5, "drain_sizes": [1_000_000, 10_000_000], "drain_repeat": 3,
@@ -89,7 +91,7 @@ SIZES: dict[str, dict[str, object]] = {
              "readahead_messages": 1_000_000, "readahead_repeat": 3,
              "sparse_use": 20_000, "spark_rows": 10_000_000, "spark_repeat": 3,
              "timebucket_messages": 10_000_000, "nack_messages": 1_000_000,
-             "topics_indexes": 1_000_000, "topics_subscriptions": 100},
+             "topics_indexes": 1_000_000, "topics_subscriptions": 100, "before_after_rounds": 5},
 }
 
 
@@ -102,6 +104,8 @@ class Run:
     sections: dict[str, str] = field(default_factory=dict)
     regions: dict[str, str] = field(default_factory=dict)
     headline: dict[str, str] = field(default_factory=dict)
+    #: The commit the before/after sections compare this tree with (``--baseline``).
+    baseline: str = before_after.BASELINE
 
 
 # -- the machine -------------------------------------------------------------------------------------------
@@ -123,7 +127,8 @@ def machine(load: tuple[float, float, float] | None = None) -> str:
 
 
 def command(run: Run, section: str) -> str:
-    return f"python tools/bench/figures.py --size {run.size} --only {section}"
+    baseline = f" --baseline {run.baseline}" if section in BASELINE_SECTIONS else ""
+    return f"python tools/bench/figures.py --size {run.size} --only {section}{baseline}"
 
 
 def table(header: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
@@ -476,6 +481,40 @@ def maintenance(run: Run) -> None:
                                    + "\n\n" + steps)
 
 
+def maintenance_before_after(run: Run) -> None:
+    """Issue 26's workloads on the baseline commit and on this tree, rounds alternating (before_after.py)."""
+    rounds = int(run.params["before_after_rounds"])
+    c = before_after.compare(run.baseline, rounds, lambda line: print(f"figures:   {line}", file=sys.stderr,
+                                                                      flush=True))
+    sizes = c.sizes
+    loads = " / ".join(f"{x:.1f}" for x in c.load_start), " / ".join(f"{x:.1f}" for x in c.load_end)
+    why = before_after.reasons(c)
+    text = (
+        f"Issue 26's workloads on the tree before it (commit {c.baseline[:7]}, main when the issue began) and "
+        f"on this tree ({c.after}), measured in one run: {rounds} rounds, each running every workload on both "
+        "trees back to back, the tree that goes first alternating between rounds, each run a fresh process. "
+        f"The stalls rows are `python tools/bench/bench_maintenance.py --cases stalls --per-bucket "
+        f"{sizes.per_bucket} --seal-at {sizes.seal_at} --total {sizes.total}` (background maintenance: a writer "
+        "adds random-delay indexes in batches of 10,000, `max_num_buckets=4`, while a second thread adds one "
+        "index a millisecond and its calls are timed), each tree running its own benchmark through "
+        "`tools/bench/stalls_by_tree.py TREE LABEL --durability sealed|journal` (journal: "
+        f"`sync_interval_ms=5`; {c.baseline[:7]}'s benchmark seals at the ledger size, where each roll seals "
+        f"the whole ledger as `--seal-at {sizes.seal_at}` does). The seal is a bucket of "
+        f"{before_after.count(sizes.per_bucket)} indexes with delays U[0, 10 min) (bench_seal's shape B), the "
+        f"merge four sealed buckets of {before_after.count(sizes.per_bucket)} with segments of "
+        f"{sizes.per_bucket // 4:,}, both on the caller's thread: this tree's benchmark code, which uses only "
+        "the public API, on each tree's package (`tools/bench/jobs_by_tree.py TREE LABEL seal|merge`). Each "
+        f"cell is the median (range) of the rounds; *after / before* the median (range) of each round's own "
+        f"ratio; the targets are the issue's. Load average {loads[0]} at the start, {loads[1]} at the end: "
+        "on a shared machine compare the ratios rather than the rates.\n\n"
+        + table(before_after.HEADER, before_after.rows(c), right={1, 2, 3})
+        + ("\n\nNot measurable on the old tree: " + "; ".join(why) + "." if why else "")
+        + f"\n\n`{command(run, 'maintenance-before-after')}` measures it again.")
+    print(text)
+    run.sections["maintenance-before-after"] = "## Maintenance before and after issue 26\n\n" + text
+    run.headline["maintenance-before-after"] = before_after.headline(c)
+
+
 def readahead(run: Run) -> None:
     n, repeat = int(run.params["readahead_messages"]), int(run.params["readahead_repeat"])
     rows = []
@@ -746,7 +785,8 @@ def compact(run: Run) -> None:
 
 SECTIONS: dict[str, Callable[[Run], None]] = {
     "simulate": simulate, "codec": codec, "seal": seal, "tracker": tracker, "restart": restart, "drain": drain,
-    "handoff": handoff, "peers": peers, "maintenance": maintenance, "merge": merge, "sparse": sparse,
+    "handoff": handoff, "peers": peers, "maintenance": maintenance,
+    "maintenance-before-after": maintenance_before_after, "merge": merge, "sparse": sparse,
     "readahead": readahead, "spark": spark, "compact": compact, "topics": topics,
 }
 
@@ -760,7 +800,9 @@ def stamp(run: Run, name: str, load: tuple[float, float, float] | None = None) -
 #: Regions that are a command's output or a picture, not a table of measurements: they carry no stamp.
 UNSTAMPED = {"simulate-report", "demo-verify", "api-prometheus", "api-checkpoint", "journal-report", "readme-image"}
 HEADLINE = re.compile(r"^<!-- headline: (?P<text>.*) -->$", re.M)
-README_ORDER = ("simulate", "drain", "restart", "sparse", "codec", "peers")
+README_ORDER = ("simulate", "drain", "restart", "sparse", "codec", "peers", "maintenance-before-after")
+#: Sections that compare this tree with a baseline commit: their command names ``--baseline``.
+BASELINE_SECTIONS = {"maintenance-before-after"}
 
 
 def write_benchmarks(run: Run, stamps: dict[str, str]) -> dict[str, str]:
@@ -820,12 +862,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", choices=sorted(SIZES), default="quick",
                    help="quick: minutes, small stores, to check the script; full: the documentation's scale")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    p.add_argument("--baseline", default=before_after.BASELINE, metavar="COMMIT",
+                   help=f"the commit {', '.join(sorted(BASELINE_SECTIONS))} compares this tree with "
+                        f"(default {before_after.BASELINE}, main before issue 26)")
     args = p.parse_args(argv)
     names = [s for s in args.only.split(",") if s]
     unknown = [s for s in names if s not in SECTIONS]
     if unknown:
         p.error(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
-    run = Run(args.size, SIZES[args.size])
+    if BASELINE_SECTIONS & set(names):
+        try:  # before anything runs: a copy of the tree without git history fails here, in one line
+            before_after.resolve(args.baseline)
+        except before_after.Unavailable as e:
+            print(f"figures: {', '.join(sorted(BASELINE_SECTIONS & set(names)))}: {e}", file=sys.stderr)
+            return 2
+    run = Run(args.size, SIZES[args.size], baseline=args.baseline)
     stamps = {}
     for name in SECTIONS:
         if name in names:
