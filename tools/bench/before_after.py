@@ -225,7 +225,8 @@ def _spread(values: list[float], digits: int, suffix: str = "") -> str:
 
 
 def _ratio(x: float) -> str:
-    return f"{x:.2g}"
+    """Two significant digits, kept when they are zeros (0.80, 2.0, 0.065, 12)."""
+    return f"{x:.0f}" if x >= 9.95 else f"{x:#.2g}"
 
 
 HEADER = ["", "before", "after", "after / before", "target (after)"]
@@ -278,5 +279,8 @@ def headline(c: Comparison) -> str:
             f"alternating rounds: the second thread's worst add {pair('stalls, sealed', 'other_max_ms', 0, ' ms')} "
             f"sealed and {pair('stalls, journal', 'other_max_ms', 0, ' ms')} journal, its p99 "
             f"{pair('stalls, sealed', 'other_p99_ms', 1, ' ms')}; the writer "
-            f"{pair('stalls, sealed', 'caller_M_per_s', 1, ' M/s')} at the caller; a {count(size)} seal "
-            f"{pair('seal', 'M_per_s', 1, ' M/s')}, a {count(4 * size)} merge {pair('merge', 'M_per_s', 1, ' M/s')}.")
+            f"{pair('stalls, sealed', 'caller_M_per_s', 1, ' M/s')} at the caller and "
+            f"{pair('stalls, sealed', 'all_sealed_M_per_s', 1, ' M/s')} until all is installed; a {count(size)} "
+            f"seal {pair('seal', 'M_per_s', 1, ' M/s')}, a {count(4 * size)} merge "
+            f"{pair('merge', 'M_per_s', 1, ' M/s')}; load average {c.load_start[0]:.1f} at the start, "
+            f"{c.load_end[0]:.1f} at the end.")
