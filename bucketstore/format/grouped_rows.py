@@ -127,7 +127,7 @@ def read_directory(body: bytes | memoryview, n: int) -> tuple[Directory, int]:
         if not 1 <= groups <= n:
             raise GroupedError(at, f"{groups} groups in a segment of {n} rows")
         at = pos
-        directory, pos = varints.decode(body, pos, 2 * groups - 1)
+        directory, pos = _small_directory(body, pos, 2 * groups - 1) or varints.decode(body, pos, 2 * groups - 1)
     except varints.VarintError as exc:
         raise GroupedError(exc.offset, f"segment directory: {exc.reason}") from None
     ledgers = np.cumsum(directory[:groups], dtype=_U64)  # wraps modulo 2**64; a wrap breaks the ascent
@@ -139,6 +139,26 @@ def read_directory(body: bytes | memoryview, n: int) -> tuple[Directory, int]:
         raise GroupedError(at, f"the groups' sizes leave no row of the {n} for the last group")
     counts = np.append(sizes, np.uint64(n - int(sizes.sum()))).astype(np.int64)
     return Directory(base, ledgers, counts), pos
+
+
+def _small_directory(body: bytes | memoryview, pos: int, k: int) -> tuple[np.ndarray, int] | None:
+    """The directory's ``k`` varints at ``pos`` when all but the first are one byte (below 128),
+    as a sparse bucket's mostly are (neighbouring ledgers, groups of a few rows): read as they
+    are, without :func:`varints.decode`'s general work. None otherwise (or on any fault, which
+    the general decoder then reports)."""
+    try:
+        first, at = varints.decode_one(body, pos)
+    except varints.VarintError:
+        return None
+    if len(body) - at < k - 1:
+        return None
+    rest = np.frombuffer(body, dtype=np.uint8, count=k - 1, offset=at) if k > 1 else np.zeros(0, dtype=np.uint8)
+    if k > 1 and rest.max() >= 0x80:
+        return None
+    values = np.empty(k, dtype=_U64)
+    values[0] = first
+    values[1:] = rest
+    return values, at + k - 1
 
 
 def delivery_order(directory: Directory, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -46,8 +46,9 @@ from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, bit
 from .bucket_key import BUCKET_KEY_PREFIX, bucket_key, parse_bucket_key
 from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _shuffle, unshuffle as _unshuffle
 from .entry_lists import (COUNTS_ONLY_VERSION, EntryLists, ListedRows, ListsError, decode_counts, decode_lists,
-                          encode_lists, lists_from_rows)
+                          encode_lists)
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
+from .listed_rows import RowsError, listed_entries, segment_rows
 from .row_sort import sort_rows
 from .segment_codec import (GROUPED_VERSION, MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted,
                             decode_segment, encode_segments)
@@ -599,24 +600,30 @@ def read_segment_entry(reader: LedgerReader, number: int, count: int, min_timest
 
 def _segment_rows(reader: LedgerReader, fs: FileSystem, version: int, segments: list[SegmentMetadata],
                   ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
-    """Version 5: the listed ledgers' entry ids from the segments' rows, the file opened again once
-    ``reader`` is closed; raises :class:`CorruptLedgerError` for a damaged segment or rows that disagree
-    with entry 0's counts. (Not a BucketFile method: the metadata holding this would make a cycle.)"""
+    """Version 5: the listed ledgers' entry ids from the segments' rows (:mod:`.listed_rows`), the
+    file opened again once ``reader`` is closed; raises :class:`CorruptLedgerError` for a damaged
+    segment or rows that disagree with entry 0's counts. (Not a BucketFile method: the metadata
+    holding this would make a cycle.)"""
     opened = reader if not reader.closed else LedgerReader(reader.path, fs=fs)
     try:
-        at = opened.entry_payload_offset(0)
-        cols = [(seg.ledger_ids, seg.entry_ids) for seg in (
-            read_segment_entry(opened, number, m.count, m.min_timestamp, m.max_timestamp, snapshot_version=version)
-            for number, m in enumerate(segments, start=1))]
+        rows = []
+        for number, m in enumerate(segments, start=1):
+            try:
+                rows.append(segment_rows(opened.read_entry(number), m.count, snapshot_version=version))
+            except SegmentCodecError as exc:
+                raise CorruptLedgerError(reader.path, opened.entry_payload_offset(number) + exc.offset,
+                                         f"segment {number}: {exc.reason}") from None
+        try:
+            return listed_entries(rows, ledgers, counts)
+        except RowsError as exc:
+            if exc.segment is not None:
+                raise CorruptLedgerError(reader.path, opened.entry_payload_offset(exc.segment + 1),
+                                         f"segment {exc.segment + 1}: {exc.reason}") from None
+            raise CorruptLedgerError(reader.path, opened.entry_payload_offset(0), f"entry 0's listed ledgers and the "
+                                                                                  f"segments disagree: {exc.reason}") from None
     finally:
         if opened is not reader:
             opened.close()
-    try:
-        return lists_from_rows(np.concatenate([c[0] for c in cols]), np.concatenate([c[1] for c in cols]),
-                               ledgers, counts)
-    except ListsError as exc:
-        raise CorruptLedgerError(reader.path, at, f"entry 0's listed ledgers and the segments disagree: "
-                                                  f"{exc.reason}") from None
 
 
 class BucketFile:
