@@ -127,7 +127,10 @@ def read_directory(body: bytes | memoryview, n: int) -> tuple[Directory, int]:
         if not 1 <= groups <= n:
             raise GroupedError(at, f"{groups} groups in a segment of {n} rows")
         at = pos
-        directory, pos = _small_directory(body, pos, 2 * groups - 1) or varints.decode(body, pos, 2 * groups - 1)
+        small = _small_directory(body, pos, base, groups, n)
+        if small is not None:
+            return small
+        directory, pos = varints.decode(body, pos, 2 * groups - 1)
     except varints.VarintError as exc:
         raise GroupedError(exc.offset, f"segment directory: {exc.reason}") from None
     ledgers = np.cumsum(directory[:groups], dtype=_U64)  # wraps modulo 2**64; a wrap breaks the ascent
@@ -141,24 +144,34 @@ def read_directory(body: bytes | memoryview, n: int) -> tuple[Directory, int]:
     return Directory(base, ledgers, counts), pos
 
 
-def _small_directory(body: bytes | memoryview, pos: int, k: int) -> tuple[np.ndarray, int] | None:
-    """The directory's ``k`` varints at ``pos`` when all but the first are one byte (below 128),
-    as a sparse bucket's mostly are (neighbouring ledgers, groups of a few rows): read as they
-    are, without :func:`varints.decode`'s general work. None otherwise (or on any fault, which
-    the general decoder then reports)."""
+def _small_directory(body: bytes | memoryview, pos: int, base: int, groups: int,
+                     n: int) -> tuple[Directory, int] | None:
+    """:func:`read_directory`'s answer from ``pos`` (its first ledger) when every varint after the
+    first ledger is one byte (below 128: neighbouring ledgers, groups of a few rows, as a sparse
+    bucket's mostly are) and the directory is sound: read as the bytes they are, with fewer
+    checks to make (no difference of 0 and no wrap, which the bytes bound). None otherwise, and
+    then the general reading decodes it or reports its fault."""
     try:
         first, at = varints.decode_one(body, pos)
     except varints.VarintError:
         return None
-    if len(body) - at < k - 1:
+    k = 2 * groups - 2
+    if len(body) - at < k or first + 127 * (groups - 1) >= 1 << 64:
         return None
-    rest = np.frombuffer(body, dtype=np.uint8, count=k - 1, offset=at) if k > 1 else np.zeros(0, dtype=np.uint8)
-    if k > 1 and rest.max() >= 0x80:
+    rest = np.frombuffer(body, dtype=np.uint8, count=k, offset=at)
+    if k and (rest.min() == 0 or rest.max() >= 0x80):
+        return None  # a difference or size of 0 (the general reading reports it), or a longer varint
+    total = int(rest[groups - 1:].sum())
+    if total >= n:
         return None
-    values = np.empty(k, dtype=_U64)
-    values[0] = first
-    values[1:] = rest
-    return values, at + k - 1
+    ledgers = np.empty(groups, dtype=_U64)
+    ledgers[0] = first
+    np.cumsum(rest[:groups - 1], dtype=_U64, out=ledgers[1:])
+    ledgers[1:] += np.uint64(first)
+    counts = np.empty(groups, dtype=np.int64)
+    counts[:-1] = rest[groups - 1:]
+    counts[-1] = n - total
+    return Directory(base, ledgers, counts), at + k
 
 
 def delivery_order(directory: Directory, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

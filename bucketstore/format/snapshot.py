@@ -619,8 +619,8 @@ def _segment_rows(reader: LedgerReader, fs: FileSystem, version: int, segments: 
             if exc.segment is not None:
                 raise CorruptLedgerError(reader.path, opened.entry_payload_offset(exc.segment + 1),
                                          f"segment {exc.segment + 1}: {exc.reason}") from None
-            raise CorruptLedgerError(reader.path, opened.entry_payload_offset(0), f"entry 0's listed ledgers and the "
-                                                                                  f"segments disagree: {exc.reason}") from None
+            raise CorruptLedgerError(reader.path, opened.entry_payload_offset(0),
+                                     f"entry 0's listed ledgers and the segments disagree: {exc.reason}") from None
     finally:
         if opened is not reader:
             opened.close()
