@@ -188,7 +188,8 @@ def lists_from_ranks(rank: np.ndarray, row_entries: np.ndarray, ledgers: np.ndar
 
 def lists_from_keys(key: np.ndarray, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
     """:func:`lists_from_rows` given the listed rows as ``(rank << 32) | entry id`` keys (uint64,
-    in any order, sorted here in place), the rank being the ledger's index in ``ledgers``.
+    in any order), the rank being the ledger's index in ``ledgers``. The keys are sorted in place
+    and become the entry ids returned (a bucket's rows: no second array of their size).
 
     :raises ListsError: (offset 0) when the rows disagree with the counts or repeat a position.
     """
@@ -202,7 +203,8 @@ def lists_from_keys(key: np.ndarray, ledgers: np.ndarray, counts: np.ndarray) ->
                             f"the segments' rows hold {int(found[wrong])}")
     if len(key) > 1 and not (key[1:] > key[:-1]).all():
         raise ListsError(0, "a position of a listed ledger appears in more than one row")
-    return EntryLists(ledgers, np.asarray(counts, dtype=_U64), key & np.uint64(0xFFFFFFFF))
+    key &= np.uint64(0xFFFFFFFF)
+    return EntryLists(ledgers, np.asarray(counts, dtype=_U64), key)
 
 
 #: A lookup table of the ledgers' ranks is used when it has at most this many slots a row.

@@ -102,36 +102,79 @@ def listed_entries(segments: Sequence[SegmentRows], ledgers: np.ndarray, counts:
         rows that disagree with the counts or repeat a position (``segment`` None).
     """
     ledgers = np.asarray(ledgers, dtype=_U64)
-    numbers = [i for i, s in enumerate(segments) if s.directory is not None]
-    grouped = [segments[i] for i in numbers]
-    # Rows as (rank of the ledger, entry id) pairs: ``rank[index]`` (index None: every row's own).
-    parts: list[tuple[np.ndarray, np.ndarray | None, np.ndarray]] = []
-    plain = [s for s in segments if s.directory is None]
-    if grouped:
-        group_of = _delivery_groups(grouped)
-        if group_of is None:  # fields too wide for one key, or a step that may wrap: segment by segment
-            plain += [_in_delivery_order(s, number) for number, s in zip(numbers, grouped)]
-        else:
-            group_ledgers = np.concatenate([s.directory.ledgers for s in grouped])  # type: ignore[union-attr]
-            parts.append((ranks(ledgers, group_ledgers), group_of, np.concatenate([s.entries for s in grouped])))
-    if plain:
-        parts.append((ranks(ledgers, np.concatenate([s.ledgers for s in plain])), None,  # type: ignore[misc]
-                      np.concatenate([s.entries for s in plain])))
-    keys = []
+    key = _listed_keys(segments, ledgers) if len(ledgers) else None
     try:
-        for rank, index, entries in parts:
-            if (rank < 0).any():  # rows of ledgers with a bitmap (or none of the lists'): left out
-                listed = (rank if index is None else rank[index]) >= 0
-                rank, index, entries = (rank[listed], None, entries[listed]) if index is None else \
-                    (rank, index[listed], entries[listed])
-            if len(entries) and int(entries.max()) >= 1 << 32:
-                raise ListsError(0, "a listed ledger's row has an entry id of 2**32 or more")
-            high = rank.astype(_U64) << np.uint64(32)
-            keys.append((high if index is None else high[index]) | entries)
-        key = np.concatenate(keys) if len(keys) != 1 else keys[0]
-        return lists_from_keys(key if len(key) else np.zeros(0, dtype=_U64), ledgers, counts)
+        if key is None:
+            key = _keys_of_rows(segments, ledgers)
+        return lists_from_keys(key, ledgers, counts)
     except ListsError as exc:
         raise RowsError(None, exc.reason) from None
+
+
+def _listed_keys(segments: Sequence[SegmentRows], ledgers: np.ndarray) -> np.ndarray | None:
+    """Every row's ``(rank << 32) | entry id`` key when every row's ledger is listed, its entry id
+    below 2**32 and the grouped segments' keys fit (:func:`_delivery_keys`); None otherwise.
+
+    A sparse bucket's case, made with few temporaries the size of the bucket: each is an
+    allocation of fresh pages (above the allocator's threshold for reusing freed memory), whose
+    page faults on a VM cost more than the arithmetic. So the grouped rows' keys are made, sorted
+    and turned into these in the one array their steps are gathered in."""
+    for s in segments:
+        if len(s.entries) and int(s.entries.max()) >= 1 << 32:
+            return None
+    parts = []
+    grouped = [s for s in segments if s.directory is not None]
+    if grouped:
+        directories: list[Directory] = [s.directory for s in grouped]  # type: ignore[misc]
+        rank = ranks(ledgers, np.concatenate([d.ledgers for d in directories]))
+        if (rank < 0).any():
+            return None
+        sizes = np.concatenate([d.counts for d in directories])
+        groups = np.fromiter((len(d.counts) for d in directories), dtype=np.int64, count=len(directories))
+        rank_bits = _bits(len(ledgers))
+        # (A ledger's rank orders a segment's groups as their ledgers do: it breaks ties as they would.)
+        steps = np.concatenate([s.steps for s in grouped])  # type: ignore[misc]
+        key = _delivery_keys(directories, groups, sizes, steps, rank.astype(_U64), rank_bits)
+        if key is None:
+            return None
+        key.sort()
+        key &= np.uint64((1 << rank_bits) - 1)  # each row's rank, in delivery order
+        parts.append((key, grouped))
+    plain = [s for s in segments if s.directory is None]
+    if plain:
+        rank = ranks(ledgers, np.concatenate([s.ledgers for s in plain]))  # type: ignore[misc]
+        if (rank < 0).any():
+            return None
+        parts.append((rank.view(_U64), plain))
+    for key, rows in parts:
+        key <<= np.uint64(32)
+        at = 0
+        for s in rows:
+            key[at:at + len(s.entries)] |= s.entries
+            at += len(s.entries)
+    return parts[0][0] if len(parts) == 1 else np.concatenate([key for key, _ in parts])
+
+
+def _keys_of_rows(segments: Sequence[SegmentRows], ledgers: np.ndarray) -> np.ndarray:
+    """:func:`_listed_keys` for any rows: rows of ledgers not listed left out, grouped segments
+    whose keys do not fit put in delivery order one at a time.
+
+    :raises ListsError: a listed ledger's row with an entry id of 2**32 or more.
+    :raises RowsError: a grouped segment whose ledger's timestamps go back.
+    """
+    plain = [s for s in segments if s.directory is None]
+    plain += [_in_delivery_order(s, number) for number, s in enumerate(segments) if s.directory is not None]
+    if not plain:
+        return np.zeros(0, dtype=_U64)
+    rank = ranks(ledgers, np.concatenate([s.ledgers for s in plain])) if len(ledgers) else \
+        np.full(sum(len(s.entries) for s in plain), -1, dtype=np.int64)
+    entries = np.concatenate([s.entries for s in plain])
+    listed = rank >= 0
+    if not listed.all():  # rows of ledgers with a bitmap (or none of the lists'): left out
+        rank, entries = rank[listed], entries[listed]
+    if len(entries) and int(entries.max()) >= 1 << 32:
+        raise ListsError(0, "a listed ledger's row has an entry id of 2**32 or more")
+    return (rank.astype(_U64) << np.uint64(32)) | entries
 
 
 def _in_delivery_order(rows: SegmentRows, number: int) -> SegmentRows:
@@ -143,34 +186,21 @@ def _in_delivery_order(rows: SegmentRows, number: int) -> SegmentRows:
     return SegmentRows(rows.entries, ledgers, None, None)
 
 
-def _delivery_groups(segments: list[SegmentRows]) -> np.ndarray | None:
-    """Each row's group (numbered across the grouped ``segments``), for their rows in delivery
-    order, segment after segment; None when :func:`_delivery_keys` cannot key them."""
-    directories: list[Directory] = [s.directory for s in segments]  # type: ignore[misc]
-    sizes = np.concatenate([d.counts for d in directories])
-    groups = np.fromiter((len(d.counts) for d in directories), dtype=np.int64, count=len(directories))
-    key = _delivery_keys(directories, groups, sizes, np.concatenate([s.steps for s in segments]))  # type: ignore[misc]
-    if key is None:
-        return None
-    key.sort()
-    return (key & np.uint64((1 << _bits(len(sizes))) - 1)).astype(np.intp)
-
-
 def _bits(count: int) -> int:
     """Bits to hold ``0 .. count - 1``."""
     return max(count - 1, 1).bit_length()
 
 
-def _delivery_keys(directories: list[Directory], groups: np.ndarray, sizes: np.ndarray,
-                   steps: np.ndarray) -> np.ndarray | None:
+def _delivery_keys(directories: list[Directory], groups: np.ndarray, sizes: np.ndarray, steps: np.ndarray,
+                   low: np.ndarray, low_bits: int) -> np.ndarray | None:
     """One key a row, in group order, whose sort is delivery order: ``(segment, timestamp - base,
-    group)`` packed high to low (the group, numbered across the segments, breaks ties of
-    timestamps in ledger order; rows of one group that tie are the same ledger's). None when
-    the fields do not fit 64 bits, or a timestamp could wrap (what delivery order rejects).
+    low)`` packed high to low, ``low`` being each group's value of ``low_bits`` bits, rising with
+    the groups' ledgers within a segment (so it breaks ties of timestamps in ledger order; rows of
+    one group that tie are the same ledger's). None when the fields do not fit 64 bits, or a
+    timestamp could wrap (what delivery order rejects). Made in ``steps``' memory.
 
-    The keys are one running sum: each row adds its step (shifted past the group bits), and a
+    The keys are one running sum: each row adds its step (shifted past the low bits), and a
     group's first row adds what takes the key from the previous group's last to its own."""
-    n_groups = len(sizes)
     firsts = np.cumsum(sizes) - sizes
     top_step = int(steps.max())
     if top_step and top_step.bit_length() + int(sizes.max()).bit_length() > 63:
@@ -179,15 +209,14 @@ def _delivery_keys(directories: list[Directory], groups: np.ndarray, sizes: np.n
     bases = np.repeat(np.fromiter((d.base for d in directories), dtype=_U64, count=len(directories)), groups)
     if (sums > ~bases).any():  # (~base is 2**64 - 1 - base) a timestamp past 2**64 - 1 wraps
         return None
-    gbits, sbits = _bits(n_groups), _bits(len(directories))
-    tbits = int(sums.max()).bit_length()
-    if gbits + sbits + tbits > 64:
+    seg_bits = _bits(len(directories))
+    time_bits = int(sums.max()).bit_length()
+    if low_bits + seg_bits + time_bits > 64:
         return None
-    seg = np.repeat(np.arange(len(directories), dtype=_U64), groups) << np.uint64(tbits + gbits)
-    number = np.arange(n_groups, dtype=_U64)
-    first_keys = seg | (steps[firsts] << np.uint64(gbits)) | number
-    last_keys = seg | (sums << np.uint64(gbits)) | number
-    adds = steps << np.uint64(gbits)
-    adds[firsts[1:]] = first_keys[1:] - last_keys[:-1]  # wraps: cumsum wraps back
-    adds[0] = first_keys[0]
-    return np.cumsum(adds, dtype=_U64)
+    seg = np.repeat(np.arange(len(directories), dtype=_U64), groups) << np.uint64(time_bits + low_bits)
+    first_keys = seg | (steps[firsts] << np.uint64(low_bits)) | low
+    last_keys = seg | (sums << np.uint64(low_bits)) | low
+    steps <<= np.uint64(low_bits)
+    steps[firsts[1:]] = first_keys[1:] - last_keys[:-1]  # wraps: the running sum wraps back
+    steps[0] = first_keys[0]
+    return np.cumsum(steps, dtype=_U64, out=steps)
