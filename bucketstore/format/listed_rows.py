@@ -27,15 +27,18 @@ and the segments' first and last timestamps are delivery's to check when it read
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..errors import CorruptLedgerError
 from .entry_lists import EntryLists, ListsError, lists_from_keys, ranks
+from .fs import FileSystem
 from .grouped_rows import Directory, GroupedError, delivery_order, read_directory
+from .ledger_file import LedgerReader
 from .segment_codec import SegmentCodecError, decode_column, open_body, skip_column
 
-__all__ = ["SegmentRows", "listed_entries", "segment_rows", "RowsError"]
+__all__ = ["RowsError", "SegmentRows", "listed_entries", "read_listed", "segment_rows"]
 
 _U64 = np.dtype("<u8")
 
@@ -90,6 +93,37 @@ def segment_rows(payload: bytes | memoryview, count: int, *, snapshot_version: i
     except SegmentCodecError as exc:
         raise opened.in_payload(exc) from None
     return rows
+
+
+def read_listed(reader: LedgerReader, fs: FileSystem, version: int, segments: Sequence[Any], ledgers: np.ndarray,
+                counts: np.ndarray) -> EntryLists:
+    """Version 5: the listed ``ledgers``' entry ids from the segments' rows of a bucket file, its
+    entries ``1..N`` (``segments``: entry 0's segment table, each with its ``count``), read from
+    ``reader`` or, once that is closed, from the file opened again. (A function, not a method of
+    the bucket file: entry 0's metadata holds it, and would hold the file in a cycle.)
+
+    :raises CorruptLedgerError: a damaged segment, or rows that disagree with entry 0's counts.
+    """
+    opened = reader if not reader.closed else LedgerReader(reader.path, fs=fs)
+    try:
+        rows = []
+        for number, m in enumerate(segments, start=1):
+            try:
+                rows.append(segment_rows(opened.read_entry(number), m.count, snapshot_version=version))
+            except SegmentCodecError as exc:
+                raise CorruptLedgerError(reader.path, opened.entry_payload_offset(number) + exc.offset,
+                                         f"segment {number}: {exc.reason}") from None
+        try:
+            return listed_entries(rows, ledgers, counts)
+        except RowsError as exc:
+            if exc.segment is not None:
+                raise CorruptLedgerError(reader.path, opened.entry_payload_offset(exc.segment + 1),
+                                         f"segment {exc.segment + 1}: {exc.reason}") from None
+            raise CorruptLedgerError(reader.path, opened.entry_payload_offset(0),
+                                     f"entry 0's listed ledgers and the segments disagree: {exc.reason}") from None
+    finally:
+        if opened is not reader:
+            opened.close()
 
 
 def listed_entries(segments: Sequence[SegmentRows], ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:

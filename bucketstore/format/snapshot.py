@@ -48,7 +48,7 @@ from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _
 from .entry_lists import (COUNTS_ONLY_VERSION, EntryLists, ListedRows, ListsError, decode_counts, decode_lists,
                           encode_lists)
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
-from .listed_rows import RowsError, listed_entries, segment_rows
+from .listed_rows import read_listed
 from .row_sort import sort_rows
 from .segment_codec import (GROUPED_VERSION, MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted,
                             decode_segment, encode_segments)
@@ -598,34 +598,6 @@ def read_segment_entry(reader: LedgerReader, number: int, count: int, min_timest
     return seg
 
 
-def _segment_rows(reader: LedgerReader, fs: FileSystem, version: int, segments: list[SegmentMetadata],
-                  ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
-    """Version 5: the listed ledgers' entry ids from the segments' rows (:mod:`.listed_rows`), the
-    file opened again once ``reader`` is closed; raises :class:`CorruptLedgerError` for a damaged
-    segment or rows that disagree with entry 0's counts. (Not a BucketFile method: the metadata
-    holding this would make a cycle.)"""
-    opened = reader if not reader.closed else LedgerReader(reader.path, fs=fs)
-    try:
-        rows = []
-        for number, m in enumerate(segments, start=1):
-            try:
-                rows.append(segment_rows(opened.read_entry(number), m.count, snapshot_version=version))
-            except SegmentCodecError as exc:
-                raise CorruptLedgerError(reader.path, opened.entry_payload_offset(number) + exc.offset,
-                                         f"segment {number}: {exc.reason}") from None
-        try:
-            return listed_entries(rows, ledgers, counts)
-        except RowsError as exc:
-            if exc.segment is not None:
-                raise CorruptLedgerError(reader.path, opened.entry_payload_offset(exc.segment + 1),
-                                         f"segment {exc.segment + 1}: {exc.reason}") from None
-            raise CorruptLedgerError(reader.path, opened.entry_payload_offset(0),
-                                     f"entry 0's listed ledgers and the segments disagree: {exc.reason}") from None
-    finally:
-        if opened is not reader:
-            opened.close()
-
-
 class BucketFile:
     """A sealed bucket snapshot opened for reading.
 
@@ -646,7 +618,7 @@ class BucketFile:
                 raise CorruptLedgerError(self.path, self.ledger.trailer_offset, "bucket ledger has no metadata entry")
             payload = self.ledger.read_entry(0)
             try:
-                self.metadata = decode_metadata(payload, partial(_segment_rows, self.ledger, fs))
+                self.metadata = decode_metadata(payload, partial(read_listed, self.ledger, fs))
             except MetadataCodecError as exc:
                 raise CorruptLedgerError(self.path, self.ledger.entry_payload_offset(0) + exc.offset,
                                          f"entry 0: {exc.reason}") from None
