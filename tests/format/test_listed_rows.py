@@ -185,7 +185,8 @@ def test_a_grouped_step_that_wraps_is_named_by_its_segment(tmp_path, damage) -> 
                 assert {k: list(v) for k, v in bf.metadata.bitmaps.items()} == rows
                 continue
             at = bf.ledger.entry_payload_offset(1)
-            with pytest.raises(CorruptLedgerError, match=r"segment 1: timestamp \d+ of the grouped body .* wraps") as caught:
+            wraps = r"segment 1: timestamp \d+ of the grouped body .* wraps"
+            with pytest.raises(CorruptLedgerError, match=wraps) as caught:
                 dict(bf.metadata.bitmaps.items())
         assert caught.value.path == path and caught.value.offset == at
     with pytest.raises(RowsError, match="segment 2"):
