@@ -313,20 +313,22 @@ def test_the_last_ledger_read_answers_again_until_its_bucket_is_spilled_anew(mon
         m.close()
 
 
-@pytest.mark.parametrize("version", [5, 6])
-def test_a_v5_or_v6_bucket_of_many_ledgers_spills_what_its_segments_hold(tmp_path, version):
+@pytest.mark.parametrize("version, wide", [(5, False), (6, False), (6, True)])
+def test_a_v5_or_v6_bucket_of_many_ledgers_spills_what_its_segments_hold(tmp_path, version, wide):
     """A sparse bucket of hundreds of ledgers over dozens of segments (most grouped in version 6),
-    and a ledger of ids of 2**32 or more (kept as a bitmap by entry 0): the spill made from the
-    ids gathered from the segments' rows answers every position as the rows say, and misses
-    (other ids, unknown and neighbouring ledgers) as absent."""
+    with or without a ledger of ids of 2**32 or more (kept as a bitmap by entry 0, its rows left
+    out of the gathering): the spill made from the ids gathered from the segments' rows answers
+    every position as the rows say, and misses (other ids, unknown and neighbouring ledgers) as
+    absent."""
     import numpy as np
 
     from bucketstore.format.snapshot import BucketFile, build_bucket, sort_indexes, write_bucket
     rng = np.random.default_rng(version)
     ledgers = np.repeat(np.arange(1, 301, dtype=np.uint64), 100)
     entries = np.concatenate([np.sort(rng.choice(10_000, 100, replace=False)) for _ in range(300)]).astype(np.uint64)
-    wide = np.arange(1, 41, dtype=np.uint64) * np.uint64(7) + np.uint64(1 << 36)
-    ledgers, entries = np.append(ledgers, np.full(40, 301, np.uint64)), np.append(entries, wide)
+    wide_ids = np.arange(1, 41, dtype=np.uint64) * np.uint64(7) + np.uint64(1 << 36) if wide else np.zeros(0, np.uint64)
+    ledgers = np.append(ledgers, np.full(len(wide_ids), 301, np.uint64))
+    entries = np.append(entries, wide_ids)
     ts = np.uint64(1_700_000_000_000) + ledgers * np.uint64(10_000) + rng.integers(0, 600_000, len(ledgers)).astype(
         np.uint64)
     rows = sort_indexes(ts, ledgers, entries)
@@ -341,7 +343,7 @@ def test_a_v5_or_v6_bucket_of_many_ledgers_spills_what_its_segments_hold(tmp_pat
         for ledger, entry in truth:
             assert m.contains(1, ledger, entry)
         asked = list(zip(rng.integers(0, 303, 20_000).tolist(), rng.integers(0, 10_001, 20_000).tolist()))
-        asked += [(301, int(e) + 1) for e in wide] + [(301, int(e) - (1 << 36)) for e in wide]
+        asked += [(301, int(e) + 1) for e in wide_ids] + [(301, int(e) - (1 << 36)) for e in wide_ids]
         for ledger, entry in asked:
             assert m.contains(1, ledger, entry) == ((ledger, entry) in truth), (ledger, entry)
     finally:
