@@ -130,13 +130,14 @@ def decompress_exact(stream: bytes | memoryview, size: int, codec: str) -> bytes
         return body
     if codec == ZSTD:
         data = bytes(stream)
+        view = memoryview(data)  # frames passed as views of it: no copy of each
         parts = []
         decompressor = _decompressor()
         for start, end, content in _zstd_frames(data, size):
             try:
                 # The frame's content size was checked (and the sizes add up to ``size``);
                 # the one-shot decoder allocates exactly that and fails on any other size.
-                part = decompressor.decompress(data[start:end], max_output_size=content)
+                part = decompressor.decompress(view[start:end], max_output_size=content)
             except zstandard.ZstdError as exc:
                 raise CompressionError(f"zstd frame at byte {start} is damaged: {exc}") from None
             if len(part) != content:
