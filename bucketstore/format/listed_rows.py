@@ -5,17 +5,22 @@ From version 5 entry 0 gives a sparse bucket's ledgers and their counts only; th
 the segments' rows (``formats/bucket_snapshot.md``, "Version 5's lists"). Decoding every segment
 whole, as delivery does, and then sorting the rows by (ledger, entry id) cost about four times what
 version 4's gaps did, most of it in work membership does not need: a plain segment's timestamps
-(its ledger and entry columns pair up row by row), the rows' order checks and the per-segment
-calls' overhead (a 50,000-index sparse bucket has about 20 segments of a few thousand rows).
+(its ledger and entry columns pair up row by row), the rows' order checks, the per-segment
+calls' overhead (a 50,000-index sparse bucket has about 20 segments of a few thousand rows) and
+temporaries the size of the bucket (each one fresh pages, whose faults on a VM cost more than the
+arithmetic on them).
 
 So each segment is opened and its columns read (:func:`segment_rows`), the timestamp column of a
 plain segment skipped by its header. A grouped segment (version 6) stores its entry ids in delivery
 order but its ledgers by group, so which ledger a row's entry id belongs to depends on the
-timestamps: its steps are decoded, and the rows of all grouped segments of the bucket are put
-back in delivery order by one sort of one 64-bit key a row (segment, timestamp, row in group
-order), as :func:`~bucketstore.format.grouped_rows.delivery_order` does one segment at a time.
-Ledgers are matched to the listed ones a group at a time, not a row at a time, and one sort of
-``(rank << 32) | entry`` keys gives every listed ledger's ids in order.
+timestamps: its steps are decoded, and the rows of all the bucket's grouped segments are put back
+in delivery order by one sort of one 64-bit key a row, ``(segment, timestamp, rank of the
+ledger)``, made as one running sum of the steps (:func:`_delivery_keys`), as
+:func:`~bucketstore.format.grouped_rows.delivery_order` does one segment at a time. Ledgers are
+matched to the listed ones a group at a time, not a row at a time; in the same array each row
+becomes ``(rank << 32) | entry id``, and one more sort gives every listed ledger's ids in order.
+Rows of ledgers entry 0 keeps as bitmaps, wide ids and keys that do not fit a word take the
+general way (:func:`_keys_of_rows`), a grouped segment at a time.
 
 What is checked is what the answer rests on: each segment's frame (its CRC, by the caller's
 reader), prefix, compressed stream, directory and column extents; each ledger's timestamps
@@ -72,26 +77,23 @@ def segment_rows(payload: bytes | memoryview, count: int, *, snapshot_version: i
     opened = open_body(payload, count, snapshot_version=snapshot_version)
     body, n = opened.body, opened.count
     try:
-        try:
-            if opened.grouped:
-                try:
-                    directory, pos = read_directory(body, n)
-                except GroupedError as exc:
-                    raise SegmentCodecError(exc.offset, exc.reason) from None
-                steps, pos = decode_column(body, pos, n)
-                entries, pos = decode_column(body, pos, n)
-                rows = SegmentRows(entries, None, directory, steps)
-            else:
-                pos = skip_column(body, 0, n)  # the timestamps: not needed to pair ledgers and entries
-                ledgers, pos = decode_column(body, pos, n)
-                entries, pos = decode_column(body, pos, n)
-                rows = SegmentRows(entries, ledgers, None, None)
-            if pos != len(body):
-                raise SegmentCodecError(pos, f"{len(body) - pos} unexpected bytes after the columns")
-        except SegmentCodecError as exc:  # offsets in the body: made the payload's
-            raise SegmentCodecError(opened.base + exc.offset, exc.reason) from None
-    except SegmentCodecError as exc:
-        raise opened.in_payload(exc) from None
+        if opened.grouped:
+            try:
+                directory, pos = read_directory(body, n)
+            except GroupedError as exc:
+                raise SegmentCodecError(exc.offset, exc.reason) from None
+            steps, pos = decode_column(body, pos, n)
+            entries, pos = decode_column(body, pos, n)
+            rows = SegmentRows(entries, None, directory, steps)
+        else:
+            pos = skip_column(body, 0, n)  # the timestamps: not needed to pair ledgers and entries
+            ledgers, pos = decode_column(body, pos, n)
+            entries, pos = decode_column(body, pos, n)
+            rows = SegmentRows(entries, ledgers, None, None)
+        if pos != len(body):
+            raise SegmentCodecError(pos, f"{len(body) - pos} unexpected bytes after the columns")
+    except SegmentCodecError as exc:  # at an offset in the body: the payload's, or its stream's start
+        raise opened.in_payload(SegmentCodecError(opened.base + exc.offset, exc.reason)) from None
     return rows
 
 

@@ -13,7 +13,8 @@ from bucketstore.errors import CorruptLedgerError
 from bucketstore.format.entry_lists import lists_from_rows
 from bucketstore.format.grouped_rows import group, read_directory
 from bucketstore.format.listed_rows import RowsError, SegmentRows, listed_entries, segment_rows
-from bucketstore.format.segment_codec import FLAG_GROUPED, encode_segment
+from bucketstore.format.compression import ZSTD, compress
+from bucketstore.format.segment_codec import FLAG_GROUPED, FLAG_ZSTD, SegmentCodecError, decode_segment, encode_segment
 from bucketstore.format.snapshot import (BucketFile, BucketMetadata, SegmentMetadata, build_bucket,
                                          read_segment_entry, sort_indexes, write_bucket)
 
@@ -192,3 +193,33 @@ def test_a_grouped_step_that_wraps_is_named_by_its_segment(tmp_path, damage) -> 
     with pytest.raises(RowsError, match="segment 2"):
         listed_entries([segment_rows(other, 8), segment_rows(bytes(payload), 8)], np.array([10, 20, 30, 40], _U64),
                        np.array([3, 3, 2, 8], _U64))
+
+
+def test_a_damaged_segment_is_named_at_its_offset_in_the_file(tmp_path) -> None:
+    """A fault in a segment's columns, found while gathering, names the segment and the file offset
+    (in a stored body) or the compressed stream's start with the offset in the inflated body,
+    as reading the segment for delivery does."""
+    ts = np.arange(6, dtype=_U64) + _U64(BASE)
+    ledgers = np.array([1, 2, 1, 2, 1, 2], _U64)
+    entries = np.array([0, 0, 1, 1, 2, 2], _U64) * _U64(1_000)
+    meta = BucketMetadata(1, 2, 6, [SegmentMetadata(BASE, BASE + 5, 6)], 6, {1: BitMap([0, 1_000, 2_000]),
+                                                                             2: BitMap([0, 1_000, 2_000])})
+    stored = encode_segment(ts, ledgers, entries, compress=False, grouped=False)
+    assert stored[0] == 0  # plain, stored as it is: its offsets are the file's
+    body = bytearray(stored[5:])
+    body[0] = 9  # the timestamps' column kind, which the gathering skips by its header
+    packed = bytes([FLAG_ZSTD]) + stored[1:5] + len(body).to_bytes(4, "little") + compress(bytes(body), ZSTD)
+    for number, (payload, message, offset) in enumerate([
+            (stored + b"\x00", "segment 1: 1 unexpected bytes after the columns", len(stored)),
+            (stored[:-3], "segment 1: column of 6 values at width 2 does not fit the segment", None),
+            (packed, r"segment 1: unknown column kind 9 \(at byte 0 of the inflated body\)", 9),
+    ], start=1):
+        path = write_bucket(str(tmp_path), number, meta, [payload])
+        with BucketFile(path) as bf:
+            at = bf.ledger.entry_payload_offset(1)
+            with pytest.raises(CorruptLedgerError, match=message) as caught:
+                dict(bf.metadata.bitmaps.items())
+        with pytest.raises(SegmentCodecError) as decoded:  # where delivery's reading says
+            decode_segment(payload, 6, snapshot_version=6)
+        assert caught.value.offset == at + decoded.value.offset
+        assert offset is None or decoded.value.offset == offset
