@@ -488,7 +488,7 @@ def _from_planes(raw: np.ndarray, width: int, count: int) -> np.ndarray:
 
 def _decode_column(body: memoryview, pos: int, n: int, base: int) -> tuple[np.ndarray, int]:
     kind, first, width, start, end = _column_extent(body, pos, n, base)
-    if kind == KIND_ARITH:
+    if kind == KIND_ARITH:  # (``width`` is the step)
         # Wrapping uint64 arithmetic reproduces exactly what the encoder's np.diff produced.
         col = np.uint64(first) + np.arange(n, dtype=_U64) * np.uint64(width)
         return col, end
