@@ -26,8 +26,7 @@ import numpy as np
 from .segment_codec import SegmentCodecError, decode_column, encode_column
 
 __all__ = ["COUNTS_ONLY_VERSION", "EntryLists", "ListedRows", "ListsError", "decode_counts", "decode_lists",
-           "encode_lists", "lists_from_keys", "lists_from_ranks", "lists_from_rows",
-           "ranks"]
+           "encode_lists", "lists_from_keys", "lists_from_rows", "ranks"]
 
 #: The snapshot version from which entry 0's lists hold the listed ledgers' counts only (no gaps).
 COUNTS_ONLY_VERSION = 5
@@ -168,15 +167,7 @@ def lists_from_rows(row_ledgers: np.ndarray, row_entries: np.ndarray, ledgers: n
     :raises ListsError: (offset 0) when the rows disagree with the counts or repeat a position.
     """
     ledgers = np.asarray(ledgers, dtype=_U64)
-    return lists_from_ranks(ranks(ledgers, np.asarray(row_ledgers, dtype=_U64)), row_entries, ledgers, counts)
-
-
-def lists_from_ranks(rank: np.ndarray, row_entries: np.ndarray, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
-    """:func:`lists_from_rows` given each row's ledger as its index in ``ledgers`` (-1: a ledger
-    not listed, left out), as :func:`ranks` gives it.
-
-    :raises ListsError: (offset 0) when the rows disagree with the counts or repeat a position.
-    """
+    rank = ranks(ledgers, np.asarray(row_ledgers, dtype=_U64))
     row_entries = np.asarray(row_entries, dtype=_U64)
     listed = rank >= 0
     if not listed.all():  # rows of ledgers with a bitmap (or none of the lists'): left out
