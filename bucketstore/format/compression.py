@@ -45,6 +45,7 @@ _ZSTD_MIN_MATCH = 7
 MIN_FRAME = 64
 _ZLIB_LEVEL = 1
 _ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_MAGIC_BYTES = _ZSTD_MAGIC.to_bytes(4, "little")
 _BLOCK_RAW, _BLOCK_RLE, _BLOCK_COMPRESSED = 0, 1, 2
 
 
@@ -129,13 +130,14 @@ def decompress_exact(stream: bytes | memoryview, size: int, codec: str) -> bytes
         return body
     if codec == ZSTD:
         data = bytes(stream)
+        view = memoryview(data)  # frames passed as views of it: no copy of each
         parts = []
         decompressor = _decompressor()
         for start, end, content in _zstd_frames(data, size):
             try:
                 # The frame's content size was checked (and the sizes add up to ``size``);
                 # the one-shot decoder allocates exactly that and fails on any other size.
-                part = decompressor.decompress(data[start:end], max_output_size=content)
+                part = decompressor.decompress(view[start:end], max_output_size=content)
             except zstandard.ZstdError as exc:
                 raise CompressionError(f"zstd frame at byte {start} is damaged: {exc}") from None
             if len(part) != content:
@@ -170,7 +172,8 @@ def _check_zstd_frame(data: bytes, pos: int) -> tuple[int, int]:
     by walking its block headers (RFC 8878 §3.1.1), and its header must record
     the content size.
     """
-    if len(data) - pos < 6 or int.from_bytes(data[pos:pos + 4], "little") != _ZSTD_MAGIC:
+    size = len(data)
+    if size - pos < 6 or data[pos:pos + 4] != _ZSTD_MAGIC_BYTES:
         raise CompressionError(f"no zstd frame at byte {pos}")
     frame = data[pos:pos + 18]  # the longest frame header
     try:
@@ -182,15 +185,15 @@ def _check_zstd_frame(data: bytes, pos: int) -> tuple[int, int]:
         raise CompressionError(f"zstd frame at byte {pos} does not record its size")
     checksum = 4 if data[pos + 4] & 0x04 else 0
     at = pos + header
-    while True:
-        if at + 3 > len(data):
+    while True:  # (the block headers read byte by byte: a segment's body is a few frames of a few blocks)
+        if at + 3 > size:
             raise CompressionError(f"zstd frame at byte {pos} is truncated")
-        word = int.from_bytes(data[at:at + 3], "little")
-        last, kind, block = word & 1, (word >> 1) & 3, word >> 3
+        word = data[at] | data[at + 1] << 8 | data[at + 2] << 16
+        kind = (word >> 1) & 3
         if kind not in (_BLOCK_RAW, _BLOCK_RLE, _BLOCK_COMPRESSED):
             raise CompressionError(f"zstd frame at byte {pos} has a reserved block type")
-        at += 3 + (1 if kind == _BLOCK_RLE else block)
-        if last:
+        at += 3 + (1 if kind == _BLOCK_RLE else word >> 3)
+        if word & 1:
             break
     end = at + checksum
     if end > len(data):

@@ -26,7 +26,7 @@ import numpy as np
 from .segment_codec import SegmentCodecError, decode_column, encode_column
 
 __all__ = ["COUNTS_ONLY_VERSION", "EntryLists", "ListedRows", "ListsError", "decode_counts", "decode_lists",
-           "encode_lists", "lists_from_rows"]
+           "encode_lists", "lists_from_keys", "lists_from_rows", "ranks"]
 
 #: The snapshot version from which entry 0's lists hold the listed ledgers' counts only (no gaps).
 COUNTS_ONLY_VERSION = 5
@@ -166,34 +166,43 @@ def lists_from_rows(row_ledgers: np.ndarray, row_entries: np.ndarray, ledgers: n
 
     :raises ListsError: (offset 0) when the rows disagree with the counts or repeat a position.
     """
-    row_ledgers = np.asarray(row_ledgers, dtype=_U64)
-    row_entries = np.asarray(row_entries, dtype=_U64)
     ledgers = np.asarray(ledgers, dtype=_U64)
-    rank = _ranks(ledgers, row_ledgers)
+    rank = ranks(ledgers, np.asarray(row_ledgers, dtype=_U64))
+    row_entries = np.asarray(row_entries, dtype=_U64)
     listed = rank >= 0
     if not listed.all():  # rows of ledgers with a bitmap (or none of the lists'): left out
         rank, row_entries = rank[listed], row_entries[listed]
     if len(row_entries) and int(row_entries.max()) >= 1 << 32:
         raise ListsError(0, "a listed ledger's row has an entry id of 2**32 or more")
+    return lists_from_keys((rank.astype(_U64) << np.uint64(32)) | row_entries, ledgers, counts)
+
+
+def lists_from_keys(key: np.ndarray, ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
+    """:func:`lists_from_rows` given the listed rows as ``(rank << 32) | entry id`` keys (uint64,
+    in any order), the rank being the ledger's index in ``ledgers``. The keys are sorted in place
+    and become the entry ids returned (a bucket's rows: no second array of their size).
+
+    :raises ListsError: (offset 0) when the rows disagree with the counts or repeat a position.
+    """
     # One sort of (ledger rank, entry id) keys: fewer than 2**32 ledgers, ids below 2**32.
-    key = (rank.astype(_U64) << np.uint64(32)) | row_entries
     key.sort()
-    entries = key & np.uint64(0xFFFFFFFF)
-    found = np.bincount((key >> np.uint64(32)).astype(np.int64), minlength=len(ledgers))
+    # Each ledger's rows are a stretch of the sorted keys: where each rank's stretch starts.
+    found = np.diff(np.searchsorted(key, np.arange(len(ledgers) + 1, dtype=_U64) << np.uint64(32)))
     if not np.array_equal(found, counts.astype(np.int64)):
         wrong = int(np.flatnonzero(found != counts.astype(np.int64))[0])
         raise ListsError(0, f"ledger {int(ledgers[wrong])}: entry 0 lists {int(counts[wrong])} entry ids, "
                             f"the segments' rows hold {int(found[wrong])}")
     if len(key) > 1 and not (key[1:] > key[:-1]).all():
         raise ListsError(0, "a position of a listed ledger appears in more than one row")
-    return EntryLists(ledgers, np.asarray(counts, dtype=_U64), entries)
+    key &= np.uint64(0xFFFFFFFF)
+    return EntryLists(ledgers, np.asarray(counts, dtype=_U64), key)
 
 
 #: A lookup table of the ledgers' ranks is used when it has at most this many slots a row.
 _TABLE_SLOTS_PER_ROW = 4
 
 
-def _ranks(ledgers: np.ndarray, row_ledgers: np.ndarray) -> np.ndarray:
+def ranks(ledgers: np.ndarray, row_ledgers: np.ndarray) -> np.ndarray:
     """Each row's ledger's index in ``ledgers`` (ascending), -1 for a ledger not among them.
 
     A sparse bucket's ledgers are nearly every ledger of its range: a table indexed by the

@@ -127,6 +127,9 @@ def read_directory(body: bytes | memoryview, n: int) -> tuple[Directory, int]:
         if not 1 <= groups <= n:
             raise GroupedError(at, f"{groups} groups in a segment of {n} rows")
         at = pos
+        small = _small_directory(body, pos, base, groups, n)
+        if small is not None:
+            return small
         directory, pos = varints.decode(body, pos, 2 * groups - 1)
     except varints.VarintError as exc:
         raise GroupedError(exc.offset, f"segment directory: {exc.reason}") from None
@@ -139,6 +142,36 @@ def read_directory(body: bytes | memoryview, n: int) -> tuple[Directory, int]:
         raise GroupedError(at, f"the groups' sizes leave no row of the {n} for the last group")
     counts = np.append(sizes, np.uint64(n - int(sizes.sum()))).astype(np.int64)
     return Directory(base, ledgers, counts), pos
+
+
+def _small_directory(body: bytes | memoryview, pos: int, base: int, groups: int,
+                     n: int) -> tuple[Directory, int] | None:
+    """:func:`read_directory`'s answer from ``pos`` (its first ledger) when every varint after the
+    first ledger is one byte (below 128: neighbouring ledgers, groups of a few rows, as a sparse
+    bucket's mostly are) and the directory is sound: read as the bytes they are, with fewer
+    checks to make (no difference of 0 and no wrap, which the bytes bound). None otherwise, and
+    then the general reading decodes it or reports its fault."""
+    try:
+        first, at = varints.decode_one(body, pos)
+    except varints.VarintError:
+        return None
+    k = 2 * groups - 2
+    if len(body) - at < k or first + 127 * (groups - 1) >= 1 << 64:
+        return None
+    rest = np.frombuffer(body, dtype=np.uint8, count=k, offset=at)
+    if k and (rest.min() == 0 or rest.max() >= 0x80):
+        return None  # a difference or size of 0 (the general reading reports it), or a longer varint
+    total = int(rest[groups - 1:].sum())
+    if total >= n:
+        return None
+    ledgers = np.empty(groups, dtype=_U64)
+    ledgers[0] = first
+    np.cumsum(rest[:groups - 1], dtype=_U64, out=ledgers[1:])
+    ledgers[1:] += np.uint64(first)
+    counts = np.empty(groups, dtype=np.int64)
+    counts[:-1] = rest[groups - 1:]
+    counts[-1] = n - total
+    return Directory(base, ledgers, counts), at + k
 
 
 def delivery_order(directory: Directory, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -46,8 +46,9 @@ from .bucket_bitmaps import (BITMAP32, BITMAP64, EntryBitmap, LedgerBitmaps, bit
 from .bucket_key import BUCKET_KEY_PREFIX, bucket_key, parse_bucket_key
 from .entry0_layout import SHUFFLE_FROM, bin_header as _bin_header, shuffle as _shuffle, unshuffle as _unshuffle
 from .entry_lists import (COUNTS_ONLY_VERSION, EntryLists, ListedRows, ListsError, decode_counts, decode_lists,
-                          encode_lists, lists_from_rows)
+                          encode_lists)
 from .ledger_file import LedgerReader, PropertyValue, write_ledger
+from .listed_rows import read_listed
 from .row_sort import sort_rows
 from .segment_codec import (GROUPED_VERSION, MAX_SEGMENT_INDEXES, Segment, SegmentCodecError, check_sorted,
                             decode_segment, encode_segments)
@@ -597,28 +598,6 @@ def read_segment_entry(reader: LedgerReader, number: int, count: int, min_timest
     return seg
 
 
-def _segment_rows(reader: LedgerReader, fs: FileSystem, version: int, segments: list[SegmentMetadata],
-                  ledgers: np.ndarray, counts: np.ndarray) -> EntryLists:
-    """Version 5: the listed ledgers' entry ids from the segments' rows, the file opened again once
-    ``reader`` is closed; raises :class:`CorruptLedgerError` for a damaged segment or rows that disagree
-    with entry 0's counts. (Not a BucketFile method: the metadata holding this would make a cycle.)"""
-    opened = reader if not reader.closed else LedgerReader(reader.path, fs=fs)
-    try:
-        at = opened.entry_payload_offset(0)
-        cols = [(seg.ledger_ids, seg.entry_ids) for seg in (
-            read_segment_entry(opened, number, m.count, m.min_timestamp, m.max_timestamp, snapshot_version=version)
-            for number, m in enumerate(segments, start=1))]
-    finally:
-        if opened is not reader:
-            opened.close()
-    try:
-        return lists_from_rows(np.concatenate([c[0] for c in cols]), np.concatenate([c[1] for c in cols]),
-                               ledgers, counts)
-    except ListsError as exc:
-        raise CorruptLedgerError(reader.path, at, f"entry 0's listed ledgers and the segments disagree: "
-                                                  f"{exc.reason}") from None
-
-
 class BucketFile:
     """A sealed bucket snapshot opened for reading.
 
@@ -639,7 +618,7 @@ class BucketFile:
                 raise CorruptLedgerError(self.path, self.ledger.trailer_offset, "bucket ledger has no metadata entry")
             payload = self.ledger.read_entry(0)
             try:
-                self.metadata = decode_metadata(payload, partial(_segment_rows, self.ledger, fs))
+                self.metadata = decode_metadata(payload, partial(read_listed, self.ledger, fs))
             except MetadataCodecError as exc:
                 raise CorruptLedgerError(self.path, self.ledger.entry_payload_offset(0) + exc.offset,
                                          f"entry 0: {exc.reason}") from None

@@ -311,3 +311,40 @@ def test_the_last_ledger_read_answers_again_until_its_bucket_is_spilled_anew(mon
         assert [m.contains(1, 5, e) for e in range(4)] == [False, False, False, True] and len(reads) == 3
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("version, wide", [(5, False), (6, False), (6, True)])
+def test_a_v5_or_v6_bucket_of_many_ledgers_spills_what_its_segments_hold(tmp_path, version, wide):
+    """A sparse bucket of hundreds of ledgers over dozens of segments (most grouped in version 6),
+    with or without a ledger of ids of 2**32 or more (kept as a bitmap by entry 0, its rows left
+    out of the gathering): the spill made from the ids gathered from the segments' rows answers
+    every position as the rows say, and misses (other ids, unknown and neighbouring ledgers) as
+    absent."""
+    import numpy as np
+
+    from bucketstore.format.snapshot import BucketFile, build_bucket, sort_indexes, write_bucket
+    rng = np.random.default_rng(version)
+    ledgers = np.repeat(np.arange(1, 301, dtype=np.uint64), 100)
+    entries = np.concatenate([np.sort(rng.choice(10_000, 100, replace=False)) for _ in range(300)]).astype(np.uint64)
+    wide_ids = np.arange(1, 41, dtype=np.uint64) * np.uint64(7) + np.uint64(1 << 36) if wide else np.zeros(0, np.uint64)
+    ledgers = np.append(ledgers, np.full(len(wide_ids), 301, np.uint64))
+    entries = np.append(entries, wide_ids)
+    ts = np.uint64(1_700_000_000_000) + ledgers * np.uint64(10_000) + rng.integers(0, 600_000, len(ledgers)).astype(
+        np.uint64)
+    rows = sort_indexes(ts, ledgers, entries)
+    meta, payloads = build_bucket(1, 301, *rows, time_step_ms=60_000, max_indexes_per_segment=2_000, version=version)
+    truth = {(int(k), int(e)) for k, e in zip(ledgers, entries)}
+    with BucketFile(write_bucket(str(tmp_path), 1, meta, payloads)) as bf:
+        positions = bf.metadata.bitmaps
+        assert len(positions.lists.ledgers) == 300  # the wide ledger is entry 0's bitmap
+    m = SpilledMembership(None, budget=10**9)
+    try:
+        assert m.add(1, 1, positions)
+        for ledger, entry in truth:
+            assert m.contains(1, ledger, entry)
+        asked = list(zip(rng.integers(0, 303, 20_000).tolist(), rng.integers(0, 10_001, 20_000).tolist()))
+        asked += [(301, int(e) + 1) for e in wide_ids] + [(301, int(e) - (1 << 36)) for e in wide_ids]
+        for ledger, entry in asked:
+            assert m.contains(1, ledger, entry) == ((ledger, entry) in truth), (ledger, entry)
+    finally:
+        m.close()
