@@ -35,6 +35,7 @@ from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
+from .topic_marks import tracked_in_range
 from .topic_sealing import GROUP_ROWS, SealedRuns
 from .topic_windows import Window, WindowCache, visible_indexes
 
@@ -581,15 +582,9 @@ class Topic(SealedRuns):
             return
         dirty = {state.name}
         with self._write() as txn:
-            # Untrack what the subscription tracks up to the position: one pass over those positions.
-            seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            for ts, lg, en, seq in self._view.positions_after(txn, self._id, md, (ledger, entry)):
-                if (lg, en) > (ledger, entry):
-                    break
-                seen.setdefault((lg, en), []).append((seq, ts))
-            for (lg, en), versions in seen.items():
-                if state.tracked_row(lg, en, versions) is not None:
-                    state.count_base -= 1
+            # Untrack what the subscription tracks up to the position: counted by columns.
+            state.count_base -= tracked_in_range(txn, self._view, self._id, state, self._judged(), md,
+                                                 (ledger, entry))
             kept = [r for r in state.redeliver if (r[1], r[2]) > (ledger, entry)]
             state.count_base -= len(state.redeliver) - len(kept)
             state.redeliver = kept

@@ -219,6 +219,10 @@ class RunSet:
             self._budget.put((self.tid, ("dir", run.run_id)), _Held(d, 64 * len(d.segments) + 256))  # type: ignore[arg-type]
         return run.directory
 
+    def segments_of(self, run: Run) -> list[Any]:
+        """The run's segment entries (their times and row counts), read once."""
+        return list(self._dir(run).segments)
+
     def segment(self, run: Run, i: int) -> np.ndarray:
         """Segment ``i`` of the run, (n, 4) uint64 rows in delivery order."""
         key = (self.tid, ("seg", run.run_id, i))
@@ -372,23 +376,24 @@ class RunSet:
     def count_between(self, after: RowKey | None, upto: RowKey | None) -> int:
         """Run rows after ``after`` and at or before ``upto`` (None: no bound): whole runs by
         their entry, segments wholly inside by their row count, two binary searches for the rest."""
+        return sum(self.count_run(run, after, upto) for run in self.runs.values())
+
+    def count_run(self, run: Run, after: RowKey | None, upto: RowKey | None) -> int:
+        """:meth:`count_between` of one run."""
+        if (after is not None and run.last <= after) or (upto is not None and run.first > upto):
+            return 0
+        if (after is None or run.first > after) and (upto is None or run.last <= upto):
+            return run.rows
         n = 0
-        for run in self.runs.values():
-            if (after is not None and run.last <= after) or (upto is not None and run.first > upto):
+        for i, seg in enumerate(self._dir(run).segments):
+            if (after is not None and seg.last_ts < after[0]) or (upto is not None and seg.first_ts > upto[0]):
                 continue
-            if (after is None or run.first > after) and (upto is None or run.last <= upto):
-                n += run.rows
+            if (after is None or seg.first_ts > after[0]) and (upto is None or seg.last_ts < upto[0]):
+                n += seg.rows
                 continue
-            d = self._dir(run)
-            for i, seg in enumerate(d.segments):
-                if (after is not None and seg.last_ts < after[0]) or (upto is not None and seg.first_ts > upto[0]):
-                    continue
-                if (after is None or seg.first_ts > after[0]) and (upto is None or seg.last_ts < upto[0]):
-                    n += seg.rows
-                    continue
-                lo = 0 if after is None else self.search(run, i, after, "right")
-                hi = seg.rows if upto is None else self.search(run, i, upto, "right")
-                n += max(0, hi - lo)
+            lo = 0 if after is None else self.search(run, i, after, "right")
+            hi = seg.rows if upto is None else self.search(run, i, upto, "right")
+            n += max(0, hi - lo)
         return n
 
 
