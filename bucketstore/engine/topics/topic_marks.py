@@ -8,9 +8,11 @@ So the count is the rows in range that pass those three tests, taken a column at
 
 * the LMDB level's rows in range, one ``MDB_GET_MULTIPLE`` read per ledger (the level is small:
   sealing keeps it to a few thousand rows);
-* a sealed run wholly in range, with no sequence bound inside it, by its entry (every row, or
-  the rows after the frontier by binary searches on its segments); any other run a segment at a
-  time (segments wholly at or before the frontier skipped), numpy over the segment's columns;
+* a sealed run with no sequence bound inside it: wholly in range, by its entry (every row, or
+  the rows after the frontier by binary searches on its segments); partly in range and wholly
+  after the frontier (a stalled subscription's), by its per-ledger bitmaps (ranks at the two
+  bounds); any other run a segment at a time (segments wholly at or before the frontier
+  skipped), numpy over the segment's columns;
 
 less the rows of the judged positions in range that passed, each of which is then judged one by
 one as a delivery judges it (:meth:`SubscriptionState.tracked_row`). ``tests/engine/topics/
@@ -51,7 +53,7 @@ def tracked_in_range(txn: lmdb.Transaction, view: RowView, tid: int, state: Subs
     runs = view.runs
     if runs is not None:
         for run in list(runs.runs.values()):
-            n += _run_rows(runs, run, state, after, upto)
+            n += _run_rows(runs, run, state, after, upto, special)
     for ledger, entry in special:
         # Its rows were counted above as if alone; take them back, then judge the position.
         physical = [(ts, ledger, entry, seq) for seq, ts in view.tables.versions(txn, tid, ledger, entry)]
@@ -115,16 +117,27 @@ def _level_rows(txn: lmdb.Transaction, view: RowView, tid: int, state: Subscript
     return n
 
 
-def _run_rows(runs: RunSet, run: Run, state: SubscriptionState, after: Position | None, upto: Position) -> int:
-    """The run's rows in range that pass: by its entry when it can, else a segment at a time."""
+def _run_rows(runs: RunSet, run: Run, state: SubscriptionState, after: Position | None, upto: Position,
+              special: list[Position]) -> int:
+    """The run's rows in range that pass: by its entry or its bitmaps when it can, else a
+    segment at a time."""
     front = state.frontier
     if (after is not None and run.max_pos <= after) or run.min_pos > upto:
         return 0  # no position in range
     if run.seq[1] < state.start_seq or run.seq[1] <= state.clear_seq or (front is not None and run.last <= front):
         return 0  # every row before the start, cleared or passed
     inside = (after is None or run.min_pos > after) and run.max_pos <= upto
-    if inside and run.seq[0] >= state.start_seq and run.seq[0] > state.clear_seq:
-        return run.rows if front is None or run.first > front else runs.count_run(run, front, None)
+    if run.seq[0] >= state.start_seq and run.seq[0] > state.clear_seq:
+        if inside:
+            return run.rows if front is None or run.first > front else runs.count_run(run, front, None)
+        if front is None or run.first > front:
+            # Every row passes: the rows in range are its positions in range (bitmaps), plus the
+            # second and later rows of a judged position in the run.
+            n = runs.count_positions(run, after, upto)
+            for ledger, entry in special:
+                if runs.holds(run, ledger, entry):
+                    n += sum(1 for _, _, run_id in runs.versions(ledger, entry) if run_id == run.run_id) - 1
+            return n
     n = 0
     for i, seg in enumerate(runs.segments_of(run)):
         if front is not None and seg.last_ts < front[0]:

@@ -299,6 +299,22 @@ class RunSet:
         # A ledger whose ids all fit 32 bits has a 32-bit bitmap, which cannot be asked of a wider id.
         return bitmap is not None and (entry < _U32_LIMIT or isinstance(bitmap, BitMap64)) and entry in bitmap
 
+    def count_positions(self, run: Run, after: Position | None, upto: Position) -> int:
+        """The run's positions after ``after`` (all when None) and at or before ``upto``, by its
+        bitmaps (each position once, whatever its rows in the run)."""
+        def upto_entry(bitmap: Any, entry: int) -> int:  # its entries at or before ``entry``
+            if entry >= _U32_LIMIT and not isinstance(bitmap, BitMap64):
+                return len(bitmap)
+            return int(bitmap.rank(entry))
+        n = 0
+        for ledger, bitmap in self._bitmaps(run).items():
+            if (after is not None and ledger < after[0]) or ledger > upto[0]:
+                continue
+            n += upto_entry(bitmap, upto[1]) if ledger == upto[0] else len(bitmap)
+            if after is not None and ledger == after[0]:
+                n -= upto_entry(bitmap, after[1])
+        return n
+
     def versions(self, ledger: int, entry: int) -> list[tuple[int, int, int]]:
         """(seq, deliver_at, run id) of every row of the position in a run."""
         out = []
