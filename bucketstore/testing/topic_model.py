@@ -52,8 +52,14 @@ class SubscriptionModel:
             return False
         if at <= cutoff:
             self.tracked.pop(pos, None)  # an add already due untracks it
+            self.redeliver = [r for r in self.redeliver if (r[1], r[2]) != pos]  # tracked again at open
             return False
-        self.tracked.setdefault(pos, at)  # a tracker keeps the first time until it delivers
+        if any((r[1], r[2]) == pos for r in self.redeliver):
+            return True  # a tracker, restarted, tracks it again at its old time
+        if pos not in self.tracked:
+            self.tracked[pos] = at  # a tracker keeps the first time until it delivers
+            # Tracked again: its new time replaces its redelivery (the tracker's handoff supersedes it).
+            self.unconfirmed = [r for r in self.unconfirmed if (r[1], r[2]) != pos]
         return True
 
     def deliver(self, n: int, cutoff: int) -> list[Position]:
@@ -90,7 +96,7 @@ class SubscriptionModel:
 
     @property
     def count(self) -> int:
-        """``number_of_delayed_messages``: a position both re-added and to be delivered again counts twice."""
+        """``number_of_delayed_messages``: tracked, or to be delivered again (never both)."""
         return len(self.tracked) + len(self.redeliver)
 
     @property

@@ -15,7 +15,9 @@ rows in the order they were added. A subscription sees a row through a few numbe
   its rows. These are the exceptions a frontier cannot express; they exist only for
   positions re-added while another row of them was live.
 * ``unconfirmed``: the rows of the batches returned and not yet confirmed (at-least-once);
-  ``redeliver``: the unconfirmed rows found at open, delivered first.
+  ``redeliver``: the unconfirmed rows found at open, delivered first. A position re-added while
+  unconfirmed leaves ``unconfirmed`` (its new row replaces its redelivery); one re-added while in
+  ``redeliver`` stays there, and the re-add is ignored (untracked if due), as a tracker does.
 
 A subscription *tracks* a position when one of its rows is after F, not acknowledged, not
 before its start or clear, not lost; of several, the oldest (lowest ``seq``), as a single
@@ -55,6 +57,11 @@ class SubscriptionState:
     #: of a thousand rows is kept and written without a Python object per row).
     unconfirmed: list[RowKey] | np.ndarray = field(default_factory=list)
     redeliver: list[RowKey] = field(default_factory=list)
+    #: The positions of ``unconfirmed`` and of ``redeliver``, built when a re-add first asks
+    #: (:meth:`awaits`), each with the rows it was built from and their number (``redeliver``
+    #: only shrinks in place; every other change replaces the list).
+    _positions: dict[str, tuple[Any, int, set[tuple[int, int]]]] = field(default_factory=dict, repr=False,
+                                                                           compare=False)
 
     def acked(self, ledger: int, entry: int) -> bool:
         md = self.mark_delete
@@ -83,6 +90,51 @@ class SubscriptionState:
             if self.may_see(row) and (best is None or seq < best[3]):
                 best = row
         return best
+
+    def _positions_of(self, which: str) -> set[tuple[int, int]]:
+        rows = getattr(self, which)
+        cached = self._positions.get(which)
+        if cached is not None and cached[0] is rows and cached[1] == len(rows):
+            return cached[2]
+        if isinstance(rows, np.ndarray):
+            found = set(zip(rows[:, 1].tolist(), rows[:, 2].tolist()))
+        else:
+            found = {(r[1], r[2]) for r in rows}
+        self._positions[which] = (rows, len(rows), found)
+        return found
+
+    def redelivers(self, ledger: int, entry: int) -> bool:
+        """Whether the position waits among the rows to deliver again. A tracker, restarted,
+        tracks such a position at its old time: a re-add of it is ignored."""
+        return bool(self.redeliver) and (ledger, entry) in self._positions_of("redeliver")
+
+    def awaits(self, ledger: int, entry: int) -> bool:
+        """Whether the position is in the batch not confirmed or among the rows to deliver again."""
+        return self.redelivers(ledger, entry) or (
+            bool(len(self.unconfirmed)) and (ledger, entry) in self._positions_of("unconfirmed"))
+
+    def supersede(self, ledger: int, entry: int) -> None:
+        """The subscription tracks the position again (a re-add after its delivery): it leaves
+        the batch not confirmed, so a restart delivers it once, at its new time, as a tracker's
+        delivery handoff supersedes it (``engine/durability/handoff.py``)."""
+        unconfirmed = self.unconfirmed
+        if not len(unconfirmed) or (ledger, entry) not in self._positions_of("unconfirmed"):
+            return
+        if isinstance(unconfirmed, np.ndarray):
+            self.unconfirmed = unconfirmed[(unconfirmed[:, 1] != np.uint64(ledger))
+                                           | (unconfirmed[:, 2] != np.uint64(entry))]
+        else:
+            self.unconfirmed = [r for r in unconfirmed if (r[1], r[2]) != (ledger, entry)]
+
+    def expire_redelivery(self, ledger: int, entry: int) -> bool:
+        """An add already due untracks a position waiting to be delivered again, as it untracks
+        a tracked one; whether it was waiting."""
+        if not self.redelivers(ledger, entry):
+            return False
+        kept = [r for r in self.redeliver if (r[1], r[2]) != (ledger, entry)]
+        self.count_base -= len(self.redeliver) - len(kept)
+        self.redeliver = kept
+        return True
 
     def count(self, inserted: int) -> int:
         return self.count_base + inserted - self.inserted_base

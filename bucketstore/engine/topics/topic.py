@@ -35,6 +35,7 @@ from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
+from .topic_marks import tracked_in_range
 from .topic_sealing import GROUP_ROWS, SealedRuns
 from .topic_windows import Window, WindowCache, visible_indexes
 
@@ -113,6 +114,11 @@ class Topic(SealedRuns):
             #: Every position with a row is at or before it: an add after it is of a new position
             #: (the common case, positions grow), found so without a lookup.
             self._last_position = self._view.last_position(txn, self._id) or (-1, -1)
+            # So are the positions to deliver again (their rows may be gone): a re-add of one
+            # must be judged against them (_add_one), never taken for a new position.
+            again = [(r[1], r[2]) for state in self._subs.values() for r in state.redeliver]
+            if again:
+                self._last_position = max(self._last_position, max(again))
         file.sync()
         self._runs.remove_orphans()
         self._max_md = self._max_mark_delete()
@@ -236,14 +242,20 @@ class Topic(SealedRuns):
         md = self._max_md
         fresh = md is None or pos > md
         if fresh and ts > cutoff and pos not in self._multi:
-            versions = [] if pos > self._last_position else self._versions(txn, ledger, entry)
-            if not versions:  # the common case: a new position, tracked by every subscription
+            newest = pos > self._last_position
+            versions = [] if newest else self._versions(txn, ledger, entry)
+            # The common case: a new position, tracked by every subscription. A position with no
+            # row may still wait in a batch to deliver again (never past the last position).
+            if not versions and (newest or not any(s.awaits(ledger, entry) for s in subs.values())):
                 self._insert(txn, ts, ledger, entry)
                 self._inserted += 1
                 return True
         else:
             versions = self._versions(txn, ledger, entry)
         if ts <= cutoff:
+            for s in subs.values():
+                if s.expire_redelivery(ledger, entry):
+                    dirty.add(s.name)
             if versions:  # due: untracked for every subscription that tracks it
                 for s in subs.values():
                     if s.tracked_row(ledger, entry, versions) is not None:
@@ -258,14 +270,20 @@ class Topic(SealedRuns):
                     self._forget_multi(txn, pos, dirty)
             return False
         gaining = [s for s in subs.values() if not s.acked(ledger, entry)
-                   and s.tracked_row(ledger, entry, versions) is None]
+                   and s.tracked_row(ledger, entry, versions) is None and not s.redelivers(ledger, entry)]
         if subs and not gaining:
             return any(not s.acked(ledger, entry) for s in subs.values())
-        self._insert(txn, ts, ledger, entry)
+        seq = self._insert(txn, ts, ledger, entry)
         for s in gaining:
             s.count_base += 1
+            s.supersede(ledger, entry)
             dirty.add(s.name)
-        if versions and pos not in self._multi:
+        # One that delivers the position again ignored the add: the new row is gone for it.
+        waiting = [s for s in subs.values() if s.redelivers(ledger, entry)]
+        for s in waiting:
+            s.lost[pos] = seq
+            dirty.add(s.name)
+        if (versions or waiting) and pos not in self._multi:
             self._multi.add(pos)
             txn.put(multi_key(self._id, ledger, entry), b"", db=self._file.multi)
         return True
@@ -564,15 +582,9 @@ class Topic(SealedRuns):
             return
         dirty = {state.name}
         with self._write() as txn:
-            # Untrack what the subscription tracks up to the position: one pass over those positions.
-            seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            for ts, lg, en, seq in self._view.positions_after(txn, self._id, md, (ledger, entry)):
-                if (lg, en) > (ledger, entry):
-                    break
-                seen.setdefault((lg, en), []).append((seq, ts))
-            for (lg, en), versions in seen.items():
-                if state.tracked_row(lg, en, versions) is not None:
-                    state.count_base -= 1
+            # Untrack what the subscription tracks up to the position: counted by columns.
+            state.count_base -= tracked_in_range(txn, self._view, self._id, state, self._judged(), md,
+                                                 (ledger, entry))
             kept = [r for r in state.redeliver if (r[1], r[2]) > (ledger, entry)]
             state.count_base -= len(state.redeliver) - len(kept)
             state.redeliver = kept

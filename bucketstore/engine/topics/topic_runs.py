@@ -219,6 +219,10 @@ class RunSet:
             self._budget.put((self.tid, ("dir", run.run_id)), _Held(d, 64 * len(d.segments) + 256))  # type: ignore[arg-type]
         return run.directory
 
+    def segments_of(self, run: Run) -> list[Any]:
+        """The run's segment entries (their times and row counts), read once."""
+        return list(self._dir(run).segments)
+
     def segment(self, run: Run, i: int) -> np.ndarray:
         """Segment ``i`` of the run, (n, 4) uint64 rows in delivery order."""
         key = (self.tid, ("seg", run.run_id, i))
@@ -294,6 +298,22 @@ class RunSet:
         bitmap = self._bitmaps(run).get(ledger)
         # A ledger whose ids all fit 32 bits has a 32-bit bitmap, which cannot be asked of a wider id.
         return bitmap is not None and (entry < _U32_LIMIT or isinstance(bitmap, BitMap64)) and entry in bitmap
+
+    def count_positions(self, run: Run, after: Position | None, upto: Position) -> int:
+        """The run's positions after ``after`` (all when None) and at or before ``upto``, by its
+        bitmaps (each position once, whatever its rows in the run)."""
+        def upto_entry(bitmap: Any, entry: int) -> int:  # its entries at or before ``entry``
+            if entry >= _U32_LIMIT and not isinstance(bitmap, BitMap64):
+                return len(bitmap)
+            return int(bitmap.rank(entry))
+        n = 0
+        for ledger, bitmap in self._bitmaps(run).items():
+            if (after is not None and ledger < after[0]) or ledger > upto[0]:
+                continue
+            n += upto_entry(bitmap, upto[1]) if ledger == upto[0] else len(bitmap)
+            if after is not None and ledger == after[0]:
+                n -= upto_entry(bitmap, after[1])
+        return n
 
     def versions(self, ledger: int, entry: int) -> list[tuple[int, int, int]]:
         """(seq, deliver_at, run id) of every row of the position in a run."""
@@ -372,23 +392,24 @@ class RunSet:
     def count_between(self, after: RowKey | None, upto: RowKey | None) -> int:
         """Run rows after ``after`` and at or before ``upto`` (None: no bound): whole runs by
         their entry, segments wholly inside by their row count, two binary searches for the rest."""
+        return sum(self.count_run(run, after, upto) for run in self.runs.values())
+
+    def count_run(self, run: Run, after: RowKey | None, upto: RowKey | None) -> int:
+        """:meth:`count_between` of one run."""
+        if (after is not None and run.last <= after) or (upto is not None and run.first > upto):
+            return 0
+        if (after is None or run.first > after) and (upto is None or run.last <= upto):
+            return run.rows
         n = 0
-        for run in self.runs.values():
-            if (after is not None and run.last <= after) or (upto is not None and run.first > upto):
+        for i, seg in enumerate(self._dir(run).segments):
+            if (after is not None and seg.last_ts < after[0]) or (upto is not None and seg.first_ts > upto[0]):
                 continue
-            if (after is None or run.first > after) and (upto is None or run.last <= upto):
-                n += run.rows
+            if (after is None or seg.first_ts > after[0]) and (upto is None or seg.last_ts < upto[0]):
+                n += seg.rows
                 continue
-            d = self._dir(run)
-            for i, seg in enumerate(d.segments):
-                if (after is not None and seg.last_ts < after[0]) or (upto is not None and seg.first_ts > upto[0]):
-                    continue
-                if (after is None or seg.first_ts > after[0]) and (upto is None or seg.last_ts < upto[0]):
-                    n += seg.rows
-                    continue
-                lo = 0 if after is None else self.search(run, i, after, "right")
-                hi = seg.rows if upto is None else self.search(run, i, upto, "right")
-                n += max(0, hi - lo)
+            lo = 0 if after is None else self.search(run, i, after, "right")
+            hi = seg.rows if upto is None else self.search(run, i, upto, "right")
+            n += max(0, hi - lo)
         return n
 
 

@@ -15,11 +15,10 @@ edges of 32 and 64 bits.
 
 A reopen either confirms first ("restart": nothing comes back) or not ("reopen"): then, in the
 default at-least-once mode, the batches returned and not confirmed are delivered again first and
-count as tracked until they are (``redo`` below). Two rules differ between the two kinds, as
-docs/durability.md and docs/topics.md say: a tracker that re-adds a position of its unconfirmed
-batch tracks it once, at its new time (and after a reopen, a position coming back is tracked like
-any other: a re-add keeps its first time); a subscription keeps the row it will deliver again
-beside the re-added one.
+count as tracked until they are (``redo`` below). A tracker or a subscription that re-adds a
+position of its unconfirmed batch tracks it once, at its new time (and after a reopen, a position
+coming back is tracked like any other: a re-add keeps its first time, a due one untracks it), as
+docs/durability.md and docs/topics.md say.
 
 ``BUCKETSTORE_EXAMPLES`` scales the number of programs (default 8, of 80 calls each).
 """
@@ -111,15 +110,15 @@ class MixedRun:
     def _model_add(self, name: str, row: tuple[int, int, int]) -> bool:
         model, position = self.models[name], row[:2]
         acked = model._mark_delete is not None and position <= model._mark_delete
-        if not name.startswith("T/") and not acked and position in {u[1:] for u in self.redo[name]}:
-            # A tracker tracks a position coming back after a reopen like any other: a re-add
-            # keeps its first time, a due one untracks it.
+        if not acked and position in {u[1:] for u in self.redo[name]}:
+            # A position coming back after a reopen is tracked like any other: a re-add keeps its
+            # first time, a due one untracks it.
             if row[2] <= model._cutoff.advance():
                 self.redo[name] = [u for u in self.redo[name] if u[1:] != position]
                 return False
             return True
         tracked = model.add_message(*row)
-        if tracked and not name.startswith("T/"):
+        if tracked:
             # Re-added before its batch was confirmed: it comes back once, at its new time.
             self.unconfirmed[name] = [u for u in self.unconfirmed[name] if u[1:] != position]
         return tracked
