@@ -29,8 +29,9 @@ the snapshot (a merge, a delivery, a mark-delete) then raises
 and never a silently wrong answer. Holding every file open from the start would
 avoid that, but costs a descriptor per bucket for as long as the handle lives.
 
-The durability each tracker was written with is read from disk: a tracker with a
-journal directory is replayed in journal mode, one without in sealed mode. In
+The durability each tracker was written with is the one its catalog state records
+(:mod:`~bucketstore.engine.store.tracker_record`; for a tracker written before the mode
+was recorded: journal files mean journal mode, none sealed mode). In
 sealed mode the view is what a writable open would deliver: segments already due
 at open are skipped, as PIP-195 recovery skips them (the embedder's replay brings
 them back), so :meth:`ReadOnlyTracker.peek_scheduled` never names a position the
@@ -62,6 +63,7 @@ from ..queue.shared_queue import Run
 from ..topics.topic_reader import ReadOnlyTopics
 from ..tracker.store_services import StoreServices
 from ..tracker.tracker import BucketTracker
+from .tracker_record import recorded_config, recorded_durability
 from .tracker_registry import TrackerRegistry
 
 __all__ = ["ReadOnlyStore", "ReadOnlyTracker", "SNAPSHOT_ATTEMPTS"]
@@ -398,7 +400,12 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
             last = attempt == SNAPSHOT_ATTEMPTS - 1
             snapshot = self._tracker_snapshot(name)
             identity = (snapshot.store_id, name) if snapshot.store_id else None
-            journal = read_journal(self.path, name, identity=identity)
+            mode = recorded_durability(snapshot.tracker_state(name), self.path, name)
+            # A tracker recorded as sealed is replayed as one: journal files beside it are a
+            # deleted tracker's, which its writer's next journal open removes unread.
+            journal = None if mode == "sealed" else read_journal(self.path, name, identity=identity)
+            if journal is None and mode == "journal":
+                journal = JournalState(None, [], 0, 0)  # recorded journal, its directory gone: nothing journaled
             moment = "one"
             if journal is not None:
                 # The journal and the catalog must describe one moment: entries unchanged
@@ -418,7 +425,8 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
                 store_id=snapshot.store_id or "", journal_fds=FdPool(1), tracker_closed=self._forget,
                 background=False, segment_reader=None)
             try:
-                tracker = ReadOnlyTracker(services, name, config or _recorded_config(snapshot, name), clock, journal)
+                tracker = ReadOnlyTracker(services, name, config or recorded_config(snapshot.tracker_state(name)),
+                                          clock, journal)
             except StaleSnapshotError:
                 if last:
                     raise
@@ -475,14 +483,3 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _recorded_config(snapshot: CatalogSnapshot, name: str) -> TrackerConfig:
-    """The configuration the writer recorded in the tracker's state (defaults where it is missing)."""
-    recorded = (snapshot.tracker_state(name) or {}).get("config")
-    if not isinstance(recorded, dict):
-        return TrackerConfig()
-    known = {k: v for k, v in recorded.items() if k in TrackerConfig.__dataclass_fields__}
-    try:
-        return TrackerConfig(**known)
-    except (TypeError, ValueError):
-        return TrackerConfig()

@@ -53,6 +53,7 @@ from ..tracker.store_services import StoreServices
 from ..tracker.tracker import BucketTracker
 from .checkpoint import CheckpointReport, check_destination, make_checkpoint
 from .read_only import ReadOnlyStore
+from .tracker_record import check_durability, recorded_config
 from .tracker_registry import TrackerRegistry
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]
@@ -271,20 +272,30 @@ class Store(TrackerRegistry[BucketTracker], TopicRegistry):
         """Open (creating if needed) the tracker ``name`` and recover its buckets.
 
         One handle per name at a time: asking again for an open tracker returns
-        the same object (its config must match).
+        the same object (an explicit config must match).
+
+        :param config: None (the default): the configuration the tracker recorded in the
+            catalog (the defaults for a new tracker). An explicit one becomes the tracker's
+            configuration from now on, and is recorded: it governs what comes next (the
+            cutoff, new adds, seals, merges, memory) and rewrites nothing already stored.
+        :raises DurabilityMismatchError: the tracker was written in journal mode and this
+            store is open in sealed mode (see :mod:`~bucketstore.engine.store.tracker_record`).
         """
         validate_tracker_name(name)
-        config = config_or_default(config)
+        if config is not None:
+            config = config_or_default(config)
         with self._lock:
             self._check_open()
             if name in self._deleting:
                 raise ValueError(f"tracker {name!r} is being deleted")
             live = self._trackers.get(name)
             if live is not None:
-                if live.config != config:
+                if config is not None and live.config != config:
                     raise ValueError(f"tracker {name!r} is already open with a different config")
                 return live
-            tracker = BucketTracker(self._services, name, config, clock)
+            state = self.catalog.tracker_state(name)
+            check_durability(state, self.path, name, self.durability)
+            tracker = BucketTracker(self._services, name, config or recorded_config(state), clock)
             self._trackers[name] = tracker
             return tracker
 
