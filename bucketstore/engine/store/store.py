@@ -306,10 +306,20 @@ class Store(TrackerRegistry[BucketTracker], TopicRegistry):
             return self.catalog.tracker_names()
 
     def delete_tracker(self, name: str) -> None:
-        """Delete a tracker: its keys and state in one transaction, then its ledger files."""
+        """Delete a tracker: its keys and state in one transaction, then its ledger and journal files.
+
+        :raises KeyError: the store holds nothing of that name (as ``delete_topic`` and
+            ``Topic.delete_subscription`` do; an embedder whose deletes must be idempotent
+            suppresses it). Files a deletion that stopped half-way left behind (the catalog
+            no longer names the tracker, its journal directory is still there) count as
+            something: deleting again removes them.
+        """
         validate_tracker_name(name)
         with self._lock:
             self._check_open()
+            if name not in self._trackers and self.catalog.tracker_state(name) is None \
+                    and not self.catalog.buckets(name) and not os.path.isdir(journal_directory(self.path, name)):
+                raise KeyError(f"no tracker {name!r} in store {self.path}")
             live = self._trackers.pop(name, None)
             self._deleting.add(name)  # no new handle may recover it meanwhile
         try:

@@ -239,3 +239,23 @@ def test_an_open_without_config_uses_the_recorded_one_and_an_explicit_one_is_rec
         assert t.config == other
         t.add_messages(_rows(1, 3) + _rows(2, 1))  # min_index_count 3: ledger 1 seals as ledger 2 arrives
         assert t.stats()["immutable_buckets"] == 1
+
+
+def test_deleting_a_tracker_the_store_does_not_hold_raises_key_error(tmp_path: Path) -> None:
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path, background=False) as store:
+        with pytest.raises(KeyError, match="no tracker 'missing'"):
+            store.delete_tracker("missing")
+        store.tracker("t", CFG, clock).add_message(1, 0, T0)
+        store.catalog.delete_tracker("t")  # a deletion that stopped after its catalog commit
+        store.tracker("u", CFG, clock).close()
+        store.delete_tracker("u")
+        with pytest.raises(KeyError):
+            store.delete_tracker("u")
+    directory = journal_directory(str(tmp_path), "t")
+    assert os.path.isdir(directory)
+    with bucketstore.open(tmp_path, background=False) as store:
+        store.delete_tracker("t")  # what the half-way deletion left is something: removed now
+        assert not os.path.exists(directory)
+        with pytest.raises(KeyError):
+            store.delete_tracker("t")
