@@ -63,6 +63,7 @@ from ..queue.shared_queue import Run
 from ..topics.topic_reader import ReadOnlyTopics
 from ..tracker.store_services import StoreServices
 from ..tracker.tracker import BucketTracker
+from .checkpoint import CheckpointReport, check_destination, make_checkpoint
 from .tracker_record import recorded_config, recorded_durability
 from .tracker_registry import TrackerRegistry
 
@@ -465,6 +466,23 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
                 "trackers": len(self.snapshot.tracker_names()), "ledger_files": ledgers.files,
                 "ledger_bytes": ledgers.bytes,
                 "next_ledger_id": self.snapshot.next_ledger_id(), "writer_pid": writer_pid(self.path)}
+
+    def checkpoint(self, dest: str | os.PathLike[str]) -> CheckpointReport:
+        """Copy the store into ``dest``: a consistent crash image holding every index its writer
+        acknowledged before the call, also while that writer runs (in another process or this
+        one). What ``bucketstore checkpoint`` does (see :mod:`~bucketstore.engine.store.checkpoint`):
+        ledger files hard-linked (or copied), the catalog in one read transaction, each journal
+        read before and after it. Unlike the writer's :meth:`Store.checkpoint`, adds waiting for
+        their group commit (``sync_interval_ms > 0``) are not in the copy: they are not durable.
+        Nothing is written into the store but the reader slot LMDB takes in ``lock.mdb``.
+
+        :param dest: a path that does not exist, or an empty directory, outside the store.
+        :raises ValueError: a bad ``dest`` (exists and not an empty directory; inside the store).
+        :raises CheckpointError: the writer kept retiring files faster than they were pinned.
+        """
+        self._check_open()
+        check_destination(dest, self.path)
+        return make_checkpoint(self.path, dest)
 
     def close(self) -> None:
         """Close every tracker opened on this handle. Idempotent."""
