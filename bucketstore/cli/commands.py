@@ -44,6 +44,8 @@ class UsageError(Exception):
 
 
 def _existing_path(path: str) -> str:
+    if not path:
+        raise UsageError("the path is empty (an unset shell variable?): give a store, a directory or a file")
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     return path
