@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...config import TrackerConfig
+from ...config import TrackerConfig, config_from_record
 from ...errors import DurabilityMismatchError, JournalError
 from ..durability.journal import journal_directory, list_files, read_journal
 
@@ -61,7 +61,7 @@ def check_durability(state: dict[str, Any] | None, store_path: str, name: str, r
     if requested == "sealed" and recorded == "journal" and not _journal_is_empty(store_path, name):
         raise DurabilityMismatchError(
             f"tracker {name!r} of store {os.path.abspath(store_path)} was written with durability=\"journal\": its "
-            "journal holds acknowledged indexes and its delivery frontier, which a sealed open would not see; "
+            "journal holds acknowledged indexes or a delivery frontier, which a sealed open would not see; "
             f"open the store with bucketstore.open(path, durability=\"journal\") (nothing was changed)",
             tracker=name, recorded=recorded, requested=requested)
 
@@ -75,16 +75,5 @@ def _journal_is_empty(store_path: str, name: str) -> bool:
 
 
 def recorded_config(state: dict[str, Any] | None) -> TrackerConfig:
-    """The configuration recorded in a tracker's state (the defaults where it records none).
-
-    Fields this version does not know are left out, and a recorded config this version
-    cannot accept gives the defaults: the catalog of a newer version must still open.
-    """
-    recorded = (state or {}).get("config")
-    if not isinstance(recorded, dict):
-        return TrackerConfig()
-    known = {k: v for k, v in recorded.items() if k in TrackerConfig.__dataclass_fields__}
-    try:
-        return TrackerConfig(**known)
-    except (TypeError, ValueError):
-        return TrackerConfig()
+    """The configuration recorded in a tracker's state (see :func:`~bucketstore.config.config_from_record`)."""
+    return config_from_record((state or {}).get("config"))
