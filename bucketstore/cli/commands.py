@@ -91,7 +91,8 @@ def _render_store(doc: dict, *, detail: bool) -> str:
              f"next ledger  {doc['next_ledger_id']}"]
     for name, tracker in doc["trackers"].items():
         lines.append("")
-        lines.append(f"tracker {name!r}: {len(tracker['buckets'])} bucket(s), {tracker['indexes']} indexes, "
+        lines.append(f"tracker {name!r}: {tracker['durability'] or 'sealed'} mode, "
+                     f"{len(tracker['buckets'])} bucket(s), {tracker['indexes']} indexes, "
                      f"{tracker['bytes']} bytes, mark-delete {_position(tracker['mark_delete'])}")
         if not detail or not tracker["buckets"]:
             continue
