@@ -259,3 +259,114 @@ def test_deleting_a_tracker_the_store_does_not_hold_raises_key_error(tmp_path: P
         assert not os.path.exists(directory)
         with pytest.raises(KeyError):
             store.delete_tracker("t")
+
+
+class _Model:
+    """What each mode promises, position by position.
+
+    ``sure``: must be tracked (journal adds, and sealed buckets' rows not yet due at a sealed
+    open); ``maybe``: may be tracked (sealed mode's memory-only rows, rows a sealed recovery
+    skips as due, sealed deliveries that may come again); ``never``: must never be tracked
+    or delivered again (confirmed in journal mode, or acknowledged by mark-delete)."""
+
+    def __init__(self) -> None:
+        self.due_at: dict[tuple[int, int], int] = {}
+        self.sure: set[tuple[int, int]] = set()
+        self.maybe: set[tuple[int, int]] = set()
+        self.never: set[tuple[int, int]] = set()
+
+    def opened_sealed(self, now: int) -> None:
+        skipped = {p for p in self.sure if self.due_at[p] <= now}
+        self.sure -= skipped
+        self.maybe |= skipped
+
+    def delivered(self, batch: list[tuple[int, int]], mode: str, where: str) -> None:
+        for p in batch:
+            assert p in self.sure or p in self.maybe, f"{where}: phantom delivery {p}"
+            assert p not in self.never, f"{where}: {p} delivered again"
+        self.sure -= set(batch)
+        if mode == "journal":
+            self.maybe -= set(batch)
+            self.never |= set(batch)
+        else:
+            self.maybe |= set(batch)  # sealed mode keeps no delivery progress: it may come again
+
+    def acknowledged(self, upto: tuple[int, int]) -> None:
+        gone = {p for p in self.due_at if p <= upto}
+        self.sure -= gone
+        self.maybe -= gone
+        self.never |= gone
+
+    def check(self, tracker: object, where: str) -> None:
+        for p in self.sure:
+            assert tracker.contains_message(*p), f"{where}: {p} lost"
+        for p in self.never:
+            assert not tracker.contains_message(*p), f"{where}: {p} came back"
+
+
+SEQUENCES = int(os.environ.get("BUCKETSTORE_MODE_SEQUENCES", "12"))
+
+
+@pytest.mark.parametrize("seed", range(SEQUENCES))
+def test_random_sessions_in_either_mode_against_a_model(tmp_path: Path, seed: int) -> None:
+    """Sessions in a random mode (add, deliver, acknowledge, close), each open and each
+    read-only look held to the model; a sealed open of a journal tracker either is refused or
+    hides nothing; the last open, in journal mode, drains everything the model holds sure."""
+    rng = random.Random(seed)
+    clock = FakeClock(1_000)
+    model = _Model()
+    ledger = 0
+    refused = 0
+    for session in range(8):
+        mode = rng.choice(["journal", "sealed"])
+        where = f"seed {seed} session {session} ({mode})"
+        with bucketstore.open(tmp_path, durability=mode, background=False, confirm_sync_ms=0) as store:
+            try:
+                t = store.tracker("t", CFG, clock)
+            except DurabilityMismatchError:
+                refused += 1
+                continue
+            if mode == "sealed":
+                model.opened_sealed(clock.now)
+            model.check(t, f"{where}, at open")
+            for _ in range(rng.randint(1, 6)):
+                op = rng.random()
+                if op < 0.5:
+                    ledger += 1
+                    rows = [(ledger, e, clock.now + rng.randint(1, 3_000)) for e in range(rng.randint(1, 8))]
+                    t.add_messages(rows)
+                    for ledger_id, entry, at in rows:
+                        model.due_at[(ledger_id, entry)] = at
+                        (model.sure if mode == "journal" else model.maybe).add((ledger_id, entry))
+                elif op < 0.75:
+                    clock.advance(rng.randint(0, 1_500))
+                    batch = t.get_scheduled_messages(rng.randint(1, 12))
+                    t.confirm_delivered()
+                    model.delivered(batch, mode, where)
+                elif op < 0.85 and model.due_at:
+                    upto = rng.choice(sorted(model.due_at))
+                    t.mark_delete(*upto)
+                    model.acknowledged(upto)
+                else:
+                    clock.advance(rng.randint(0, 800))
+            model.check(t, f"{where}, before close")
+        with bucketstore.open(tmp_path, read_only=True) as ro:
+            view = ro.tracker("t", clock=clock)
+            if ro.snapshot.tracker_state("t").get("durability") == "sealed":
+                looking = _Model()
+                looking.sure = {p for p in model.sure if model.due_at[p] > clock.now}
+                looking.never = model.never
+                looking.check(view, f"{where}, read-only")
+            else:
+                model.check(view, f"{where}, read-only")
+    with bucketstore.open(tmp_path, durability="journal", background=False) as store:
+        t = store.tracker("t", CFG, clock)
+        model.check(t, f"seed {seed}: final journal open")
+        clock.advance(10_000)
+        drained: list[tuple[int, int]] = []
+        while batch := t.get_scheduled_messages(1_000):
+            drained += batch
+        t.confirm_delivered()
+    model.delivered(drained, "journal", f"seed {seed}: final drain")
+    assert not model.sure, f"seed {seed}: never delivered: {sorted(model.sure)[:5]}"
+    assert len(drained) == len(set(drained))
