@@ -151,6 +151,9 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
 def _cmd_stats(args: argparse.Namespace) -> int:
     if args.plot:  # first, so that a missing extra is one line and exit 2, before any output
         _store_path(args.store)
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):  # a mistyped output path is the command line's, not damage
+            raise UsageError(f"{args.plot}: cannot write the picture there: {folder} is not a directory")
         status = plot.run(args.store, args.plot)
         if status:
             return status

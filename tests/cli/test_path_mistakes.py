@@ -1,6 +1,10 @@
-"""An empty path (an unset shell variable: ``bucketstore stats "$STORE"``) is a usage error that
-says so, never taken for the working directory: ``os.path.abspath("")`` is the working directory,
-and a checkpoint's destination there would fill it."""
+"""Mistyped paths are usage errors (exit 2, one line) that say what is wrong.
+
+An empty path (an unset shell variable: ``bucketstore stats "$STORE"``) says so, and is never
+taken for the working directory: ``os.path.abspath("")`` is the working directory, and a
+checkpoint's destination there would fill it. A picture asked into a directory that does not
+exist is the command line's mistake, not damage (it exited 1).
+"""
 
 from __future__ import annotations
 
@@ -34,3 +38,11 @@ def test_an_empty_checkpoint_destination_is_refused_not_the_working_directory(
         with pytest.raises(ValueError, match="destination is empty"):
             looking.checkpoint("")
     assert os.listdir(cwd) == []
+
+
+def test_a_plot_into_a_missing_directory_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with bucketstore.open(tmp_path / "s", durability="sealed") as store:
+        store.tracker("t").close()
+    assert main(["stats", str(tmp_path / "s"), "--plot", str(tmp_path / "no" / "such" / "due.png")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "is not a directory" in err, err
