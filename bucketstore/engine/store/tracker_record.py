@@ -62,7 +62,8 @@ def check_durability(state: dict[str, Any] | None, store_path: str, name: str, r
         raise DurabilityMismatchError(
             f"tracker {name!r} of store {os.path.abspath(store_path)} was written with durability=\"journal\": its "
             "journal holds acknowledged indexes or a delivery frontier, which a sealed open would not see; "
-            f"open the store with bucketstore.open(path, durability=\"journal\") (nothing was changed)",
+            f"open the store with bucketstore.open({os.path.abspath(store_path)!r}, durability=\"journal\") "
+            "(nothing was changed)",
             tracker=name, recorded=recorded, requested=requested)
 
 
