@@ -148,6 +148,28 @@ def test_sealed_then_journal_then_sealed_refused_then_journal_against_a_model(tm
         assert _drain(t, clock) == model
 
 
+def test_rows_a_sealed_recovery_held_for_replay_are_delivered_once_the_tracker_is_a_journal_one(
+        tmp_path: Path) -> None:
+    """Sealed mode skips due segments at open and keeps their bucket for the embedder's replay;
+    the same tracker opened in journal mode (no frontier yet) delivers them instead: nothing is
+    deleted unread, nothing lost."""
+    clock = FakeClock(1_000)
+    with bucketstore.open(tmp_path, durability="sealed", background=False) as store:
+        store.tracker("t", CFG, clock).add_messages(_rows(1) + _rows(2, 1))  # ledger 1 sealed
+    clock.now = T0 + 5_000  # every row of ledger 1 is due
+    with bucketstore.open(tmp_path, durability="sealed", background=False) as store:
+        t = store.tracker("t", clock=clock)
+        assert t.stats()["held_for_replay_indexes"] == 10 and t.number_of_delayed_messages == 0
+    with bucketstore.open(tmp_path, durability="journal", background=False) as store:
+        t = store.tracker("t", clock=clock)
+        assert t.number_of_delayed_messages == 10
+        assert set(t.get_scheduled_messages(100)) == {(1, e) for e in range(10)}
+        t.confirm_delivered()
+    with bucketstore.open(tmp_path, durability="journal", background=False) as store:
+        t = store.tracker("t", clock=clock)
+        assert t.number_of_delayed_messages == 0 and t.get_scheduled_messages(100) == []
+
+
 def _stale_journal_store(path: Path, clock: FakeClock) -> None:
     """Tracker ``t`` in journal mode, then deleted half-way (its catalog entry gone, its
     journal left: a crash between the two steps of ``delete_tracker``), then created
