@@ -79,11 +79,6 @@ class Recovery:
         md = state.get("mark_delete")
         if isinstance(md, list) and len(md) == 2 and all(isinstance(v, int) for v in md):
             self._mark_delete = (md[0], md[1])
-        if not self._read_only and {k: state.get(k) for k in ("config", "durability")} != \
-                {k: self._state[k] for k in ("config", "durability")}:
-            # The mode and config this open uses, recorded before anything is journaled: a sealed
-            # tracker opened in journal mode is a journal tracker from here on (see tracker_record).
-            store.catalog.commit(self.name, state=self._state)
         keys, summaries = store.catalog.keys_and_summaries(self.name)
         ranges, enclosed = _resolve_ranges(keys, self.name)
         stale_keys = list(enclosed)
@@ -209,6 +204,12 @@ class Recovery:
         if self._mark_delete:
             self._index.drop_ledgers_below(self._mark_delete[0])
             self._index.drop_through(*self._mark_delete)
+        if not self._read_only and {k: state.get(k) for k in ("config", "durability")} != \
+                {k: self._state[k] for k in ("config", "durability")}:
+            # The mode and config this open uses, recorded once the journal replayed (a stray file
+            # that fails it leaves a sealed tracker sealed) and before anything is journaled: a
+            # sealed tracker opened in journal mode is a journal tracker from here on (tracker_record).
+            store.catalog.commit(self.name, state=self._state)
         if self._journal is not None:
             self._checkpoint()  # compact: one file holding exactly the recovered memory-only state
         self._open_ahead()

@@ -200,6 +200,28 @@ def test_journal_files_beside_a_sealed_tracker_never_come_back(tmp_path: Path) -
         assert _drain(store.tracker("t", clock=clock), clock) == sealed | {(9, 0)}
 
 
+def test_a_foreign_journal_file_fails_the_switch_and_leaves_the_tracker_sealed(tmp_path: Path) -> None:
+    """A journal file of another store beside a sealed tracker is damage: the journal open names
+    it (JournalError) and records nothing, so the tracker still opens in sealed mode."""
+    clock = FakeClock(1_000)
+    other = tmp_path / "other"
+    with bucketstore.open(other, durability="journal") as store:
+        store.tracker("t", CFG, clock).add_message(5, 0, T0)
+    here = tmp_path / "here"
+    with bucketstore.open(here, durability="sealed", background=False) as store:
+        store.tracker("t", CFG, clock).add_messages(_rows(1) + _rows(2, 1))
+    (foreign,) = list_files(journal_directory(str(other), "t"))[0]
+    directory = Path(journal_directory(str(here), "t"))
+    directory.mkdir(parents=True)
+    shutil.copy(foreign[1], directory / os.path.basename(foreign[1]))
+    with bucketstore.open(here, durability="journal", background=False) as store:
+        with pytest.raises(bucketstore.JournalError):
+            store.tracker("t", clock=clock)
+    assert _state(here, "t")["durability"] == "sealed"
+    with bucketstore.open(here, durability="sealed", background=False) as store:
+        assert store.tracker("t", clock=clock).number_of_delayed_messages == 10
+
+
 def test_a_crash_while_a_sealed_tracker_becomes_a_journal_one(tmp_path: Path) -> None:
     """The switch removes the stale journal files, then records journal, then journals: a
     crash at any file or catalog step, under every damage mode, brings back neither the stale
