@@ -11,9 +11,9 @@ queue) and goes beyond it. See README.md for the tour.
 from __future__ import annotations
 
 from .config import TrackerConfig
-from .errors import (BucketStoreError, CatalogError, CheckpointError, CorruptLedgerError, JournalError,
-                     LedgerIdentityError, MaintenanceError, ReadOnlyError, StaleSnapshotError, StoreClosedError,
-                     StoreLockedError)
+from .errors import (BucketStoreError, CatalogError, CheckpointError, CorruptLedgerError, DurabilityMismatchError,
+                     JournalError, LedgerIdentityError, MaintenanceError, ReadOnlyError, StaleSnapshotError,
+                     StoreClosedError, StoreLockedError)
 from .memory.dedup import Deduplicator
 from .memory.inmemory import InMemoryTracker
 from .memory.nack import MessageId, NackTracker
@@ -60,6 +60,7 @@ __all__ = [
     "MaintenanceError",
     "ReadOnlyError",
     "StaleSnapshotError",
+    "DurabilityMismatchError",
     "DelayedDeliveryTracker",
     "TrackerView",
     "check",

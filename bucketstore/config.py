@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["TrackerConfig", "config_or_default"]
+__all__ = ["TrackerConfig", "config_or_default", "config_from_record"]
 
 _MAX_INT = (1 << 63) - 1
 
@@ -84,3 +84,17 @@ def config_or_default(config: object) -> TrackerConfig:
     if not isinstance(config, TrackerConfig):
         raise TypeError(f"config must be a bucketstore.TrackerConfig, not {type(config).__name__}")
     return config
+
+
+def config_from_record(recorded: object) -> TrackerConfig:
+    """The configuration a tracker or topic recorded on disk (a field -> value map), for an
+    open that names none: the defaults where it records none. Fields this version does not
+    know are left out, and a record this version cannot accept gives the defaults: the
+    catalog of a newer version must still open."""
+    if not isinstance(recorded, dict):
+        return TrackerConfig()
+    known = {k: v for k, v in recorded.items() if k in TrackerConfig.__dataclass_fields__}
+    try:
+        return TrackerConfig(**known)
+    except (TypeError, ValueError):
+        return TrackerConfig()

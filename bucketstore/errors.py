@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointError",
     "ReadOnlyError",
     "StaleSnapshotError",
+    "DurabilityMismatchError",
 ]
 
 
@@ -132,4 +133,25 @@ class StaleSnapshotError(BucketStoreError):
 
     def __init__(self, message: str, *, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        super().__init__(message)
+
+
+class DurabilityMismatchError(BucketStoreError):
+    """A tracker written in ``"journal"`` durability was asked for by a store opened in
+    ``"sealed"`` durability. Its journal holds acknowledged indexes (and its delivery
+    frontier) that a sealed open would neither see nor keep, so nothing is opened or
+    changed: open the store with the durability the tracker was written in.
+
+    (The other way round is allowed: a sealed tracker opened in journal mode becomes a
+    journal tracker, a stronger promise, and is recorded as one.)
+
+    :ivar tracker: the tracker's name.
+    :ivar recorded: the durability the tracker was written in.
+    :ivar requested: the durability the store was opened with.
+    """
+
+    def __init__(self, message: str, *, tracker: str, recorded: str, requested: str) -> None:
+        self.tracker = tracker
+        self.recorded = recorded
+        self.requested = requested
         super().__init__(message)

@@ -39,6 +39,7 @@ from ..engine.directory.store_lock import writer_pid
 from ..engine.topics.topic_file import topics_directory
 from ..engine.topics.topic_reader import describe_topics, verify_topics
 from ..engine.durability.journal import journal_directory
+from ..engine.store.tracker_record import recorded_durability
 from ..errors import CatalogError, CorruptLedgerError, JournalError
 from ..format.journal_codec import parse_file
 from ..format.ledger_file import LedgerReader, ledger_file_name
@@ -173,6 +174,8 @@ def _view_of(path: str, snapshot: CatalogSnapshot,
                 gone.append((name, entry))
             buckets.append(entry)
         doc["trackers"][name] = {
+            # What a writable open must use (a sealed store refuses a journal tracker holding anything).
+            "durability": recorded_durability(snapshot.tracker_state(name), path, name),
             "mark_delete": state.get("mark_delete"),
             "buckets": buckets,
             "indexes": sum(b.get("indexes", 0) for b in buckets),

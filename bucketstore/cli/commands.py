@@ -44,6 +44,8 @@ class UsageError(Exception):
 
 
 def _existing_path(path: str) -> str:
+    if not path:
+        raise UsageError("the path is empty (an unset shell variable?): give a store, a directory or a file")
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     return path
@@ -89,7 +91,8 @@ def _render_store(doc: dict, *, detail: bool) -> str:
              f"next ledger  {doc['next_ledger_id']}"]
     for name, tracker in doc["trackers"].items():
         lines.append("")
-        lines.append(f"tracker {name!r}: {len(tracker['buckets'])} bucket(s), {tracker['indexes']} indexes, "
+        lines.append(f"tracker {name!r}: {tracker['durability'] or 'sealed'} mode, "
+                     f"{len(tracker['buckets'])} bucket(s), {tracker['indexes']} indexes, "
                      f"{tracker['bytes']} bytes, mark-delete {_position(tracker['mark_delete'])}")
         if not detail or not tracker["buckets"]:
             continue
@@ -148,6 +151,9 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
 def _cmd_stats(args: argparse.Namespace) -> int:
     if args.plot:  # first, so that a missing extra is one line and exit 2, before any output
         _store_path(args.store)
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):  # a mistyped output path is the command line's, not damage
+            raise UsageError(f"{args.plot}: cannot write the picture there: {folder} is not a directory")
         status = plot.run(args.store, args.plot)
         if status:
             return status

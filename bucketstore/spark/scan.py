@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from ..errors import CatalogError, StaleSnapshotError
 from ..engine.durability.journal import has_journal, read_frontier
+from ..engine.store.tracker_record import recorded_durability
 from ..format.ledger_file import LedgerReader
 from ..format.snapshot import BucketFile, bucket_key, parse_bucket_key
 from .schema import READ_ARROW_SCHEMA, signed_view, to_signed
@@ -105,6 +106,7 @@ def _plan_once(store: str, trackers: Sequence[str] | None, partition_bytes: int)
             raise CatalogError(f"{store}: no tracker named {', '.join(map(repr, unknown))} "
                                f"(the store has {', '.join(map(repr, known)) or 'none'})", path=store)
         keyed = [(name, catalog.buckets(name)) for name in names]
+        modes = {name: recorded_durability(catalog.tracker_state(name), store, name) for name in names}
     finally:
         catalog.close()
     partitions: list[list[SegmentRange]] = []
@@ -117,7 +119,9 @@ def _plan_once(store: str, trackers: Sequence[str] | None, partition_bytes: int)
             continue
         # read_frontier's None means either "no journal" or "nothing delivered";
         # the column tells them apart (null: unknown, False: not delivered).
-        journaled = has_journal(store, name)
+        # A tracker recorded as sealed has no journal of its own: files there are a deleted
+        # tracker's of that name, whose frontier says nothing about these rows.
+        journaled = modes[name] != "sealed" and has_journal(store, name)
         frontier = read_frontier(store, name) if journaled else None
         for key, ledger_id in sorted(buckets.items(), key=lambda kv: parse_bucket_key(kv[0])):
             start, end = parse_bucket_key(key)

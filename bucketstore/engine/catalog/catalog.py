@@ -540,6 +540,17 @@ def copy_catalog(path: str | os.PathLike[str], dest: str, *, attempts: int = 5) 
         for name in os.listdir(dest):
             os.unlink(os.path.join(dest, name))
 
+    with _WRITERS_LOCK:
+        writer = _WRITERS.get(os.path.realpath(os.fspath(path)))
+    if writer is not None:
+        # The writer is this process (a read-only handle beside it): LMDB allows one open of
+        # an environment per process, so the copy's read transaction is taken on the writer's.
+        try:
+            return writer.copy_to(dest)
+        except CatalogError:
+            if writer._env is not None:
+                raise
+            start_afresh()  # it closed meanwhile: copy from the files, as another process would
     return _read_registered(path, lambda catalog: catalog.copy_to(dest), attempts=attempts, what="copied",
                             on_resized=start_afresh)
 

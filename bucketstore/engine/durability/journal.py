@@ -214,7 +214,9 @@ class Journal:
         Called only for a tracker the catalog has no state for: every tracker commits its
         state at its first open, before anything is journaled, and ``delete_tracker`` removes
         the state before the files, so files here belong to a deleted tracker (a crash or an
-        I/O error stopped the deletion half-way). Replayed, they would bring its indexes back
+        I/O error stopped the deletion half-way). Also for a tracker whose state records
+        sealed durability, opened in journal mode: it journaled nothing since (a journal
+        open records journal before it journals), so the files are such a deleted tracker's too. Replayed, they would bring its indexes back
         under the new tracker. Only when every file's header names this tracker of this store
         (or no one: version 1): a file of another store or tracker, or one whose header cannot
         be read (a named journal file always has a whole header: it is renamed into place after

@@ -118,6 +118,9 @@ def check_destination(dest: str | os.PathLike[str], source: str | os.PathLike[st
     :raises ValueError: ``dest`` exists and is not an empty directory, or lies inside
         the source store (a checkpoint never writes into its source).
     """
+    if not os.fspath(dest):
+        # abspath("") is the working directory: never take it for the destination.
+        raise ValueError("checkpoint destination is empty: give the path of a new or empty directory")
     path = os.path.abspath(os.fspath(dest))
     if os.path.lexists(path):
         if not os.path.isdir(path) or os.path.islink(path):

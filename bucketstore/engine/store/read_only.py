@@ -29,8 +29,9 @@ the snapshot (a merge, a delivery, a mark-delete) then raises
 and never a silently wrong answer. Holding every file open from the start would
 avoid that, but costs a descriptor per bucket for as long as the handle lives.
 
-The durability each tracker was written with is read from disk: a tracker with a
-journal directory is replayed in journal mode, one without in sealed mode. In
+The durability each tracker was written with is the one its catalog state records
+(:mod:`~bucketstore.engine.store.tracker_record`; for a tracker written before the mode
+was recorded: journal files mean journal mode, none sealed mode). In
 sealed mode the view is what a writable open would deliver: segments already due
 at open are skipped, as PIP-195 recovery skips them (the embedder's replay brings
 them back), so :meth:`ReadOnlyTracker.peek_scheduled` never names a position the
@@ -62,6 +63,8 @@ from ..queue.shared_queue import Run
 from ..topics.topic_reader import ReadOnlyTopics
 from ..tracker.store_services import StoreServices
 from ..tracker.tracker import BucketTracker
+from .checkpoint import CheckpointReport, check_destination, make_checkpoint
+from .tracker_record import recorded_config, recorded_durability
 from .tracker_registry import TrackerRegistry
 
 __all__ = ["ReadOnlyStore", "ReadOnlyTracker", "SNAPSHOT_ATTEMPTS"]
@@ -398,7 +401,12 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
             last = attempt == SNAPSHOT_ATTEMPTS - 1
             snapshot = self._tracker_snapshot(name)
             identity = (snapshot.store_id, name) if snapshot.store_id else None
-            journal = read_journal(self.path, name, identity=identity)
+            mode = recorded_durability(snapshot.tracker_state(name), self.path, name)
+            # A tracker recorded as sealed is replayed as one: journal files beside it are a
+            # deleted tracker's, which its writer's next journal open removes unread.
+            journal = None if mode == "sealed" else read_journal(self.path, name, identity=identity)
+            if journal is None and mode == "journal":
+                journal = JournalState(None, [], 0, 0)  # recorded journal, its directory gone: nothing journaled
             moment = "one"
             if journal is not None:
                 # The journal and the catalog must describe one moment: entries unchanged
@@ -418,7 +426,8 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
                 store_id=snapshot.store_id or "", journal_fds=FdPool(1), tracker_closed=self._forget,
                 background=False, segment_reader=None)
             try:
-                tracker = ReadOnlyTracker(services, name, config or _recorded_config(snapshot, name), clock, journal)
+                tracker = ReadOnlyTracker(services, name, config or recorded_config(snapshot.tracker_state(name)),
+                                          clock, journal)
             except StaleSnapshotError:
                 if last:
                     raise
@@ -458,6 +467,23 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
                 "ledger_bytes": ledgers.bytes,
                 "next_ledger_id": self.snapshot.next_ledger_id(), "writer_pid": writer_pid(self.path)}
 
+    def checkpoint(self, dest: str | os.PathLike[str]) -> CheckpointReport:
+        """Copy the store into ``dest``: a consistent crash image holding every index its writer
+        acknowledged before the call, also while that writer runs (in another process or this
+        one). What ``bucketstore checkpoint`` does (see :mod:`~bucketstore.engine.store.checkpoint`):
+        ledger files hard-linked (or copied), the catalog in one read transaction, each journal
+        read before and after it. Unlike the writer's :meth:`Store.checkpoint`, adds waiting for
+        their group commit (``sync_interval_ms > 0``) are not in the copy: they are not durable.
+        Nothing is written into the store but the reader slot LMDB takes in ``lock.mdb``.
+
+        :param dest: a path that does not exist, or an empty directory, outside the store.
+        :raises ValueError: a bad ``dest`` (exists and not an empty directory; inside the store).
+        :raises CheckpointError: the writer kept retiring files faster than they were pinned.
+        """
+        self._check_open()
+        check_destination(dest, self.path)
+        return make_checkpoint(self.path, dest)
+
     def close(self) -> None:
         """Close every tracker opened on this handle. Idempotent."""
         with self._lock:
@@ -475,14 +501,3 @@ class ReadOnlyStore(TrackerRegistry[ReadOnlyTracker], ReadOnlyTopics):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _recorded_config(snapshot: CatalogSnapshot, name: str) -> TrackerConfig:
-    """The configuration the writer recorded in the tracker's state (defaults where it is missing)."""
-    recorded = (snapshot.tracker_state(name) or {}).get("config")
-    if not isinstance(recorded, dict):
-        return TrackerConfig()
-    known = {k: v for k, v in recorded.items() if k in TrackerConfig.__dataclass_fields__}
-    try:
-        return TrackerConfig(**known)
-    except (TypeError, ValueError):
-        return TrackerConfig()

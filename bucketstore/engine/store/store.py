@@ -53,6 +53,7 @@ from ..tracker.store_services import StoreServices
 from ..tracker.tracker import BucketTracker
 from .checkpoint import CheckpointReport, check_destination, make_checkpoint
 from .read_only import ReadOnlyStore
+from .tracker_record import check_durability, recorded_config
 from .tracker_registry import TrackerRegistry
 
 __all__ = ["Store", "open_store", "DURABILITY_MODES"]
@@ -271,20 +272,30 @@ class Store(TrackerRegistry[BucketTracker], TopicRegistry):
         """Open (creating if needed) the tracker ``name`` and recover its buckets.
 
         One handle per name at a time: asking again for an open tracker returns
-        the same object (its config must match).
+        the same object (an explicit config must match).
+
+        :param config: None (the default): the configuration the tracker recorded in the
+            catalog (the defaults for a new tracker). An explicit one becomes the tracker's
+            configuration from now on, and is recorded: it governs what comes next (the
+            cutoff, new adds, seals, merges, memory) and rewrites nothing already stored.
+        :raises DurabilityMismatchError: the tracker was written in journal mode and this
+            store is open in sealed mode (see :mod:`~bucketstore.engine.store.tracker_record`).
         """
         validate_tracker_name(name)
-        config = config_or_default(config)
+        if config is not None:
+            config = config_or_default(config)
         with self._lock:
             self._check_open()
             if name in self._deleting:
                 raise ValueError(f"tracker {name!r} is being deleted")
             live = self._trackers.get(name)
             if live is not None:
-                if live.config != config:
+                if config is not None and live.config != config:
                     raise ValueError(f"tracker {name!r} is already open with a different config")
                 return live
-            tracker = BucketTracker(self._services, name, config, clock)
+            state = self.catalog.tracker_state(name)
+            check_durability(state, self.path, name, self.durability)
+            tracker = BucketTracker(self._services, name, config or recorded_config(state), clock)
             self._trackers[name] = tracker
             return tracker
 
@@ -295,10 +306,20 @@ class Store(TrackerRegistry[BucketTracker], TopicRegistry):
             return self.catalog.tracker_names()
 
     def delete_tracker(self, name: str) -> None:
-        """Delete a tracker: its keys and state in one transaction, then its ledger files."""
+        """Delete a tracker: its keys and state in one transaction, then its ledger and journal files.
+
+        :raises KeyError: the store holds nothing of that name (as ``delete_topic`` and
+            ``Topic.delete_subscription`` do; an embedder whose deletes must be idempotent
+            suppresses it). Files a deletion that stopped half-way left behind (the catalog
+            no longer names the tracker, its journal directory is still there) count as
+            something: deleting again removes them.
+        """
         validate_tracker_name(name)
         with self._lock:
             self._check_open()
+            if name not in self._trackers and self.catalog.tracker_state(name) is None \
+                    and not self.catalog.buckets(name) and not os.path.isdir(journal_directory(self.path, name)):
+                raise KeyError(f"no tracker {name!r} in store {self.path}")
             live = self._trackers.pop(name, None)
             self._deleting.add(name)  # no new handle may recover it meanwhile
         try:

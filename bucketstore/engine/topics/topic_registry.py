@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...config import TrackerConfig, config_or_default
+from ...config import TrackerConfig, config_from_record, config_or_default
 from ...cutoff import Clock
 from ...errors import BucketStoreError
 from ...format.fs import REAL_FS
-from ...format.topic_codec import decode_topic, topic_prefix, validate_name
+from ...format.topic_codec import TopicRecordError, decode_topic, topic_prefix, validate_name
 from .topic import Topic
 from .topic_file import TopicFile, topics_directory
 
@@ -45,20 +45,31 @@ class TopicRegistry:
     def topic(self, name: str, config: TrackerConfig | None = None, clock: Clock | None = None) -> Topic:
         """Open (creating if needed) the topic ``name``: one index its subscriptions share.
 
-        One handle per name at a time: asking again for an open topic returns it (its config
-        must match).
+        One handle per name at a time: asking again for an open topic returns it (an explicit
+        config must match).
+
+        :param config: None (the default): the configuration the topic recorded (the defaults
+            for a new topic); an explicit one becomes the topic's from now on, and is recorded.
         """
-        validate_name(name, "topic")
-        config = config_or_default(config)
+        raw_name = validate_name(name, "topic")
+        if config is not None:
+            config = config_or_default(config)
         with self._lock:
             self._check_open()
             handles = self._open_topics()
             live = handles.get(name)
             if live is not None:
-                if live.config != config:
+                if config is not None and live.config != config:
                     raise ValueError(f"topic {name!r} is already open with a different config")
                 return live
             file = self._topic_file(create=True)
+            if config is None:
+                with file.read() as txn:
+                    raw = txn.get(raw_name, db=file.topics)
+                try:
+                    config = config_from_record(decode_topic(raw).get("config") if raw is not None else None)
+                except TopicRecordError:
+                    config = TrackerConfig()  # the topic's open names the damage, as a CatalogError
             topic = Topic(file, name, config, clock, durability=self.durability,  # type: ignore[arg-type]
                           sync_interval_ms=self.sync_interval_ms, confirm_sync_ms=self.confirm_sync_ms,
                           delivery=self.delivery, on_close=self._topic_closed)

@@ -64,15 +64,18 @@ class Recovery:
         started = time.perf_counter()
         store = self._store
         state = store.catalog.tracker_state(self.name)
+        if self._journal is not None and not self._read_only and (state is None or state.get("durability") == "sealed"):
+            # Not this tracker's journal: a deleted tracker's of that name (its deletion had
+            # stopped half-way), or left beside a tracker recorded as sealed. Removed before the
+            # state commit (a crash in between must not make them this tracker's), and replayed
+            # never: they would bring back indexes no one holds any more.
+            dropped = self._journal.discard_deleted()
+            if dropped:
+                log.info("tracker %r: removed %d journal file(s) of a deleted tracker of that name, or left "
+                         "beside the tracker while it was a sealed one", self.name, dropped)
         if state is None:
-            if self._journal is not None and not self._read_only:
-                # Before the state commit: a crash in between must not make them this tracker's.
-                dropped = self._journal.discard_deleted()
-                if dropped:
-                    log.info("tracker %r: removed %d journal file(s) of a deleted tracker of that name "
-                             "(its deletion had stopped half-way)", self.name, dropped)
             store.catalog.commit(self.name, state=self._state)
-            state = {}
+            state = self._state
         md = state.get("mark_delete")
         if isinstance(md, list) and len(md) == 2 and all(isinstance(v, int) for v in md):
             self._mark_delete = (md[0], md[1])
@@ -201,6 +204,12 @@ class Recovery:
         if self._mark_delete:
             self._index.drop_ledgers_below(self._mark_delete[0])
             self._index.drop_through(*self._mark_delete)
+        if not self._read_only and {k: state.get(k) for k in ("config", "durability")} != \
+                {k: self._state[k] for k in ("config", "durability")}:
+            # The mode and config this open uses, recorded once the journal replayed (a stray file
+            # that fails it leaves a sealed tracker sealed) and before anything is journaled: a
+            # sealed tracker opened in journal mode is a journal tracker from here on (tracker_record).
+            store.catalog.commit(self.name, state=self._state)
         if self._journal is not None:
             self._checkpoint()  # compact: one file holding exactly the recovered memory-only state
         self._open_ahead()

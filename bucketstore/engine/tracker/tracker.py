@@ -207,7 +207,8 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
     @property
     def _state(self) -> dict[str, Any]:
         return {"mark_delete": list(self._mark_delete) if self._mark_delete else None,
-                "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}}
+                "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__},
+                "durability": self._store.durability}
 
     # -- deleting buckets -----------------------------------------------------------------------
     def _bucket_exhausted(self, bucket: SealedBucket) -> None:

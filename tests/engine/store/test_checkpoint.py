@@ -202,6 +202,10 @@ def test_checkpoints_beside_a_live_writer_hold_every_acknowledged_add(tmp_path: 
                 check = subprocess.run([sys.executable, "-m", "bucketstore", "verify", str(dest)],
                                        capture_output=True, text=True, timeout=120)
                 assert check.returncode == 0 and check.stdout.rstrip().endswith("ok"), check.stdout + check.stderr
+            elif i == 1:  # once from a read-only handle, as an embedder's backup job takes it
+                with bucketstore.open(store_path, read_only=True) as looking:
+                    report = looking.checkpoint(dest)
+                assert report.ledger_files == report.linked
             else:
                 report = make_checkpoint(store_path, dest)
                 assert report.copied == 0 and report.linked == report.ledger_files  # one file system
