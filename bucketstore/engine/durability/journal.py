@@ -84,7 +84,7 @@ from ...format.journal_codec import (CHECKPOINT_END, CHECKPOINT_START, MAX_HEADE
                                     encode_add_one, encode_frontier, encode_header, encode_untrack, frame_group,
                                     parse_file, parse_header)
 
-__all__ = ["CheckpointWrite", "Journal", "JournalState", "FdPool", "journal_directory", "has_journal", "read_frontier",
+__all__ = ["CheckpointWrite", "Journal", "concat_rows", "JournalState", "FdPool", "journal_directory", "has_journal", "read_frontier",
            "read_identity", "read_journal", "list_files", "newest_checkpoint"]
 
 _DIR_PREFIX = 48
@@ -161,15 +161,38 @@ class JournalState:
     cut_bytes: int
 
 
+_EMPTY = np.zeros(0, dtype=np.dtype("<u8"))
+
+
+def concat_rows(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ledgers, entries, ts) parts as three columns, in part order."""
+    if not parts:
+        return _EMPTY, _EMPTY, _EMPTY
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
+
+
+@dataclass
+class _Taken:
+    """A group taken from the pending records (:meth:`Journal.take`), bound for file ``number``."""
+
+    seq: int
+    number: int
+    body: bytes
+    frontier: tuple[int, int, int] | None
+
+
 @dataclass
 class CheckpointWrite:
     """A checkpoint begun under the tracker's lock (:meth:`Journal.begin_checkpoint`), to be
     written without it (:meth:`Journal.write_checkpoint`): its file number and its records,
-    but the memory-only rows, encoded by the write (fresh arrays, never changed)."""
+    but the memory-only rows, as (ledgers, entries, ts) parts that nobody changes (views of
+    runs' columns, or copies), joined and encoded by the write."""
 
     number: int
     head: list[bytes]
-    rows: tuple[np.ndarray, np.ndarray, np.ndarray]
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     tail: list[bytes]
 
 
@@ -205,8 +228,21 @@ class Journal:
             self.identity = (store_id, tracker)
         self._pool = pool
         self._fd_lock = threading.Lock()
-        #: Whether file ``_number`` is a tail a begun checkpoint reserved, not created yet.
-        self._tail_fresh = False
+        #: The file ``_fd`` is open on (appends go to ``_number``; a group taken earlier may
+        #: still be bound for an older file, which the writer then reopens).
+        self._fd_number = -1
+        #: Files reserved, not created yet: number -> whether it starts with an (empty)
+        #: checkpoint group (the first file) or is a tail a begun checkpoint reserved. Created
+        #: by the write of their first group (``dict`` items: set and popped atomically).
+        self._fresh: dict[int, bool] = {}
+        #: Groups taken (:meth:`take`) and not written yet, in order, each bound for its file;
+        #: written by :meth:`write_taken` (without the tracker's lock) or by the next commit.
+        self._taken: list[_Taken] = []
+        self._taken_seq = 0
+        self._written_seq = 0
+        #: Orders the writers (a commit under the tracker's lock, a taker writing its group
+        #: without it, a checkpoint's write): groups reach the files in the order they were taken.
+        self._io_lock = threading.Lock()
 
     def discard_deleted(self) -> int:
         """Remove the files a deleted tracker of this name left here; how many.
@@ -334,7 +370,8 @@ class Journal:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        """Whether records wait for their group commit (pending, or taken and not written)."""
+        return bool(self._pending or self._taken)
 
     @property
     def urgent(self) -> bool:
@@ -344,51 +381,129 @@ class Journal:
         return self._urgent
 
     def commit(self) -> None:
-        """Write the pending records as one group and fsync it. A failed write or fsync poisons
-        the journal (:class:`JournalError`); a failure to open the file (to create the first
-        one, or to reopen the one the descriptor pool closed) writes nothing and is raised as
-        the ``OSError``: the group stays pending for the next commit."""
+        """Write the groups taken before (see :meth:`take`), then the pending records as one
+        group, and fsync. A failed write or fsync poisons the journal (:class:`JournalError`);
+        a failure to open the file (to create the first one, or to reopen the one the
+        descriptor pool closed) writes nothing and is raised as the ``OSError``: the group
+        stays pending for the next commit (a delivery that raises may then drop its records)."""
+        with self._io_lock:
+            self._write_taken_locked()
+            if not self._pending:
+                return
+            self._check_usable()
+            first = self._number < 0
+            if first:
+                self._number, self._fresh[0] = 0, True
+            try:
+                self._write_body(self._number, b"".join(self._pending))
+            except OSError:
+                if first and 0 in self._fresh:  # nothing named: the next commit starts afresh
+                    self._number = -1
+                    del self._fresh[0]
+                raise
+            self._pending.clear()
+            self._urgent = self._lazy_last = False
+            self.groups += 1
+            if self._pending_frontier is not None:
+                self.durable_frontier, self._pending_frontier = self._pending_frontier, None
+
+    def take(self) -> int:
+        """Take the pending records as a group to write later, without the tracker's lock: under
+        it, this only moves them out of the pending group (the file they go to is bound now, so
+        a checkpoint begun later comes after them); :meth:`write_taken` writes them. Returns the
+        group's number for :meth:`write_taken` (0: nothing was pending). Taken records are past
+        :meth:`rewind` (as committed ones are)."""
         if not self._pending:
+            return 0
+        if self._number < 0:
+            self._number, self._fresh[0] = 0, True
+        self._taken_seq += 1
+        self._taken.append(_Taken(self._taken_seq, self._number, b"".join(self._pending), self._pending_frontier))
+        self._pending.clear()
+        self._urgent = self._lazy_last = False
+        self._pending_frontier = None
+        self.groups += 1
+        return self._taken_seq
+
+    def write_taken(self, seq: int) -> None:
+        """Make the taken groups up to ``seq`` durable (needs no tracker lock): this writer writes
+        every group taken so far, in order, those bound for one file as one group (one write,
+        one fsync), unless another writer did already. Failures as for :meth:`commit`: a failed
+        write or fsync poisons the journal; a failure to create or open a file writes nothing
+        and leaves the groups taken, for the next writer."""
+        if seq <= self._written_seq:
             return
+        with self._io_lock:
+            self._write_taken_locked()
+
+    def _write_taken_locked(self) -> None:
+        if not self._taken:
+            return
+        self._check_usable()
+        groups, self._taken = self._taken, []
+        i = 0
+        try:
+            while i < len(groups):
+                number = groups[i].number
+                j = i + 1
+                while j < len(groups) and groups[j].number == number:
+                    j += 1
+                # One file's groups as one: a group is all or nothing, and so is their union.
+                self._write_body(number, b"".join(g.body for g in groups[i:j]))
+                frontiers = [g.frontier for g in groups[i:j] if g.frontier is not None]
+                if frontiers:
+                    self.durable_frontier = frontiers[-1]
+                self._written_seq = groups[j - 1].seq
+                i = j
+        except BaseException:
+            self._taken[:0] = groups[i:]  # not written: the next writer tries (a poisoned one never)
+            raise
+
+    def _check_usable(self) -> None:
         if self._poisoned:
             raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
                                                         f"{self._poisoned}")
-        if self._number < 0:
-            self._open_new(checkpoint=[])
-        body = b"".join(self._pending)
-        if self._tail_fresh:
-            self._open_tail(frame_group(self._number, body))
-        else:
-            self._append(body)
-        self._pending.clear()
-        self._urgent = self._lazy_last = False
-        self.groups += 1
-        if self._pending_frontier is not None:
-            self.durable_frontier, self._pending_frontier = self._pending_frontier, None
 
-    def _append(self, body: bytes) -> None:
+    def _write_body(self, number: int, body: bytes) -> None:
+        """Write one group to file ``number`` (under ``_io_lock``), creating the file if reserved."""
+        fresh = self._fresh.get(number)
+        if fresh is None:
+            self._append(number, body)
+        elif fresh:  # the first file: an empty checkpoint, then the group
+            self._create(number, [])
+            self._append(number, body)
+        else:
+            self._open_tail(number, frame_group(number, body))
+
+    def _append(self, number: int, body: bytes) -> None:
         with self._fd_lock:  # the pool must not close the descriptor mid-write
             # Reopening the file the pool closed (EMFILE, ENFILE) writes nothing: the group stays
             # pending and the next commit tries again, as after a failed first file's creation.
-            fd = self._ensure_fd()
+            fd = self._ensure_fd(number)
             try:
-                self._fs.write(fd, frame_group(self._number, body))
+                self._fs.write(fd, frame_group(number, body))
                 # Never retried: after a failed fsync the kernel may have dropped the
                 # dirty pages, and a second fsync could report success for lost data.
                 self._fs.fsync(fd)
             except OSError as exc:
                 self._poisoned = f"{type(exc).__name__}: {exc}"
-                raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
+                raise JournalError(self._path(number), 0, f"journal write failed: {exc}") from exc
 
-    def _open_tail(self, group: bytes) -> None:
+    def _open_tail(self, number: int, group: bytes) -> None:
         """Create the tail file a begun checkpoint reserved, holding its first group, durably
         before it is named (a named journal file always has a whole header). A failure before
         the rename names nothing: the group stays pending (raised as the ``OSError``); after
         it, the group may be durable or not, so the journal is poisoned."""
-        path = self._current_path()
-        fd = self._write_named(path, encode_header(self._number, self.identity) + group, keep_open=True)
+        fd = self._write_named(self._path(number), encode_header(number, self.identity) + group, keep_open=True)
+        self._adopt_fd(fd, number)
+
+    def _adopt_fd(self, fd: int, number: int) -> None:
+        """Make ``fd`` (file ``number``, just created) the one appends use."""
         with self._fd_lock:
-            self._fd, self._tail_fresh = fd, False
+            old_fd, self._fd, self._fd_number = self._fd, fd, number
+            self._fresh.pop(number, None)
+            if old_fd >= 0:
+                self._fs.close(old_fd)
             if self._pool is not None:
                 self._pool.admit(self)
 
@@ -428,10 +543,14 @@ class Journal:
             raise
         return fd
 
-    def _ensure_fd(self) -> int:
-        """The current file's descriptor, reopened for appending if the pool closed it."""
+    def _ensure_fd(self, number: int) -> int:
+        """File ``number``'s descriptor, reopened for appending if the pool closed it (or it is
+        open on another file: a group taken before a checkpoint began goes to the file before)."""
+        if self._fd >= 0 and self._fd_number != number:
+            self._close_fd()
         if self._fd < 0:
-            self._fd = self._fs.open_append(self._current_path())
+            self._fd = self._fs.open_append(self._path(number))
+            self._fd_number = number
         if self._pool is not None:
             self._pool.admit(self)
         return self._fd
@@ -442,22 +561,25 @@ class Journal:
             self._fs.close(fd)
 
     def _current_path(self) -> str:
-        return os.path.join(self.directory, f"{self._number:020d}.journal")
+        return self._path(self._number)
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self.directory, f"{number:020d}.journal")
+
+    def _create(self, number: int, checkpoint: list[bytes]) -> None:
+        """Create file ``number`` starting with a checkpoint group, durable before anything else uses it."""
+        body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
+        fd = self._write_named(self._path(number), encode_header(number, self.identity) + frame_group(number, body),
+                               keep_open=True, what="checkpoint")
+        self._adopt_fd(fd, number)
 
     def _open_new(self, checkpoint: list[bytes]) -> None:
-        """Start the next file with a checkpoint group, durable before anything else uses it."""
+        """Start the next file with a checkpoint group (under ``_io_lock``); files reserved
+        before it are never created (nothing is bound for them: the checkpoint holds it all)."""
         number = self._number + 1
-        path = os.path.join(self.directory, f"{number:020d}.journal")
-        body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
-        fd = self._write_named(path, encode_header(number, self.identity) + frame_group(number, body),
-                               keep_open=True, what="checkpoint")
-        with self._fd_lock:
-            old_fd, self._fd, self._number = self._fd, fd, number
-            self._tail_fresh = False
-            if old_fd >= 0:
-                self._fs.close(old_fd)
-            if self._pool is not None:
-                self._pool.admit(self)
+        self._create(number, checkpoint)
+        self._number = number
+        self._fresh.clear()
 
     def checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
                    frontier: tuple[int, int, int] | None,
@@ -486,9 +608,13 @@ class Journal:
             records.append(encode_add(ledgers, entries, ts))
         if frontier is not None:
             records.append(encode_frontier(frontier))
-        # The pending group is in ``records`` (the tracker's state): it is dropped only once the
-        # new file holds it. A checkpoint that fails first leaves it pending for the next commit.
-        self._open_new(records)
+        # The pending group and the taken ones are in ``records`` (the tracker's state): they are
+        # dropped only once the new file holds them. A checkpoint that fails first leaves them
+        # for the next commit.
+        with self._io_lock:
+            self._open_new(records)
+            self._taken = []
+            self._written_seq = self._taken_seq
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
@@ -499,29 +625,28 @@ class Journal:
                 self._fs.unlink(path)
         self._fs.fsync_dir(self.directory)
 
-    def begin_checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
+    def begin_checkpoint(self, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                          frontier: tuple[int, int, int] | None,
                          untracked: list[tuple[int, int]] = (),
                          redeliver: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> CheckpointWrite:
         """:meth:`checkpoint`'s first step, under the tracker's lock: the state (as for
-        :meth:`checkpoint`; ``ledgers``, ``entries``, ``ts`` must be arrays nobody changes) gets
-        the next file number, and appends move on to the number after it (the tail), so every
-        record journaled from now on lands after the checkpoint. A pending group is committed
-        first, to the current file: the state holds it, and so must the log it replaces until
-        the checkpoint is durable. :meth:`write_checkpoint` writes it, without the lock."""
-        if self._poisoned:
-            raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
-                                                        f"{self._poisoned}")
-        self.commit()
+        :meth:`checkpoint`, the memory-only rows as (ledgers, entries, ts) parts of arrays nobody
+        changes, joined by the write) gets the next file number, and appends move on to the
+        number after it (the tail), so every record journaled from now on lands after the
+        checkpoint. A pending group is taken first
+        (:meth:`take`), bound for the current file: the state holds it, and so must the log it
+        replaces until the checkpoint is durable. :meth:`write_checkpoint` writes the taken
+        groups, then the checkpoint, without the lock; nothing here writes or waits for a file."""
+        self._check_usable()
+        self.take()
         head = [encode_untrack(ledger, entry) for ledger, entry in untracked]
         if redeliver is not None and len(redeliver[0]):
             head.append(encode_add(*redeliver))
         number = self._number + 1
-        with self._fd_lock:
-            self._close_fd()
-            self._number, self._tail_fresh = number + 1, True
+        self._fresh[number + 1] = False
+        self._number = number + 1
         self.groups += 1  # as a checkpoint: a mark taken before the state is stale (see rewind)
-        return CheckpointWrite(number, head, (ledgers, entries, ts),
+        return CheckpointWrite(number, head, list(rows),
                                [encode_frontier(frontier)] if frontier is not None else [])
 
     def write_checkpoint(self, begun: CheckpointWrite) -> None:
@@ -533,9 +658,14 @@ class Journal:
         and then the tail, so nothing is poisoned. The older files are deleted only once the
         checkpoint's name is durable.
         """
+        # The groups taken before the state are bound for the files this checkpoint replaces:
+        # they are written first (and so are any taken since, bound for the tail).
+        with self._io_lock:
+            self._write_taken_locked()
         records = list(begun.head)
-        if len(begun.rows[0]):
-            records.append(encode_add(*begun.rows))
+        ledgers, entries, ts = concat_rows(begun.rows)
+        if len(ledgers):
+            records.append(encode_add(ledgers, entries, ts))
         body = b"".join([CHECKPOINT_START, *records, *begun.tail, CHECKPOINT_END])
         path = os.path.join(self.directory, f"{begun.number:020d}.journal")
         self._write_named(path, encode_header(begun.number, self.identity) + frame_group(begun.number, body),
@@ -547,7 +677,7 @@ class Journal:
             self._fs.fsync_dir(self.directory)
 
     def close(self) -> None:
-        with self._fd_lock:
+        with self._io_lock, self._fd_lock:
             self._close_fd()
         if self._pool is not None:
             self._pool.forget(self)

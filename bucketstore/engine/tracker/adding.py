@@ -50,15 +50,16 @@ class Adding:
             timed = self._ops.count_add()
             started = time.perf_counter() if timed else 0.0
             tracked = self._add_one(ledger_id, entry_id, deliver_at, self._cutoff.advance())
-            if self._journal is not None:
-                self._sync()
+            taken = self._take_group() if self._journal is not None else 0
             if tracked:
                 self._due.added(deliver_at)
             if timed:
                 self._ops.observe_add(time.perf_counter() - started)
             if timed or waited:  # the mutable bucket's size, reported 1 add in 16
                 self._note_backlog(waited)
-            return tracked
+        if taken:
+            self._write_group(taken)
+        return tracked
 
     def _add_one(self, ledger_id: int, entry_id: int, deliver_at: int, cutoff: int) -> bool:
         """:meth:`add_message` under the lock, without the journal's group commit."""
@@ -160,13 +161,34 @@ class Adding:
                     tracked += self._add_one(int(ledgers[lo]), int(entries[lo]), int(deliver_at[lo]), cutoff)
                 else:
                     tracked += self._add_ledger_run(int(ledgers[lo]), entries[lo:hi], deliver_at[lo:hi], cutoff)
-            if self._journal is not None:
-                self._sync()
+            taken = self._take_group() if self._journal is not None else 0
             if tracked:
                 self._due.added(int(deliver_at.min()))
             self._ops.record("add", time.perf_counter() - started, True)
             self._note_backlog(waited)
-            return tracked
+        if taken:
+            self._write_group(taken)
+        return tracked
+
+    def _take_group(self) -> int:
+        """An add's group commit, in two steps: when one is due (see ``_sync``), the pending group
+        is taken here, under the lock, and written by :meth:`_write_group` once the call let the
+        lock go, so another thread's add never waits for this one's write and fsync (2-25 ms a
+        group of 50,000 rows). The call still returns only once its group is durable."""
+        if not self._sync_due():
+            return 0
+        self._last_sync = time.monotonic()
+        return self._journal.take()
+
+    def _write_group(self, taken: int) -> None:
+        """Write the group :meth:`_take_group` took (and any taken before it), without the lock;
+        batches a frontier it carried made durable are then let go of, under the lock."""
+        journal = self._journal
+        before = journal.durable_frontier
+        journal.write_taken(taken)
+        if journal.durable_frontier != before:
+            with self._lock:
+                self._handoff.release(journal.durable_frontier)
 
     def _add_ledger_run(self, ledger_id: int, entries: np.ndarray, deliver_at: np.ndarray, cutoff: int,
                         journal: bool = True, expire: bool = True, trim: bool = True) -> int:
