@@ -415,6 +415,7 @@ class Journal:
         :meth:`rewind` (as committed ones are)."""
         if not self._pending:
             return 0
+        self._check_usable()  # (a write that failed beside the caller is raised by the next take)
         if self._number < 0:
             self._number, self._fresh[0] = 0, True
         self._taken_seq += 1
