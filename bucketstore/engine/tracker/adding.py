@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,8 @@ class Adding:
     #: With ``sync_interval_ms > 0``: whether a group an add took is being written beside the
     #: callers (see :meth:`_write_taken`); set under the lock, cleared by the writer.
     _writing_behind = False
+    #: Waits for the last such write (``abandon_store`` does: a crashed process has no threads).
+    _behind: Callable[[], None] | None = None
 
     # -- adding ---------------------------------------------------------------------------------
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
@@ -216,7 +219,7 @@ class Adding:
                 self._writing_behind = False
 
         try:
-            run_beside(write)
+            self._behind = run_beside(write)
         except RuntimeError:  # no thread to be had: written here, as without a window
             self._writing_behind = False
             self._write_group(taken, wait=True)
