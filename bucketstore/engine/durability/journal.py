@@ -238,6 +238,9 @@ class Journal:
         #: Groups taken (:meth:`take`) and not written yet, in order, each bound for its file;
         #: written by :meth:`write_taken` (without the tracker's lock) or by the next commit.
         self._taken: list[_Taken] = []
+        #: Guards ``_taken`` itself: a take (under the tracker's lock) appends while a writer
+        #: (without it) swaps the list out or puts back what it could not write.
+        self._taken_lock = threading.Lock()
         self._taken_seq = 0
         self._written_seq = 0
         #: Orders the writers (a commit under the tracker's lock, a taker writing its group
@@ -418,8 +421,9 @@ class Journal:
         self._check_usable()  # (a write that failed beside the caller is raised by the next take)
         if self._number < 0:
             self._number, self._fresh[0] = 0, True
-        self._taken_seq += 1
-        self._taken.append(_Taken(self._taken_seq, self._number, b"".join(self._pending), self._pending_frontier))
+        with self._taken_lock:
+            self._taken_seq += 1
+            self._taken.append(_Taken(self._taken_seq, self._number, b"".join(self._pending), self._pending_frontier))
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
@@ -441,7 +445,8 @@ class Journal:
         if not self._taken:
             return
         self._check_usable()
-        groups, self._taken = self._taken, []
+        with self._taken_lock:
+            groups, self._taken = self._taken, []
         i = 0
         try:
             while i < len(groups):
@@ -457,7 +462,8 @@ class Journal:
                 self._written_seq = groups[j - 1].seq
                 i = j
         except BaseException:
-            self._taken[:0] = groups[i:]  # not written: the next writer tries (a poisoned one never)
+            with self._taken_lock:  # not written: the next writer tries (a poisoned one never)
+                self._taken[:0] = groups[i:]
             raise
 
     def _check_usable(self) -> None:
@@ -614,8 +620,9 @@ class Journal:
         # for the next commit.
         with self._io_lock:
             self._open_new(records)
-            self._taken = []
-            self._written_seq = self._taken_seq
+            with self._taken_lock:
+                self._taken = []
+                self._written_seq = self._taken_seq
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
