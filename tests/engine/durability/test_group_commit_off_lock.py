@@ -197,3 +197,31 @@ def test_begin_checkpoint_writes_nothing_and_write_checkpoint_puts_the_taken_gro
     records = again.replay().records
     assert [r[0] for r in records] == ["a", "a"]  # the checkpoint's row, then the tail's add
     again.close()
+
+
+def test_adds_that_wait_for_a_write_in_flight_share_the_next_fsync(tmp_path):
+    """sync_interval_ms=0: adds of other threads that come while one add's group is being
+    written take their groups (the lock is free) and wait for the disk; the first of them to
+    write writes all of them, one group in one fsync, and each returns once it is durable."""
+    path, image = tmp_path / "s", tmp_path / "image"
+    fs = FsyncGateFS()
+    with Store(path, "journal", fs=fs, background=True) as store:
+        t = store.tracker("t", _CFG, FakeClock(0))
+        assert t.add_message(1, 0, 1000)  # creates the journal's first file
+        fs.watch = t
+        adders = [threading.Thread(target=t.add_message, args=(1, 1, 1001))]
+        adders[0].start()
+        assert fs.held.wait(60)  # the first add's fsync, held
+        for e in (2, 3):
+            adders.append(threading.Thread(target=t.add_message, args=(1, e, 1000 + e)))
+            adders[-1].start()
+        deadline = time.monotonic() + 60
+        while len(t._journal._taken) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(t._journal._taken) == 2  # both taken while the first write is held
+        fs.gate.set()
+        for a in adders:
+            a.join(60)
+        assert len(fs.threads) == 2  # the first add's fsync, then one for the two others
+        shutil.copytree(path, image)
+    assert _positions(image) == [(1, 0), (1, 1), (1, 2), (1, 3)]
