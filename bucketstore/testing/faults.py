@@ -532,6 +532,15 @@ def abandon_store(store: object) -> None:
         if isinstance(worker, WorkerThread) and type(worker).stop is WorkerThread.stop:
             worker.finish_queued_on_stop = False
             worker.stop(timeout=10)
+    for tracker in list(getattr(store, "_trackers", {}).values()):
+        # A journal group being written beside its caller (sync_interval_ms > 0): it lands or
+        # not, as in a crash, but before anything reopens the files.
+        behind = getattr(tracker, "_behind", None)
+        if behind is not None:
+            try:
+                behind()
+            except BaseException:  # noqa: BLE001 - what a dead process's write raised is nobody's
+                pass
     catalog = getattr(store, "catalog", None)
     if catalog is not None:
         catalog.close()

@@ -64,14 +64,13 @@ checkpoint's rename, cutting a torn tail, and replay.
 
 :func:`read_journal` reads a journal from another process or a read-only handle (and
 :func:`read_frontier` its frontier, for the Spark reader) with replay's parsing
-(:func:`parse_file`) but none of its repairs.
+(:func:`parse_file`) but none of its repairs; it lives, with the files' names, in
+:mod:`~bucketstore.engine.durability.journal_files` (re-exported here).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -80,32 +79,14 @@ import numpy as np
 
 from ...errors import JournalError
 from ...format.fs import REAL_FS, FileSystem
-from ...format.journal_codec import (CHECKPOINT_END, CHECKPOINT_START, MAX_HEADER_SIZE, ParsedFile, encode_add,
-                                    encode_add_one, encode_frontier, encode_header, encode_untrack, frame_group,
-                                    parse_file, parse_header)
+from ...format.journal_codec import (CHECKPOINT_END, CHECKPOINT_START, ParsedFile, encode_add, encode_add_one,
+                                    encode_frontier, encode_header, encode_untrack, frame_group, parse_file)
+# The files' names and the read side (another process, a read-only handle) live in journal_files.
+from .journal_files import (JournalState, _fold, _list_files, _newest_checkpoint, has_journal, journal_directory,
+                            list_files, newest_checkpoint, read_frontier, read_identity, read_journal)
 
-__all__ = ["CheckpointWrite", "Journal", "JournalState", "FdPool", "journal_directory", "has_journal", "read_frontier",
+__all__ = ["CheckpointWrite", "Journal", "concat_rows", "JournalState", "FdPool", "journal_directory", "has_journal", "read_frontier",
            "read_identity", "read_journal", "list_files", "newest_checkpoint"]
-
-_DIR_PREFIX = 48
-_FILE_NAME = re.compile(r"^(\d{20})\.journal$")
-
-
-def journal_directory(store_path: str, tracker: str) -> str:
-    """Where a tracker's journal files live.
-
-    A readable prefix of the name (letters, digits, ``._-``; at most 48) and 16 hex
-    digits of its SHA-256: bounded at 65 bytes whatever the name, and safe as a
-    path. A directory of an older store, named by the whole name in hex, is used
-    while it exists.
-    """
-    raw = tracker.encode("utf-8")
-    legacy = os.path.join(store_path, "journal", raw.hex())
-    if len(raw) * 2 <= 255 and os.path.isdir(legacy):
-        return legacy
-    prefix = re.sub(r"[^A-Za-z0-9._-]", "_", tracker)[:_DIR_PREFIX].lstrip(".") or "t"
-    return os.path.join(store_path, "journal", f"{prefix}-{hashlib.sha256(raw).hexdigest()[:16]}")
-
 
 class FdPool:
     """A bounded set of open journal file descriptors, shared by a store's journals.
@@ -151,25 +132,38 @@ class FdPool:
             self._open.pop(id(journal), None)
 
 
-@dataclass
-class JournalState:
-    """What a replay recovered: the frontier and the ordered add/untrack records."""
+_EMPTY = np.zeros(0, dtype=np.dtype("<u8"))
 
+
+def concat_rows(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ledgers, entries, ts) parts as three columns, in part order."""
+    if not parts:
+        return _EMPTY, _EMPTY, _EMPTY
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
+
+
+@dataclass
+class _Taken:
+    """A group taken from the pending records (:meth:`Journal.take`), bound for file ``number``."""
+
+    seq: int
+    number: int
+    body: bytes
     frontier: tuple[int, int, int] | None
-    records: list[tuple]
-    files: int
-    cut_bytes: int
 
 
 @dataclass
 class CheckpointWrite:
     """A checkpoint begun under the tracker's lock (:meth:`Journal.begin_checkpoint`), to be
     written without it (:meth:`Journal.write_checkpoint`): its file number and its records,
-    but the memory-only rows, encoded by the write (fresh arrays, never changed)."""
+    but the memory-only rows, as (ledgers, entries, ts) parts that nobody changes (views of
+    runs' columns, or copies), joined and encoded by the write."""
 
     number: int
     head: list[bytes]
-    rows: tuple[np.ndarray, np.ndarray, np.ndarray]
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     tail: list[bytes]
 
 
@@ -205,8 +199,24 @@ class Journal:
             self.identity = (store_id, tracker)
         self._pool = pool
         self._fd_lock = threading.Lock()
-        #: Whether file ``_number`` is a tail a begun checkpoint reserved, not created yet.
-        self._tail_fresh = False
+        #: The file ``_fd`` is open on (appends go to ``_number``; a group taken earlier may
+        #: still be bound for an older file, which the writer then reopens).
+        self._fd_number = -1
+        #: Files reserved, not created yet: number -> whether it starts with an (empty)
+        #: checkpoint group (the first file) or is a tail a begun checkpoint reserved. Created
+        #: by the write of their first group (``dict`` items: set and popped atomically).
+        self._fresh: dict[int, bool] = {}
+        #: Groups taken (:meth:`take`) and not written yet, in order, each bound for its file;
+        #: written by :meth:`write_taken` (without the tracker's lock) or by the next commit.
+        self._taken: list[_Taken] = []
+        #: Guards ``_taken`` itself: a take (under the tracker's lock) appends while a writer
+        #: (without it) swaps the list out or puts back what it could not write.
+        self._taken_lock = threading.Lock()
+        self._taken_seq = 0
+        self._written_seq = 0
+        #: Orders the writers (a commit under the tracker's lock, a taker writing its group
+        #: without it, a checkpoint's write): groups reach the files in the order they were taken.
+        self._io_lock = threading.Lock()
 
     def discard_deleted(self) -> int:
         """Remove the files a deleted tracker of this name left here; how many.
@@ -336,7 +346,8 @@ class Journal:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        """Whether records wait for their group commit (pending, or taken and not written)."""
+        return bool(self._pending or self._taken)
 
     @property
     def urgent(self) -> bool:
@@ -346,51 +357,133 @@ class Journal:
         return self._urgent
 
     def commit(self) -> None:
-        """Write the pending records as one group and fsync it. A failed write or fsync poisons
-        the journal (:class:`JournalError`); a failure to open the file (to create the first
-        one, or to reopen the one the descriptor pool closed) writes nothing and is raised as
-        the ``OSError``: the group stays pending for the next commit."""
+        """Write the groups taken before (see :meth:`take`), then the pending records as one
+        group, and fsync. A failed write or fsync poisons the journal (:class:`JournalError`);
+        a failure to open the file (to create the first one, or to reopen the one the
+        descriptor pool closed) writes nothing and is raised as the ``OSError``: the group
+        stays pending for the next commit (a delivery that raises may then drop its records)."""
+        with self._io_lock:
+            self._write_taken_locked()
+            if not self._pending:
+                return
+            self._check_usable()
+            first = self._number < 0
+            if first:
+                self._number, self._fresh[0] = 0, True
+            try:
+                self._write_body(self._number, b"".join(self._pending))
+            except OSError:
+                if first and 0 in self._fresh:  # nothing named: the next commit starts afresh
+                    self._number = -1
+                    del self._fresh[0]
+                raise
+            self._pending.clear()
+            self._urgent = self._lazy_last = False
+            self.groups += 1
+            if self._pending_frontier is not None:
+                self.durable_frontier, self._pending_frontier = self._pending_frontier, None
+
+    def take(self) -> int:
+        """Take the pending records as a group to write later, without the tracker's lock: under
+        it, this only moves them out of the pending group (the file they go to is bound now, so
+        a checkpoint begun later comes after them); :meth:`write_taken` writes them. Returns the
+        group's number for :meth:`write_taken` (0: nothing was pending). Taken records are past
+        :meth:`rewind` (as committed ones are)."""
         if not self._pending:
+            return 0
+        self._check_usable()  # (a write that failed beside the caller is raised by the next take)
+        if self._number < 0:
+            self._number, self._fresh[0] = 0, True
+        with self._taken_lock:
+            self._taken_seq += 1
+            self._taken.append(_Taken(self._taken_seq, self._number, b"".join(self._pending), self._pending_frontier))
+        self._pending.clear()
+        self._urgent = self._lazy_last = False
+        self._pending_frontier = None
+        self.groups += 1
+        return self._taken_seq
+
+    def write_taken(self, seq: int) -> None:
+        """Make the taken groups up to ``seq`` durable (needs no tracker lock): this writer writes
+        every group taken so far, in order, those bound for one file as one group (one write,
+        one fsync), unless another writer did already. Failures as for :meth:`commit`: a failed
+        write or fsync poisons the journal; a failure to create or open a file writes nothing
+        and leaves the groups taken, for the next writer."""
+        if seq <= self._written_seq:
             return
+        with self._io_lock:
+            self._write_taken_locked()
+
+    def _write_taken_locked(self) -> None:
+        if not self._taken:
+            return
+        self._check_usable()
+        with self._taken_lock:
+            groups, self._taken = self._taken, []
+        i = 0
+        try:
+            while i < len(groups):
+                number = groups[i].number
+                j = i + 1
+                while j < len(groups) and groups[j].number == number:
+                    j += 1
+                # One file's groups as one: a group is all or nothing, and so is their union.
+                self._write_body(number, b"".join(g.body for g in groups[i:j]))
+                frontiers = [g.frontier for g in groups[i:j] if g.frontier is not None]
+                if frontiers:
+                    self.durable_frontier = frontiers[-1]
+                self._written_seq = groups[j - 1].seq
+                i = j
+        except BaseException:
+            with self._taken_lock:  # not written: the next writer tries (a poisoned one never)
+                self._taken[:0] = groups[i:]
+            raise
+
+    def _check_usable(self) -> None:
         if self._poisoned:
             raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
                                                         f"{self._poisoned}")
-        if self._number < 0:
-            self._open_new(checkpoint=[])
-        body = b"".join(self._pending)
-        if self._tail_fresh:
-            self._open_tail(frame_group(self._number, body))
-        else:
-            self._append(body)
-        self._pending.clear()
-        self._urgent = self._lazy_last = False
-        self.groups += 1
-        if self._pending_frontier is not None:
-            self.durable_frontier, self._pending_frontier = self._pending_frontier, None
 
-    def _append(self, body: bytes) -> None:
+    def _write_body(self, number: int, body: bytes) -> None:
+        """Write one group to file ``number`` (under ``_io_lock``), creating the file if reserved."""
+        fresh = self._fresh.get(number)
+        if fresh is None:
+            self._append(number, body)
+        elif fresh:  # the first file: an empty checkpoint, then the group
+            self._create(number, [])
+            self._append(number, body)
+        else:
+            self._open_tail(number, frame_group(number, body))
+
+    def _append(self, number: int, body: bytes) -> None:
         with self._fd_lock:  # the pool must not close the descriptor mid-write
             # Reopening the file the pool closed (EMFILE, ENFILE) writes nothing: the group stays
             # pending and the next commit tries again, as after a failed first file's creation.
-            fd = self._ensure_fd()
+            fd = self._ensure_fd(number)
             try:
-                self._fs.write(fd, frame_group(self._number, body))
+                self._fs.write(fd, frame_group(number, body))
                 # Never retried: after a failed fsync the kernel may have dropped the
                 # dirty pages, and a second fsync could report success for lost data.
                 self._fs.fsync(fd)
             except OSError as exc:
                 self._poisoned = f"{type(exc).__name__}: {exc}"
-                raise JournalError(self._current_path(), 0, f"journal write failed: {exc}") from exc
+                raise JournalError(self._path(number), 0, f"journal write failed: {exc}") from exc
 
-    def _open_tail(self, group: bytes) -> None:
+    def _open_tail(self, number: int, group: bytes) -> None:
         """Create the tail file a begun checkpoint reserved, holding its first group, durably
         before it is named (a named journal file always has a whole header). A failure before
         the rename names nothing: the group stays pending (raised as the ``OSError``); after
         it, the group may be durable or not, so the journal is poisoned."""
-        path = self._current_path()
-        fd = self._write_named(path, encode_header(self._number, self.identity) + group, keep_open=True)
+        fd = self._write_named(self._path(number), encode_header(number, self.identity) + group, keep_open=True)
+        self._adopt_fd(fd, number)
+
+    def _adopt_fd(self, fd: int, number: int) -> None:
+        """Make ``fd`` (file ``number``, just created) the one appends use."""
         with self._fd_lock:
-            self._fd, self._tail_fresh = fd, False
+            old_fd, self._fd, self._fd_number = self._fd, fd, number
+            self._fresh.pop(number, None)
+            if old_fd >= 0:
+                self._fs.close(old_fd)
             if self._pool is not None:
                 self._pool.admit(self)
 
@@ -430,10 +523,14 @@ class Journal:
             raise
         return fd
 
-    def _ensure_fd(self) -> int:
-        """The current file's descriptor, reopened for appending if the pool closed it."""
+    def _ensure_fd(self, number: int) -> int:
+        """File ``number``'s descriptor, reopened for appending if the pool closed it (or it is
+        open on another file: a group taken before a checkpoint began goes to the file before)."""
+        if self._fd >= 0 and self._fd_number != number:
+            self._close_fd()
         if self._fd < 0:
-            self._fd = self._fs.open_append(self._current_path())
+            self._fd = self._fs.open_append(self._path(number))
+            self._fd_number = number
         if self._pool is not None:
             self._pool.admit(self)
         return self._fd
@@ -444,22 +541,25 @@ class Journal:
             self._fs.close(fd)
 
     def _current_path(self) -> str:
-        return os.path.join(self.directory, f"{self._number:020d}.journal")
+        return self._path(self._number)
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self.directory, f"{number:020d}.journal")
+
+    def _create(self, number: int, checkpoint: list[bytes]) -> None:
+        """Create file ``number`` starting with a checkpoint group, durable before anything else uses it."""
+        body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
+        fd = self._write_named(self._path(number), encode_header(number, self.identity) + frame_group(number, body),
+                               keep_open=True, what="checkpoint")
+        self._adopt_fd(fd, number)
 
     def _open_new(self, checkpoint: list[bytes]) -> None:
-        """Start the next file with a checkpoint group, durable before anything else uses it."""
+        """Start the next file with a checkpoint group (under ``_io_lock``); files reserved
+        before it are never created (nothing is bound for them: the checkpoint holds it all)."""
         number = self._number + 1
-        path = os.path.join(self.directory, f"{number:020d}.journal")
-        body = b"".join([CHECKPOINT_START, *checkpoint, CHECKPOINT_END])
-        fd = self._write_named(path, encode_header(number, self.identity) + frame_group(number, body),
-                               keep_open=True, what="checkpoint")
-        with self._fd_lock:
-            old_fd, self._fd, self._number = self._fd, fd, number
-            self._tail_fresh = False
-            if old_fd >= 0:
-                self._fs.close(old_fd)
-            if self._pool is not None:
-                self._pool.admit(self)
+        self._create(number, checkpoint)
+        self._number = number
+        self._fresh.clear()
 
     def checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
                    frontier: tuple[int, int, int] | None,
@@ -488,9 +588,14 @@ class Journal:
             records.append(encode_add(ledgers, entries, ts))
         if frontier is not None:
             records.append(encode_frontier(frontier))
-        # The pending group is in ``records`` (the tracker's state): it is dropped only once the
-        # new file holds it. A checkpoint that fails first leaves it pending for the next commit.
-        self._open_new(records)
+        # The pending group and the taken ones are in ``records`` (the tracker's state): they are
+        # dropped only once the new file holds them. A checkpoint that fails first leaves them
+        # for the next commit.
+        with self._io_lock:
+            self._open_new(records)
+            with self._taken_lock:
+                self._taken = []
+                self._written_seq = self._taken_seq
         self._pending.clear()
         self._urgent = self._lazy_last = False
         self._pending_frontier = None
@@ -501,29 +606,28 @@ class Journal:
                 self._fs.unlink(path)
         self._fs.fsync_dir(self.directory)
 
-    def begin_checkpoint(self, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
+    def begin_checkpoint(self, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                          frontier: tuple[int, int, int] | None,
                          untracked: list[tuple[int, int]] = (),
                          redeliver: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> CheckpointWrite:
         """:meth:`checkpoint`'s first step, under the tracker's lock: the state (as for
-        :meth:`checkpoint`; ``ledgers``, ``entries``, ``ts`` must be arrays nobody changes) gets
-        the next file number, and appends move on to the number after it (the tail), so every
-        record journaled from now on lands after the checkpoint. A pending group is committed
-        first, to the current file: the state holds it, and so must the log it replaces until
-        the checkpoint is durable. :meth:`write_checkpoint` writes it, without the lock."""
-        if self._poisoned:
-            raise JournalError(self._current_path(), 0, f"journal is unusable after an earlier failure: "
-                                                        f"{self._poisoned}")
-        self.commit()
+        :meth:`checkpoint`, the memory-only rows as (ledgers, entries, ts) parts of arrays nobody
+        changes, joined by the write) gets the next file number, and appends move on to the
+        number after it (the tail), so every record journaled from now on lands after the
+        checkpoint. A pending group is taken first
+        (:meth:`take`), bound for the current file: the state holds it, and so must the log it
+        replaces until the checkpoint is durable. :meth:`write_checkpoint` writes the taken
+        groups, then the checkpoint, without the lock; nothing here writes or waits for a file."""
+        self._check_usable()
+        self.take()
         head = [encode_untrack(ledger, entry) for ledger, entry in untracked]
         if redeliver is not None and len(redeliver[0]):
             head.append(encode_add(*redeliver))
         number = self._number + 1
-        with self._fd_lock:
-            self._close_fd()
-            self._number, self._tail_fresh = number + 1, True
+        self._fresh[number + 1] = False
+        self._number = number + 1
         self.groups += 1  # as a checkpoint: a mark taken before the state is stale (see rewind)
-        return CheckpointWrite(number, head, (ledgers, entries, ts),
+        return CheckpointWrite(number, head, list(rows),
                                [encode_frontier(frontier)] if frontier is not None else [])
 
     def write_checkpoint(self, begun: CheckpointWrite) -> None:
@@ -535,9 +639,14 @@ class Journal:
         and then the tail, so nothing is poisoned. The older files are deleted only once the
         checkpoint's name is durable.
         """
+        # The groups taken before the state are bound for the files this checkpoint replaces:
+        # they are written first (and so are any taken since, bound for the tail).
+        with self._io_lock:
+            self._write_taken_locked()
         records = list(begun.head)
-        if len(begun.rows[0]):
-            records.append(encode_add(*begun.rows))
+        ledgers, entries, ts = concat_rows(begun.rows)
+        if len(ledgers):
+            records.append(encode_add(ledgers, entries, ts))
         body = b"".join([CHECKPOINT_START, *records, *begun.tail, CHECKPOINT_END])
         path = os.path.join(self.directory, f"{begun.number:020d}.journal")
         self._write_named(path, encode_header(begun.number, self.identity) + frame_group(begun.number, body),
@@ -549,129 +658,7 @@ class Journal:
             self._fs.fsync_dir(self.directory)
 
     def close(self) -> None:
-        with self._fd_lock:
+        with self._io_lock, self._fd_lock:
             self._close_fd()
         if self._pool is not None:
             self._pool.forget(self)
-
-
-def read_identity(path: str) -> tuple[str, str] | None:
-    """The (store id, tracker name) a journal file's header carries; None for version 1.
-
-    :raises JournalError: the header is damaged or torn.
-    :raises OSError: the file cannot be read.
-    """
-    with open(path, "rb") as f:
-        data = f.read(MAX_HEADER_SIZE)
-    m = _FILE_NAME.match(os.path.basename(path))
-    # A file under another name (a copy, a golden file) is judged by its own header's number.
-    number = int(m.group(1)) if m else int.from_bytes(data[12:20], "little")
-    header = parse_header(data, path, number, last=False)
-    assert header is not None
-    return header[1]
-
-
-def list_files(directory: str) -> tuple[list[tuple[int, str]], list[str]]:
-    """The journal files of ``directory`` as sorted (number, path), and its ``*.journal.tmp`` leftovers."""
-    return _list_files(directory)
-
-
-def newest_checkpoint(files: list[list[tuple]]) -> int:
-    """Index of the newest file (of records per file) starting with a complete checkpoint; replay starts there."""
-    return _newest_checkpoint(files)
-
-
-def _list_files(directory: str) -> tuple[list[tuple[int, str]], list[str]]:
-    """The journal files as sorted (number, path), and the ``*.journal.tmp`` leftovers of an interrupted checkpoint."""
-    files: list[tuple[int, str]] = []
-    leftovers: list[str] = []
-    for name in os.listdir(directory):
-        m = _FILE_NAME.match(name)
-        if m:
-            files.append((int(m.group(1)), os.path.join(directory, name)))
-        elif name.endswith(".journal.tmp"):
-            leftovers.append(os.path.join(directory, name))
-    return sorted(files), leftovers
-
-
-def _newest_checkpoint(files: list[list[tuple]]) -> int:
-    """Index of the newest file that starts with a complete checkpoint (0 if none): replay starts there."""
-    start = 0
-    for i, records in enumerate(files):
-        if records and records[0] == ("c",) and ("e",) in records:
-            start = i
-    return start
-
-
-def _fold(files: list[list[tuple]]) -> tuple[tuple[int, int, int] | None, list[tuple]]:
-    """The largest frontier and the ordered add/untrack records of the files replay keeps."""
-    frontier: tuple[int, int, int] | None = None
-    out: list[tuple] = []
-    for records in files:
-        for rec in records:
-            if rec[0] == "f":
-                frontier = max(frontier, rec[1:]) if frontier else rec[1:]
-            elif rec[0] in ("a", "x"):
-                out.append(rec)
-    return frontier, out
-
-
-def has_journal(store_path: str, tracker: str) -> bool:
-    """Whether the tracker has a journal directory, i.e. has been opened in journal mode."""
-    return os.path.isdir(journal_directory(store_path, tracker))
-
-
-def read_frontier(store_path: str, tracker: str, *, attempts: int = 5) -> tuple[int, int, int] | None:
-    """The tracker's durable delivery frontier, read without modifying anything (see :func:`read_journal`).
-
-    :returns: the largest durable ``(timestamp, ledger_id, entry_id)`` delivered,
-        or None when the tracker has no journal (sealed mode; see
-        :func:`has_journal`) or its journal records no delivery yet.
-    :raises JournalError: damage that is not a torn tail, or files that keep vanishing.
-    """
-    state = read_journal(store_path, tracker, attempts=attempts)
-    return state.frontier if state is not None else None
-
-
-def read_journal(store_path: str, tracker: str, *, identity: tuple[str, str] | None = None,
-                 attempts: int = 5) -> JournalState | None:
-    """What a replay would recover from the tracker's journal, read without modifying anything.
-
-    Replay's rules, without its repairs: files before the newest complete
-    checkpoint are ignored (not removed), a torn tail of the last file is
-    ignored (not cut: it may be a group its live writer is writing right now),
-    ``*.journal.tmp`` files are ignored (not removed). So a store in use, or one
-    left by a crash, can be read by another process without the store lock, and
-    its writer later repairs it as usual.
-
-    :param identity: ``(store id, tracker name)`` every file must carry (see :func:`parse_file`).
-    :param attempts: listings to try when a file vanishes while being read (a live
-        writer's checkpoint removes the files it supersedes).
-    :returns: the frontier and the ordered add/untrack records (``cut_bytes``: the torn
-        tail left out), or None when the tracker has no journal directory.
-    :raises JournalError: damage that is not a torn tail, a foreign file, or files that keep vanishing.
-    """
-    directory = journal_directory(store_path, tracker)
-    for _ in range(attempts):
-        try:
-            files, _ = _list_files(directory)
-        except FileNotFoundError:
-            return None  # no journal: sealed mode (or the tracker was deleted meanwhile)
-        parsed: list[list[tuple]] = []
-        torn = 0
-        try:
-            for i, (number, path) in enumerate(files):
-                with open(path, "rb") as f:
-                    data = f.read()
-                result = parse_file(data, path, number, last=(i == len(files) - 1), identity=identity)
-                parsed.append(result.records)
-                if result.torn_at is not None:
-                    torn += len(data) - result.torn_at
-        except FileNotFoundError:
-            # A live writer checkpointed between the listing and the read and removed
-            # the superseded files: list again, the new checkpoint holds the state.
-            continue
-        start = _newest_checkpoint(parsed)
-        frontier, records = _fold(parsed[start:])
-        return JournalState(frontier, records, len(parsed) - start, torn)
-    raise JournalError(directory, 0, f"journal files kept vanishing while being read ({attempts} attempts)")

@@ -41,7 +41,7 @@ from ..buckets.read_ahead import LOW_FRACTION, ReadAhead
 from ..buckets.sealed_bucket import BucketMap, SealedBucket
 from ..buckets.sealed_membership import SpilledMembership
 from ..durability.handoff import DeliveryHandoff
-from ..durability.journal import CheckpointWrite, Journal, journal_directory
+from ..durability.journal import CheckpointWrite, Journal, concat_rows, journal_directory
 from ..maintenance.maintenance import MaintenanceCounters, close_on_exit
 from ..maintenance.merge_pipeline import MergeJob
 from ..maintenance.seal_pipeline import SealJob
@@ -59,7 +59,6 @@ from .store_services import StoreServices
 __all__ = ["BucketTracker"]
 
 log = logging.getLogger("bucketstore")
-_U64 = np.dtype("<u8")
 
 
 class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
@@ -322,11 +321,14 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
     def _sync(self) -> None:
         """Group commit: make the journal durable now, or once ``sync_interval_ms`` has passed
         (``confirm_sync_ms`` when only confirmations are pending: see ``handoff``)."""
+        if self._sync_due():
+            self._commit()
+
+    def _sync_due(self) -> bool:
         interval = self._store.sync_interval_ms
         if not self._journal.urgent:
             interval = max(interval, self._store.confirm_sync_ms)
-        if interval == 0 or (time.monotonic() - self._last_sync) * 1000 >= interval:
-            self._commit()
+        return interval == 0 or (time.monotonic() - self._last_sync) * 1000 >= interval
 
     def _commit(self) -> None:
         """Commit the journal now; batches its durable frontier now covers are never redelivered."""
@@ -337,27 +339,38 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
     def _memory_only_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every live index held only in memory (mutable bucket, direct runs): what a journal
         checkpoint must carry."""
-        self._sync_queue()
+        return concat_rows(self._memory_only_parts())
+
+    def _memory_only_parts(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """:meth:`_memory_only_rows` as (ledgers, entries, ts) parts, taken without copying or
+        sorting what needs neither: a run whose unread rows are all live is kept as views of
+        its columns (never written in place: a run that changes gets new arrays), so a seal's
+        install takes the state in about a millisecond under the lock, and the checkpoint
+        concatenates it without the lock. The runs are not compacted here (the mutable
+        bucket's ``flush`` would sort up to a bucket's worth of rows)."""
+        run = self._mutable.flush_buffer()
+        if run is not None:
+            self._queue.push(run)
+        run = self._direct.flush()
+        if run is not None:
+            self._queue.push(run)
         parts = []
         for item in self._queue.items():
             if isinstance(item, Run) and item.owner is None and not item.dead and item.remaining:
                 ts, ledgers, entries = item.rest()
                 keep = self._index.present_mask(ledgers, entries, ts)
-                parts.append((ledgers[keep], entries[keep], ts[keep]))
+                parts.append((ledgers, entries, ts) if keep.all() else (ledgers[keep], entries[keep], ts[keep]))
         ts, ledgers, entries = self._mutable.rows()
         if len(ts):
             keep = self._index.present_mask(ledgers, entries, ts)
-            parts.append((ledgers[keep], entries[keep], ts[keep]))
-        if not parts:
-            empty = np.zeros(0, dtype=_U64)
-            return empty, empty, empty
-        return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
+            parts.append((ledgers[keep], entries[keep], ts[keep]))  # (copies: the TimeBucket's own columns)
+        return parts
 
     def _checkpoint(self, begin: bool = False) -> CheckpointWrite | None:
         """Checkpoint the journal now; with ``begin``, only take the state and return it to be
         written without the lock (``Journal.begin_checkpoint``: a seal's install)."""
         self._index.settle()  # the ghosts are read directly below
-        ledgers, entries, ts = self._memory_only_rows()
+        parts = self._memory_only_parts()
         # A position untracked by an expired re-add keeps its row, and its bit, in a sealed
         # bucket: the checkpoint replaces the file that held its untrack record, so it must
         # carry the untrack on, or recovery tracks the position again from the bitmap. So
@@ -383,17 +396,18 @@ class BucketTracker(Adding, Delivery, JobRunning, LazyOpening, Recovery):
                     untracked.append((ledger, entry))
                     continue
                 if in_memory is None:
-                    in_memory = set(zip(ledgers.tolist(), entries.tolist()))
+                    in_memory = set()
+                    for ledgers, entries, _ in parts:
+                        in_memory.update(zip(ledgers.tolist(), entries.tolist()))
                 if (ledger, entry) in in_memory:
                     untracked.append((ledger, entry))
         # The confirmed frontier, never the delivered one: what the embedder has not
         # confirmed is carried as rows to deliver again.
         begun = None
         if begin:
-            begun = self._journal.begin_checkpoint(ledgers, entries, ts, handoff.confirmed, untracked,
-                                                   handoff.carry_rows())
+            begun = self._journal.begin_checkpoint(parts, handoff.confirmed, untracked, handoff.carry_rows())
         else:
-            self._journal.checkpoint(ledgers, entries, ts, handoff.confirmed, untracked, handoff.carry_rows())
+            self._journal.checkpoint(*concat_rows(parts), handoff.confirmed, untracked, handoff.carry_rows())
         self._last_sync = time.monotonic()
         handoff.release(self._journal.durable_frontier)
         return begun
