@@ -35,6 +35,7 @@ from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
+from .topic_group_commit import JournaledAdds
 from .topic_sealing import GROUP_ROWS, SealedRuns
 from .topic_windows import Window, WindowCache, visible_indexes
 
@@ -43,12 +44,12 @@ __all__ = ["Topic", "START_MODES"]
 START_MODES = ("earliest", "latest")
 
 
-class Topic(SealedRuns):
+class Topic(JournaledAdds, SealedRuns):
     """One topic's shared index. Obtain it with :meth:`bucketstore.Store.topic`."""
 
     def __init__(self, file: TopicFile, name: str, config: TrackerConfig, clock: Clock | None, *,
                  durability: str, sync_interval_ms: int, confirm_sync_ms: int, delivery: str,
-                 on_close: Any = None) -> None:
+                 on_close: Any = None, store_id: str | None = None) -> None:
         if config.precision_bits:
             raise ValueError("a topic keeps exact delivery times: precision_bits must be 0")
         self._file = file
@@ -66,6 +67,8 @@ class Topic(SealedRuns):
         self.clock = clock  #: None: the system clock (the metrics judge "due" by it, as the topic does)
         self._closed = False
         self._last_sync = self._last_commit = time.monotonic()
+        #: Whether a committed transaction wrote subscription state that is not synced yet.
+        self._behind = False
         #: Subscriptions whose deliveries or confirmations are not written yet (see :meth:`_progress`).
         self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
@@ -116,7 +119,8 @@ class Topic(SealedRuns):
         file.sync()
         self._runs.remove_orphans()
         self._max_md = self._max_mark_delete()
-        file.add_settler(id(self), self._commit_progress)
+        self._open_journal(durability, name, store_id, record.get("applied", 0))  # journal mode's adds
+        file.add_settler(id(self), self._settle)
 
     @contextmanager
     def _write(self, room: int = 0, step: str = "topic_commit") -> Iterator[lmdb.Transaction]:
@@ -178,7 +182,7 @@ class Topic(SealedRuns):
 
     def _save(self, txn: lmdb.Transaction, dirty: set[str] | tuple[str, ...] = ()) -> None:
         record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted, "rows": self._rows,
-                  "cutoff": self._cutoff.value, "config": self._config_record}
+                  "cutoff": self._cutoff.value, "config": self._config_record, "applied": self._applied}
         txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
         # Every state not written yet goes with any transaction: one that deletes rows must
         # carry the frontiers that pass them.
@@ -186,6 +190,7 @@ class Topic(SealedRuns):
             state = self._subs.get(name)
             if state is not None:
                 txn.put(sub_key(self._id, name), state.encode(), db=self._file.subs)
+                self._behind = True
         self._unsaved.clear()
         self._last_commit = time.monotonic()
 
@@ -226,6 +231,8 @@ class Topic(SealedRuns):
         self._file.sync()
         self._runs.unlink_dropped()  # their deletion is durable now
         self._last_sync = time.monotonic()
+        self._behind = False
+        self._journal_synced()
 
     # -- adding ---------------------------------------------------------------------------------
     def _add_one(self, txn: lmdb.Transaction, ledger: int, entry: int, ts: int, cutoff: int,
@@ -293,12 +300,8 @@ class Topic(SealedRuns):
                     out.append(not sub.acked(ledger, entry))
                 else:
                     out.append(md is None or (ledger, entry) > md or any(not s.acked(ledger, entry) for s in subs))
-            if self._durability == "journal" and self._sync_interval == 0:
-                self._apply()
-                self._sync()
-            elif self._durability == "journal" and (time.monotonic() - self._last_sync) * 1000 >= self._sync_interval:
-                self._apply()
-                self._sync()
+            if self._journal is not None:
+                self._journal_adds()  # its group commit, a seal's worth into a run
             elif len(self._pending) >= self._pending_limit:
                 self._apply()
                 if self._durability == "sealed":  # the seal's promise; journal mode syncs by its interval
@@ -316,16 +319,22 @@ class Topic(SealedRuns):
         pending = self._pending
         if not pending:
             return
+        step = self._journal_applying(pending)  # journal mode: recorded as held (``applied``)
         self._pending = []
+        applied, self._applied = self._applied, self._applied + len(pending)
         dirty: set[str] = set()
-        with self._write(room=len(pending) * 200) as txn:
-            start = 0
-            while start < len(pending):
-                start = self._append_new(txn, pending, start)
-                if start < len(pending):
-                    self._add_one(txn, *pending[start], dirty)
-                    start += 1
-            self._save(txn, dirty)
+        try:
+            with self._write(room=len(pending) * 200, step=step) as txn:
+                start = 0
+                while start < len(pending):
+                    start = self._append_new(txn, pending, start)
+                    if start < len(pending):
+                        self._add_one(txn, *pending[start], dirty)
+                        start += 1
+                self._save(txn, dirty)
+        except BaseException:
+            self._applied = applied
+            raise
         self._maybe_seal()
 
     def _append_new(self, txn: lmdb.Transaction, pending: list[tuple[int, int, int, int]], start: int) -> int:
@@ -635,7 +644,9 @@ class Topic(SealedRuns):
                 with self._write() as txn:
                     self._save(txn)
                 self._sync()
+                self._close_journal()
             finally:
+                self._release_journal()
                 self._closed = True
                 self._file.add_settler(id(self), None)
                 self._windows.clear()

@@ -52,6 +52,8 @@ class SealedRuns:
     _raw_name: bytes
     _durability: str
     _config_record: dict[str, Any]
+    _applied: int
+    _journal: Any
 
     def _write(self, room: int = 0, step: str = "topic_commit") -> Any:
         raise NotImplementedError
@@ -117,7 +119,7 @@ class SealedRuns:
         run, listed by the add's own transaction ``txn``, rather than into the level: Pulsar's
         seal of ``min_index_count_per_bucket`` adds, which would otherwise pass through LMDB and
         leave its file that large for good. False (nothing done): write them to the level."""
-        if self._durability != "sealed" or len(adds) < self._seal_rows:
+        if (self._durability != "sealed" and self._journal is None) or len(adds) < self._seal_rows:
             return False
         cols = np.array([(ts, ledger, entry, first_seq + i) for i, (ledger, entry, ts, _) in enumerate(adds)],
                         dtype=np.uint64)
@@ -202,7 +204,7 @@ class SealedRuns:
             self._sealed_rows -= gone
             self._forget_dead(txn)
             record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted, "rows": self._rows,
-                      "cutoff": self._cutoff.value, "config": self._config_record}
+                      "cutoff": self._cutoff.value, "config": self._config_record, "applied": self._applied}
             txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
         self._windows.clear()  # the merged windows held the rows of the old runs
 

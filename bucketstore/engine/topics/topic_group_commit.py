@@ -1,0 +1,130 @@
+"""Journal mode's adds, as the topic handles them (mixed into :class:`~.topic.Topic`): the group
+commit that makes them durable in the topic's journal, their move into the index, and their
+replay at open (``docs/topics.md``, "Durability"; the files: :mod:`~.topic_journal`).
+
+Adds are numbered in the order they are answered; the index records how many it holds
+(``applied``, written by the transaction that moves them in), so the journal may repeat adds
+the index holds: a replay applies each add once, from ``applied`` on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .topic_file import TopicFile
+from .topic_journal import CHECKPOINT_ROWS, TopicJournal
+
+__all__ = ["JournaledAdds"]
+
+
+class JournaledAdds:
+    """Mixed into :class:`~.topic.Topic`, which sets the attributes used here."""
+
+    _file: TopicFile
+    _id: int
+    _pending: list[tuple[int, int, int, int]]
+    _pending_limit: int
+    _seal_rows: int
+    _sync_interval: int
+    _unsaved: set[str]
+    _behind: bool
+    _cutoff: Any
+    _runs: Any
+
+    def _sync(self) -> None:
+        raise NotImplementedError
+
+    def _apply(self) -> None:
+        raise NotImplementedError
+
+    def _commit_progress(self) -> None:
+        raise NotImplementedError
+
+    def _open_journal(self, durability: str, name: str, store_id: str | None, applied: int) -> None:
+        """Journal mode: open the topic's journal and apply what it holds that the index lacks."""
+        #: How many adds the index holds: the journal's adds from this one on are in memory only.
+        self._applied = applied
+        #: Of ``_pending``, how many the journal has queued, and how many it has written.
+        self._journaled = self._written = 0
+        self._last_group = time.monotonic()
+        self._journal: TopicJournal | None = None
+        if durability != "journal":
+            return
+        self._journal = TopicJournal(self._file.path, self._id, name, store_id, self._file.fs)
+        self._pending_limit = self._seal_rows  # a seal's worth waits, then goes straight into a run
+        rows, files = self._journal.replay(applied)
+        if rows:
+            self._cutoff.raise_to(max(r[3] for r in rows))  # the cutoff never moves back across a restart
+            self._pending = rows
+            self._journaled = self._written = len(rows)
+            self._sync()
+        if rows or files > 1:
+            self._journal.checkpoint()
+
+    def _journal_adds(self) -> None:
+        """After an add call in journal mode: the group commit when its interval says, and the
+        move into the index (a run) once a seal's worth waits."""
+        journal = self._journal
+        assert journal is not None
+        if self._sync_interval == 0 or (time.monotonic() - self._last_group) * 1000 >= self._sync_interval:
+            self._group_commit()
+        if len(self._pending) >= self._pending_limit:
+            self._apply()
+            # A merge's old files go once its commit is synced; a long journal once the synced
+            # index holds its adds (then a checkpoint starts it afresh).
+            if self._runs.dropped or journal.rows >= CHECKPOINT_ROWS:
+                self._sync()
+
+    def _group_commit(self) -> None:
+        """Append the adds not journaled yet and fsync once. With deliveries or confirmations
+        waiting to be written or synced, the index is synced instead (they are promised within
+        the same window)."""
+        journal = self._journal
+        assert journal is not None
+        if self._unsaved or self._behind:
+            self._sync()
+            return
+        journal.append(self._applied + self._journaled, self._pending[self._journaled:])
+        self._journaled = len(self._pending)
+        if journal.has_pending:
+            journal.commit()
+        self._written = self._journaled
+        self._last_group = time.monotonic()
+
+    def _journal_applying(self, pending: list[tuple[int, int, int, int]]) -> str:
+        """Before the transaction that moves ``pending`` into the index: they join the journal's
+        next group (unwritten yet), so that the group commit that promises them stays one
+        journal fsync; the durable step the transaction's commit is (one of adds the journal
+        has written changes no answer: ``topic_apply_commit``)."""
+        step = "topic_commit"
+        if self._journal is not None:
+            self._journal.append(self._applied + self._journaled, pending[self._journaled:])
+            if self._written == len(pending) and not self._unsaved:
+                step = "topic_apply_commit"
+        self._journaled = self._written = 0
+        return step
+
+    def _journal_synced(self) -> None:
+        """The index is synced with every pending add in it: the journal's queue is redundant,
+        and a long journal starts afresh."""
+        self._last_group = time.monotonic()
+        if self._journal is not None:
+            self._journal.discard()
+            if self._journal.rows >= CHECKPOINT_ROWS:
+                self._journal.checkpoint()
+
+    def _settle(self) -> None:
+        """Write the pending adds and the progress not written yet (``TopicFile.settle``: this
+        process's readers and copies see what the topic answered, its adds too)."""
+        self._apply()
+        self._commit_progress()
+
+    def _close_journal(self) -> None:
+        """At a clean close (the index synced): leave nothing to replay."""
+        if self._journal is not None and self._journal.rows:
+            self._journal.checkpoint()
+
+    def _release_journal(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
