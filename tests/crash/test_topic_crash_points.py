@@ -139,7 +139,17 @@ def points(n: int) -> list[int]:
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_killed_topic_writer_recovers_at_every_durable_step(mode: str, tmp_path: Path) -> None:
-    enumerate_crash_points(mode, tmp_path, WORKLOAD, CONFIG)
+    dry = enumerate_crash_points(mode, tmp_path, WORKLOAD, CONFIG)
+    if MODES[mode][:2] == ("journal", 0):
+        # The topic's journal: each add's group appended and fsynced, the adds moved into the
+        # index by commits that change no answer, and checkpoints (a new file named by its
+        # rename, the older files deleted) at the restart's close and after its replay.
+        journal = [(kind, target.rsplit(".", 1)[-1] if "/journal/" in target else "")
+                   for kind, target, _ in dry.steps]
+        assert {("write", "journal"), ("fsync", "journal"), ("create", "tmp"), ("fsync", "tmp"),
+                ("unlink", "journal")} <= set(journal), set(journal)
+        assert any(kind == "rename" and target.endswith(".journal") for kind, target, _ in dry.steps)
+        assert any(kind == "topic_apply_commit" for kind, _, _ in dry.steps)
 
 
 def test_killed_topic_writer_recovers_while_runs_merge(tmp_path: Path) -> None:
