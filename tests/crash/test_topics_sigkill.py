@@ -219,10 +219,8 @@ def journal_backlog(store: Path) -> int:
     the index's count of adds it holds (``applied``), what its reopen replays."""
     import lmdb
 
-    from bucketstore.engine.durability.journal import list_files
+    from bucketstore.engine.topics import topic_journal
     from bucketstore.engine.topics.topic_file import MAX_DBS
-    from bucketstore.engine.topics.topic_journal import topic_journal_directory
-    from bucketstore.format.journal_codec import parse_file
     from bucketstore.format.topic_codec import decode_topic
     env = lmdb.open(str(store / "topics"), readonly=True, lock=False, max_dbs=MAX_DBS)
     try:
@@ -230,14 +228,7 @@ def journal_backlog(store: Path) -> int:
             record = decode_topic(txn.get(b"t"))
     finally:
         env.close()
-    directory = topic_journal_directory(str(store / "topics"), record["id"])
-    files = list_files(directory)[0] if os.path.isdir(directory) else []
-    numbers = set()
-    for i, (number, path) in enumerate(files):
-        for rec in parse_file(Path(path).read_bytes(), path, number, last=i == len(files) - 1, topic=True).records:
-            if rec[0] == "t":
-                numbers.update(range(max(rec[1], record.get("applied", 0)), rec[1] + len(rec[2])))
-    return len(numbers)
+    return topic_journal.journal_backlog(str(store / "topics"), record["id"], record.get("applied", 0))
 
 
 @pytest.mark.parametrize("durability", ["journal", "sealed", "grouped"])

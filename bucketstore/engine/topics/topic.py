@@ -49,7 +49,7 @@ class Topic(JournaledAdds, SealedRuns):
 
     def __init__(self, file: TopicFile, name: str, config: TrackerConfig, clock: Clock | None, *,
                  durability: str, sync_interval_ms: int, confirm_sync_ms: int, delivery: str,
-                 on_close: Any = None, store_id: str | None = None) -> None:
+                 on_close: Any = None, store_id: str | None = None, journal_fds: Any = None) -> None:
         if config.precision_bits:
             raise ValueError("a topic keeps exact delivery times: precision_bits must be 0")
         self._file = file
@@ -119,7 +119,7 @@ class Topic(JournaledAdds, SealedRuns):
         file.sync()
         self._runs.remove_orphans()
         self._max_md = self._max_mark_delete()
-        self._open_journal(durability, name, store_id, record.get("applied", 0))  # journal mode's adds
+        self._open_journal(durability, name, store_id, record.get("applied", 0), journal_fds)  # journal mode's adds
         file.add_settler(id(self), self._settle)
 
     @contextmanager

@@ -41,7 +41,8 @@ class JournaledAdds:
     def _commit_progress(self) -> None:
         raise NotImplementedError
 
-    def _open_journal(self, durability: str, name: str, store_id: str | None, applied: int) -> None:
+    def _open_journal(self, durability: str, name: str, store_id: str | None, applied: int,
+                      pool: Any = None) -> None:
         """Journal mode: open the topic's journal and apply what it holds that the index lacks."""
         #: How many adds the index holds: the journal's adds from this one on are in memory only.
         self._applied = applied
@@ -51,7 +52,8 @@ class JournaledAdds:
         self._journal: TopicJournal | None = None
         if durability != "journal":
             return
-        self._journal = TopicJournal(self._file.path, self._id, name, store_id, self._file.fs)
+        #: Its descriptor is one of the store's journals' (a bounded pool).
+        self._journal = TopicJournal(self._file.path, self._id, name, store_id, self._file.fs, pool)
         self._pending_limit = self._seal_rows  # a seal's worth waits, then goes straight into a run
         rows, files = self._journal.replay(applied)
         if rows:

@@ -23,9 +23,11 @@ import numpy as np
 
 from ...errors import JournalError
 from ...format.fs import FileSystem
-from ..durability.journal import Journal
+from ...format.journal_codec import parse_file
+from ..durability.journal import FdPool, Journal, list_files, newest_checkpoint
 
-__all__ = ["TopicJournal", "CHECKPOINT_ROWS", "journal_root", "topic_journal_directory", "remove_journals"]
+__all__ = ["TopicJournal", "CHECKPOINT_ROWS", "journal_root", "topic_journal_directory", "remove_journals",
+           "journal_backlog"]
 
 #: Adds journaled since the last checkpoint past which the topic syncs its index and checkpoints
 #: (about 3 MB of journal, read back at an open after a crash).
@@ -56,12 +58,38 @@ def remove_journals(topics_path: str, topic_ids: set[int], fs: FileSystem) -> No
         fs.fsync_dir(journal_root(topics_path))
 
 
+def journal_backlog(topics_path: str, topic_id: int, applied: int) -> int:
+    """How many adds the topic's journal holds that its index does not (numbered ``applied``
+    and on: what a reopen replays), read without changing anything (a torn tail of the newest
+    file is left out, as a replay cuts it).
+
+    :raises JournalError: damage that is not a torn tail, or adds missing before the journal's.
+    :raises FileNotFoundError: a live writer's checkpoint removed a file while it was read.
+    """
+    directory = topic_journal_directory(topics_path, topic_id)
+    files = list_files(directory)[0] if os.path.isdir(directory) else []
+    parsed = []
+    for i, (number, path) in enumerate(files):
+        with open(path, "rb") as f:
+            parsed.append(parse_file(f.read(), path, number, last=i == len(files) - 1, topic=True).records)
+    expected = applied
+    for records in parsed[newest_checkpoint(parsed):]:
+        for rec in records:
+            if rec[0] != "t":
+                continue
+            if rec[1] > expected:
+                raise JournalError(directory, 0, f"topic journal skips adds {expected}..{rec[1] - 1}")
+            expected = max(expected, rec[1] + len(rec[2]))
+    return expected - applied
+
+
 class TopicJournal:
     """The journal of one topic (the topic's lock guards it)."""
 
-    def __init__(self, topics_path: str, topic_id: int, name: str, store_id: str | None, fs: FileSystem) -> None:
+    def __init__(self, topics_path: str, topic_id: int, name: str, store_id: str | None, fs: FileSystem,
+                 pool: FdPool | None = None) -> None:
         self.directory = topic_journal_directory(topics_path, topic_id)
-        self._journal = Journal(self.directory, fs, tracker=name, store_id=store_id, topic=True)
+        self._journal = Journal(self.directory, fs, tracker=name, store_id=store_id, topic=True, pool=pool)
         #: Adds journaled since the last checkpoint (see :data:`CHECKPOINT_ROWS`).
         self.rows = 0
 

@@ -30,6 +30,7 @@ class TopicRegistry:
     confirm_sync_ms: int
     delivery: str
     store_id: str
+    journal_fds: Any
     _lock: Any
 
     def _check_open(self) -> None:
@@ -63,7 +64,8 @@ class TopicRegistry:
             file = self._topic_file(create=True)
             topic = Topic(file, name, config, clock, durability=self.durability,  # type: ignore[arg-type]
                           sync_interval_ms=self.sync_interval_ms, confirm_sync_ms=self.confirm_sync_ms,
-                          delivery=self.delivery, on_close=self._topic_closed, store_id=self.store_id)
+                          delivery=self.delivery, on_close=self._topic_closed, store_id=self.store_id,
+                          journal_fds=self.journal_fds)
             handles[name] = topic
             return topic
 

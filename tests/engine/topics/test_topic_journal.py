@@ -15,6 +15,7 @@ from bucketstore import JournalError, TrackerConfig
 from bucketstore.engine.store.store import Store
 from bucketstore.engine.topics import topic_file, topic_group_commit
 from bucketstore.engine.topics.topic_journal import journal_root, topic_journal_directory
+from bucketstore.engine.topics.topic_reader import verify_topics
 from bucketstore.format.topic_codec import decode_topic
 from bucketstore.testing.faults import abandon_store
 from bucketstore.testing.topic_crash import DurableSteps
@@ -189,6 +190,8 @@ def test_a_damaged_topic_journal_is_an_error_naming_the_file_and_offset(tmp_path
     data = bytearray(open(path, "rb").read())
     data[-80] ^= 0xFF  # inside the second-to-last group: damage with data after it, not a torn tail
     open(path, "wb").write(bytes(data))
+    (problem,) = verify_topics(str(tmp_path))  # `bucketstore verify` reports it too
+    assert problem.startswith(path) and "not a torn tail" in problem
     with bucketstore.open(tmp_path) as store:
         with pytest.raises(JournalError) as info:
             store.topic("t", config=CFG, clock=clock)
