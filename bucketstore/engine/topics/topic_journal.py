@@ -90,8 +90,9 @@ class TopicJournal:
                  pool: FdPool | None = None) -> None:
         self.directory = topic_journal_directory(topics_path, topic_id)
         self._journal = Journal(self.directory, fs, tracker=name, store_id=store_id, topic=True, pool=pool)
-        #: Adds journaled since the last checkpoint (see :data:`CHECKPOINT_ROWS`).
+        #: Adds written since the last checkpoint (see :data:`CHECKPOINT_ROWS`), and adds queued.
         self.rows = 0
+        self._queued = 0
 
     def replay(self, applied: int) -> tuple[list[tuple[int, int, int, int]], int]:
         """The journaled adds the index does not hold yet (numbered ``applied`` and on), in
@@ -122,7 +123,7 @@ class TopicJournal:
         cols[:, 3] += 1
         cols = cols.astype(np.uint64)
         self._journal.add_topic_rows(first, cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3])
-        self.rows += len(rows)
+        self._queued += len(rows)
 
     @property
     def has_pending(self) -> bool:
@@ -131,16 +132,18 @@ class TopicJournal:
     def commit(self) -> None:
         """Write the queued adds as one group and fsync it (one write, one fsync)."""
         self._journal.commit()
+        self.rows, self._queued = self.rows + self._queued, 0
 
     def discard(self) -> None:
         """Drop the queued adds unwritten: the synced index holds them."""
         self._journal.discard()
+        self._queued = 0
 
     def checkpoint(self) -> None:
         """Start a new file and delete the older ones: call once the index is synced with every
         journaled add in it (the record's ``applied`` counts them)."""
         self._journal.checkpoint(_EMPTY, _EMPTY, _EMPTY, None)
-        self.rows = 0
+        self.rows = self._queued = 0
 
     def close(self) -> None:
         self._journal.close()
