@@ -9,11 +9,12 @@ the index holds: a replay applies each add once, from ``applied`` on.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from .topic_file import TopicFile
-from .topic_journal import CHECKPOINT_ROWS, TopicJournal
+from .topic_journal import CHECKPOINT_ROWS, TopicJournal, remove_journals, topic_journal_directory
 
 __all__ = ["JournaledAdds"]
 
@@ -50,19 +51,30 @@ class JournaledAdds:
         self._journaled = self._written = 0
         self._last_group = time.monotonic()
         self._journal: TopicJournal | None = None
-        if durability != "journal":
+        directory = topic_journal_directory(self._file.path, self._id)
+        if durability != "journal" and not os.path.isdir(directory):
             return
         #: Its descriptor is one of the store's journals' (a bounded pool).
-        self._journal = TopicJournal(self._file.path, self._id, name, store_id, self._file.fs, pool)
-        self._pending_limit = self._seal_rows  # a seal's worth waits, then goes straight into a run
-        rows, files = self._journal.replay(applied)
+        journal = TopicJournal(self._file.path, self._id, name, store_id, self._file.fs, pool)
+        rows, files = journal.replay(applied)
         if rows:
             self._cutoff.raise_to(max(r[3] for r in rows))  # the cutoff never moves back across a restart
+        if durability != "journal":
+            # Left by a journal-mode run: its adds were acknowledged. Into the index, synced,
+            # then the journal goes (sealed mode appends none).
+            self._pending, self._journaled = rows, len(rows)
+            self._sync()
+            journal.close()
+            remove_journals(self._file.path, {self._id}, self._file.fs)
+            return
+        self._journal = journal
+        self._pending_limit = self._seal_rows  # a seal's worth waits, then goes straight into a run
+        if rows:
             self._pending = rows
             self._journaled = self._written = len(rows)
             self._sync()
         if rows or files > 1:
-            self._journal.checkpoint()
+            journal.checkpoint()
 
     def _journal_adds(self) -> None:
         """After an add call in journal mode: the group commit when its interval says, and the

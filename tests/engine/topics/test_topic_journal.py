@@ -212,3 +212,35 @@ def test_deleting_a_topic_deletes_its_journal_and_a_left_over_one_goes_at_open(t
     with bucketstore.open(tmp_path) as store:
         assert store.topics() == ["u"]
         assert os.listdir(root) == ["0000000001"]
+
+
+def test_a_sealed_mode_open_applies_what_a_journal_mode_run_left(tmp_path) -> None:
+    """Adds acknowledged in journal mode, then a kill, then an open in sealed mode: the adds are
+    applied (sealed mode appends to no journal, so the journal goes once the index holds them)."""
+    clock = FakeClock(1_000)
+    store = bucketstore.open(tmp_path, sync_interval_ms=0)
+    topic = store.topic("t", config=CFG, clock=clock)
+    topic.subscription("s")
+    topic.add_messages([(1, e, 5_000 + e) for e in range(4)])
+    abandon_store(store)
+    with bucketstore.open(tmp_path, durability="sealed") as store:
+        sub = store.topic("t", config=CFG, clock=clock).subscription("s")
+        assert sub.number_of_delayed_messages == 4
+        assert not os.path.exists(topic_journal_directory(os.path.join(tmp_path, "topics"), 0))
+    with bucketstore.open(tmp_path) as store:  # not applied twice
+        assert store.topic("t", config=CFG, clock=clock).subscription("s").number_of_delayed_messages == 4
+
+
+def test_a_checkpoint_of_a_store_copies_the_adds_only_its_topic_journal_holds(tmp_path) -> None:
+    """A store left by a kill, its topic not opened again: a checkpoint copies the topic's journal
+    beside its index, so the copy holds the acknowledged adds."""
+    clock = FakeClock(1_000)
+    store = bucketstore.open(tmp_path / "s", sync_interval_ms=0)
+    topic = store.topic("t", config=CFG, clock=clock)
+    topic.subscription("s")
+    topic.add_messages([(1, e, 5_000 + e) for e in range(4)])
+    abandon_store(store)
+    with bucketstore.open(tmp_path / "s") as store:
+        store.checkpoint(tmp_path / "copy")
+    with bucketstore.open(tmp_path / "copy") as store:
+        assert store.topic("t", config=CFG, clock=clock).subscription("s").number_of_delayed_messages == 4
