@@ -15,7 +15,8 @@ subscription drained, and held to the log:
 
 In journal mode the adds wait in the topic's journal (formats/journal.md) until a seal's worth or
 a call that reads moves them into the index: the journal runs count the adds each killed store
-held only there (its reopen replays them), and assert that some kill left such adds.
+held only there (its reopen replays them), and the "journal" run asserts that some kill left
+such adds.
 
 A third run ("grouped") has deliveries and confirmations wait for the group commit
 (``confirm_sync_ms=50``): a batch confirmed after the last call that surely committed (an add,
@@ -259,8 +260,10 @@ def test_killed_topic_writer_loses_nothing_and_repeats_nothing_confirmed(tmp_pat
         shutil.rmtree(copy.parent)
         k += 1
     assert delivered > 0
-    if durability != "sealed":  # some kill left acknowledged adds only in the topic's journal
+    if durability != "sealed":
         print(f"{replayed} adds replayed from the topic journal after {k} kills")
+    if durability == "journal":  # some kill left acknowledged adds only in the topic's journal
+        # (grouped: a group commit with progress not synced syncs the index instead, so seldom)
         assert replayed > 0
     if durability == "grouped":  # the window is real: a confirmed batch came back
         print(f"{came_back} rows confirmed in the group-commit window came back after {k} kills")

@@ -28,7 +28,7 @@ from ...config import TrackerConfig
 from ...cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ...errors import CatalogError, StoreClosedError
 from ...format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic, encode_topic, multi_key,
-                                  records_of, split_sub_key, sub_key, topic_prefix,
+                                  WINDOW_BITS, records_of, split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ...waiting import DueWaiter
 from .subscription import Subscription
@@ -36,7 +36,8 @@ from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
 from .topic_group_commit import JournaledAdds
-from .topic_sealing import GROUP_ROWS, SealedRuns
+from .topic_sealing import SealedRuns
+from .topic_fresh import fresh_adds
 from .topic_windows import Window, WindowCache, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
@@ -73,7 +74,7 @@ class Topic(JournaledAdds, SealedRuns):
         self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
-        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else GROUP_ROWS
+        self._pending_limit = config.min_index_count_per_bucket  # journal mode: see _open_journal
         self._handles: dict[str, Subscription] = {}
         self._raw_name = raw_name = validate_name(name, "topic")
         self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
@@ -311,10 +312,10 @@ class Topic(JournaledAdds, SealedRuns):
     def _apply(self) -> None:
         """Write the adds answered but not yet written, in one transaction.
 
-        Adds wait in memory only where no call has promised them yet: ``journal`` mode with
-        ``sync_interval_ms > 0`` (its group commit) and ``sealed`` mode (Pulsar's mutable
-        bucket: durable at the "seal", every ``min_index_count_per_bucket`` adds, or at
-        ``flush``). Every other call writes them first, so it sees what was added before it.
+        Adds wait in memory: in ``journal`` mode, durable in the topic's journal from their group
+        commit on (engine/topics/topic_group_commit.py), up to a seal's worth; in ``sealed`` mode
+        (Pulsar's mutable bucket) durable at the "seal", every ``min_index_count_per_bucket``
+        adds, or at ``flush``. Every other call writes them first, so it sees what was added before it.
         """
         pending = self._pending
         if not pending:
@@ -342,28 +343,17 @@ class Topic(JournaledAdds, SealedRuns):
         common case: positions grow, past every mark-delete, not due) in one call per table;
         the index of that add (``len(pending)``: all written). Such an add is tracked by every
         subscription: it bumps only the topic's ``inserted``."""
-        tid, md, multi, last = self._id, self._max_md, self._multi, self._last_position
-        ledgers, entries, times = [], [], []
-        cached = self._windows.invalidate if self._windows.holds_any() else None
-        end = start
-        for ledger, entry, ts, cutoff in pending[start:]:
-            pos = (ledger, entry)
-            if ts <= cutoff or pos <= last or (md is not None and pos <= md) or pos in multi:
-                break
-            ledgers.append(ledger)
-            entries.append(entry)
-            times.append(ts)
-            if cached is not None:
-                cached(ts)
-            last = pos
-            end += 1
-        if times:
-            if not self._seal_fresh(txn, pending[start:end], self._next_seq):
-                self._file.tables.insert_records(txn, *records_of(tid, times, ledgers, entries, self._next_seq))
-            self._next_seq, self._last_position = self._next_seq + len(times), last
-            self._rows += len(times)
-            self._inserted += len(times)
-        return end
+        n, ledgers, entries, times, last = fresh_adds(pending, start, self._last_position, self._max_md, self._multi)
+        if n:
+            if self._windows.holds_any():
+                for window in np.unique(times >> np.uint64(WINDOW_BITS)).tolist():
+                    self._windows.invalidate(window << WINDOW_BITS)
+            if not self._seal_fresh(txn, times, ledgers, entries, self._next_seq):
+                self._file.tables.insert_records(txn, *records_of(self._id, times, ledgers, entries, self._next_seq))
+            self._next_seq, self._last_position = self._next_seq + n, last
+            self._rows += n
+            self._inserted += n
+        return start + n
 
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Add an index for every subscription (once, whatever their number).
