@@ -35,9 +35,9 @@ from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
+from .topic_fresh import fresh_adds
 from .topic_group_commit import JournaledAdds
 from .topic_sealing import SealedRuns
-from .topic_fresh import fresh_adds
 from .topic_windows import Window, WindowCache, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
