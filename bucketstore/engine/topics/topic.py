@@ -96,6 +96,7 @@ class Topic(JournaledAdds, SealedRuns):
             self._rows: int = record["rows"]
             self._cutoff.raise_to(record["cutoff"])
             self._subs: dict[str, SubscriptionState] = {}
+            self._states_read: dict[str, bytes] = {}
             with txn.cursor(db=file.subs) as cur:
                 if cur.set_range(self._prefix):
                     for key, value in cur:
@@ -104,6 +105,7 @@ class Topic(JournaledAdds, SealedRuns):
                         _, sub_name = self._decode(split_sub_key, key, "subscription key")
                         self._subs[sub_name] = self._decode(lambda v: SubscriptionState.decode(sub_name, v), value,
                                                             f"subscription {sub_name!r}")
+                        self._states_read[sub_name] = value  # as written: a journal replay needs it
             self._multi: set[tuple[int, int]] = set()
             with txn.cursor(db=file.multi) as cur:
                 if cur.set_range(self._prefix):
@@ -320,22 +322,17 @@ class Topic(JournaledAdds, SealedRuns):
         pending = self._pending
         if not pending:
             return
-        step = self._journal_applying(pending)  # journal mode: recorded as held (``applied``)
         self._pending = []
-        applied, self._applied = self._applied, self._applied + len(pending)
         dirty: set[str] = set()
-        try:
-            with self._write(room=len(pending) * 200, step=step) as txn:
-                start = 0
-                while start < len(pending):
-                    start = self._append_new(txn, pending, start)
-                    if start < len(pending):
-                        self._add_one(txn, *pending[start], dirty)
-                        start += 1
-                self._save(txn, dirty)
-        except BaseException:
-            self._applied = applied
-            raise
+        # Counted as held by the index (``applied``) with the transaction that writes them.
+        with self._applying(pending) as step, self._write(room=len(pending) * 200, step=step) as txn:
+            start = 0
+            while start < len(pending):
+                start = self._append_new(txn, pending, start)
+                if start < len(pending):
+                    self._add_one(txn, *pending[start], dirty)
+                    start += 1
+            self._save(txn, dirty)
         self._maybe_seal()
 
     def _append_new(self, txn: lmdb.Transaction, pending: list[tuple[int, int, int, int]], start: int) -> int:

@@ -11,12 +11,26 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from ...format.topic_codec import decode_subscription, sub_key
+from .subscription_state import SubscriptionState
 from .topic_file import TopicFile
 from .topic_journal import CHECKPOINT_ROWS, TopicJournal, remove_journals, topic_journal_directory
 
-__all__ = ["JournaledAdds"]
+__all__ = ["JournaledAdds", "state_as_written"]
+
+
+def state_as_written(name: str, raw: bytes) -> SubscriptionState:
+    """A subscription's record as written, its batch not confirmed still that (the open's
+    :meth:`SubscriptionState.decode` makes it rows to deliver again)."""
+    r = decode_subscription(raw)
+    return SubscriptionState(name=name, frontier=r["frontier"], mark_delete=r["mark_delete"],
+                             start_seq=r["start_seq"], clear_seq=r["clear_seq"], count_base=r["count"],
+                             inserted_base=r["inserted_base"], lost={(lg, en): seq for lg, en, seq in r["lost"]},
+                             unconfirmed=list(r["unconfirmed"]), redeliver=list(r["redeliver"]))
 
 
 class JournaledAdds:
@@ -32,6 +46,11 @@ class JournaledAdds:
     _behind: bool
     _cutoff: Any
     _runs: Any
+    _subs: dict[str, SubscriptionState]
+    _states_read: dict[str, bytes]
+
+    def _write(self, room: int = 0, step: str = "topic_commit") -> Any:
+        raise NotImplementedError
 
     def _sync(self) -> None:
         raise NotImplementedError
@@ -45,6 +64,7 @@ class JournaledAdds:
     def _open_journal(self, durability: str, name: str, store_id: str | None, applied: int,
                       pool: Any = None) -> None:
         """Journal mode: open the topic's journal and apply what it holds that the index lacks."""
+        states_read, self._states_read = self._states_read, {}
         #: How many adds the index holds: the journal's adds from this one on are in memory only.
         self._applied = applied
         #: Of ``_pending``, how many the journal has queued, and how many it has written.
@@ -63,7 +83,7 @@ class JournaledAdds:
             # Left by a journal-mode run: its adds were acknowledged. Into the index, synced,
             # then the journal goes (sealed mode appends none).
             self._pending, self._journaled = rows, len(rows)
-            self._sync()
+            self._replay_before_restart(states_read)
             journal.close()
             remove_journals(self._file.path, {self._id}, self._file.fs)
             return
@@ -72,9 +92,22 @@ class JournaledAdds:
         if rows:
             self._pending = rows
             self._journaled = self._written = len(rows)
-            self._sync()
+            self._replay_before_restart(states_read)
         if rows or files > 1:
             journal.checkpoint()
+
+    def _replay_before_restart(self, states_read: dict[str, bytes]) -> None:
+        """Apply the replayed adds (``_pending``) to the subscriptions as they were when the adds
+        were answered, before this open made their unconfirmed batches rows to deliver again (a
+        re-add of a position of such a batch is judged by it), then restart them as the open
+        restarted the others, and sync."""
+        self._subs = {name: state_as_written(name, states_read[name]) for name in self._subs}
+        self._sync()  # writes the states the adds change, as written
+        with self._write() as txn:
+            for name, state in list(self._subs.items()):
+                restarted = self._subs[name] = SubscriptionState.decode(name, state.encode())
+                txn.put(sub_key(self._id, name), restarted.encode(), db=self._file.subs)
+        self._sync()
 
     def _journal_adds(self) -> None:
         """After an add call in journal mode: the group commit when its interval says, and the
@@ -106,18 +139,25 @@ class JournaledAdds:
         self._written = self._journaled
         self._last_group = time.monotonic()
 
-    def _journal_applying(self, pending: list[tuple[int, int, int, int]]) -> str:
-        """Before the transaction that moves ``pending`` into the index: they join the journal's
-        next group (unwritten yet), so that the group commit that promises them stays one
-        journal fsync; the durable step the transaction's commit is (one of adds the journal
-        has written changes no answer: ``topic_apply_commit``)."""
+    @contextmanager
+    def _applying(self, pending: list[tuple[int, int, int, int]]) -> Iterator[str]:
+        """Around the transaction that moves ``pending`` into the index, which counts them as
+        held (``applied``; undone if it fails). They join the journal's next group first
+        (unwritten yet), so that the group commit that promises them stays one journal fsync.
+        Yields the durable step the transaction's commit is (one of adds the journal has written
+        changes no answer: ``topic_apply_commit``)."""
         step = "topic_commit"
         if self._journal is not None:
             self._journal.append(self._applied + self._journaled, pending[self._journaled:])
             if self._written == len(pending) and not self._unsaved:
                 step = "topic_apply_commit"
         self._journaled = self._written = 0
-        return step
+        before, self._applied = self._applied, self._applied + len(pending)
+        try:
+            yield step
+        except BaseException:
+            self._applied = before
+            raise
 
     def _journal_synced(self) -> None:
         """The index is synced with every pending add in it: the journal's queue is redundant,
