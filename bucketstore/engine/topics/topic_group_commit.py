@@ -63,7 +63,8 @@ class JournaledAdds:
 
     def _open_journal(self, durability: str, name: str, store_id: str | None, applied: int,
                       pool: Any = None) -> None:
-        """Journal mode: open the topic's journal and apply what it holds that the index lacks."""
+        """Open the topic's journal (journal mode, or in sealed mode one a journal-mode run left)
+        and apply what it holds that the index lacks."""
         states_read, self._states_read = self._states_read, {}
         #: How many adds the index holds: the journal's adds from this one on are in memory only.
         self._applied = applied
