@@ -119,10 +119,10 @@ class TopicJournal:
         """Queue adds numbered from ``first`` (``(ledger, entry, deliver_at, cutoff)``) for the next commit."""
         if not rows:
             return
-        cols = np.array(rows, dtype=np.int64)
-        cols[:, 3] += 1
-        cols = cols.astype(np.uint64)
-        self._journal.add_topic_rows(first, cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3])
+        ledgers, entries, ts, cutoffs = zip(*rows)  # positions and times take all 64 bits
+        self._journal.add_topic_rows(first, np.array(ledgers, dtype=np.uint64), np.array(entries, dtype=np.uint64),
+                                     np.array(ts, dtype=np.uint64),
+                                     (np.array(cutoffs, dtype=np.int64) + 1).astype(np.uint64))
         self._queued += len(rows)
 
     @property

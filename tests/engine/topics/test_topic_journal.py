@@ -65,7 +65,7 @@ def test_acknowledged_adds_come_back_from_the_journal_after_a_kill(tmp_path) -> 
     topic = store.topic("t", config=CFG, clock=clock)
     a, b = topic.subscription("a"), topic.subscription("b")
     assert a.number_of_delayed_messages == 0
-    added = [(2, e, 3_000 + 10 * e) for e in range(10)]
+    added = [(2, e, 3_000 + 10 * e) for e in range(9)] + [(2**64 - 1, 2**64 - 1, 3_095)]  # all 64 bits
     topic.add_messages(added[:5])
     for row in added[5:]:
         b.add_message(*row)
@@ -82,7 +82,8 @@ def test_acknowledged_adds_come_back_from_the_journal_after_a_kill(tmp_path) -> 
         for name in ("a", "b"):
             sub = topic.subscription(name)
             assert sub.number_of_delayed_messages == 9
-            assert not sub.contains_message(2, 3) and sub.contains_message(2, 9)
+            assert not sub.contains_message(2, 3) and sub.contains_message(2, 8)
+            assert sub.contains_message(2**64 - 1, 2**64 - 1)
         clock.advance(10_000)
         assert topic.subscription("a").get_scheduled_messages(100) == want
     with bucketstore.open(tmp_path) as store:  # the replay is not repeated
