@@ -21,7 +21,7 @@ from .ledger_file import masked_crc32c
 
 __all__ = ["MAGIC", "VERSION", "MAX_HEADER_SIZE", "ParsedFile", "parse_file", "parse_header", "header_size",
            "encode_header", "frame_group", "encode_add", "encode_add_one", "encode_untrack", "encode_frontier",
-           "CHECKPOINT_START", "CHECKPOINT_END"]
+           "encode_topic_adds", "CHECKPOINT_START", "CHECKPOINT_END"]
 
 MAGIC = b"BKTJRNL\n"
 VERSION = 2
@@ -74,6 +74,14 @@ def encode_frontier(key: tuple[int, int, int]) -> bytes:
     return msgpack.packb(["f", *key])
 
 
+def encode_topic_adds(first: int, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
+                      cutoffs: np.ndarray) -> bytes:
+    """A ``t`` record of a topic's journal: adds numbered from ``first`` (the topic counts every
+    add it answers), each with the cutoff of its call, as four little-endian uint64 columns."""
+    return msgpack.packb(["t", first, np.asarray(ledgers, _LE).tobytes(), np.asarray(entries, _LE).tobytes(),
+                          np.asarray(ts, _LE).tobytes(), np.asarray(cutoffs, _LE).tobytes()])
+
+
 @dataclass(frozen=True)
 class ParsedFile:
     """One journal file, parsed: its whole groups' records, and where a torn tail starts.
@@ -87,7 +95,7 @@ class ParsedFile:
 
 
 def parse_file(data: bytes, path: str, number: int, *, last: bool,
-               identity: tuple[str, str] | None = None) -> ParsedFile:
+               identity: tuple[str, str] | None = None, topic: bool = False) -> ParsedFile:
     """Parse one journal file's bytes; a pure function (the caller decides what to do with a torn tail).
 
     :param path: named in errors only.
@@ -95,6 +103,8 @@ def parse_file(data: bytes, path: str, number: int, *, last: bool,
     :param last: whether it is the newest file: only that one may have a torn tail.
     :param identity: ``(store id, tracker name)`` the header must carry (version 2);
         None accepts any. Version-1 files carry none and are accepted.
+    :param topic: a topic's journal, whose records are ``t`` (and a checkpoint's ``c``, ``e``);
+        a tracker's journal holds ``a``, ``x``, ``f``, ``c``, ``e``. Any other is damage.
     :raises JournalError: damage that is not a torn tail, or a file of another
         tracker or store, naming the file and offset.
     """
@@ -141,7 +151,7 @@ def parse_file(data: bytes, path: str, number: int, *, last: bool,
             raise JournalError(path, pos, f"{bad}, and more data follows: not a torn tail")
         try:
             for rec in _unpack_all(data[pos + _GROUP.size:end]):
-                records.append(_validate(rec, path, pos))
+                records.append(_validate(rec, path, pos, topic))
         except ValueError as exc:
             raise JournalError(path, pos, f"group does not decode: {exc}") from None
         pos = end
@@ -200,10 +210,18 @@ def _unpack_all(body: bytes) -> Iterator[object]:
         raise ValueError(str(exc)) from None
 
 
-def _validate(rec: object, path: str, at: int) -> tuple:
+def _validate(rec: object, path: str, at: int, topic: bool = False) -> tuple:
     if not isinstance(rec, tuple) or not rec or not isinstance(rec[0], str):
         raise JournalError(path, at, "journal record is not a tagged array")
     kind = rec[0]
+    if kind in ("c", "e") and len(rec) == 1:
+        return rec
+    if topic:
+        if kind == "t" and len(rec) == 6 and isinstance(rec[1], int) and not isinstance(rec[1], bool) \
+                and rec[1] >= 0 and all(isinstance(c, bytes) and len(c) % 8 == 0 for c in rec[2:]) \
+                and len(rec[2]) == len(rec[3]) == len(rec[4]) == len(rec[5]) > 0:
+            return ("t", rec[1], *[np.frombuffer(c, dtype=_LE) for c in rec[2:]])
+        raise JournalError(path, at, f"malformed topic journal record of kind {kind!r}")
     if kind == "a" and len(rec) == 4 and all(isinstance(c, bytes) and len(c) % 8 == 0 for c in rec[1:]) \
             and len(rec[1]) == len(rec[2]) == len(rec[3]):
         cols = [np.frombuffer(c, dtype=_LE) for c in rec[1:]]
@@ -211,8 +229,6 @@ def _validate(rec: object, path: str, at: int) -> tuple:
     if kind == "x" and len(rec) == 3 and all(isinstance(v, int) and v >= 0 for v in rec[1:]):
         return rec
     if kind == "f" and len(rec) == 4 and all(isinstance(v, int) and v >= 0 for v in rec[1:]):
-        return rec
-    if kind in ("c", "e") and len(rec) == 1:
         return rec
     raise JournalError(path, at, f"malformed journal record of kind {kind!r}")
 

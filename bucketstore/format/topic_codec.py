@@ -172,6 +172,9 @@ def decode_topic(raw: bytes) -> dict[str, Any]:
     record = _unpack(raw, "topic", _TOPIC_FIELDS)
     if record["id"] < 0 or record["next_seq"] < 0 or record["rows"] < 0:
         raise TopicRecordError(f"topic record has a negative id or sequence: {record!r}")
+    applied = record.get("applied", 0)  # absent before the topic journal: nothing journaled
+    if not isinstance(applied, int) or isinstance(applied, bool) or applied < 0:
+        raise TopicRecordError(f"topic record field 'applied' is {applied!r}")
     return record
 
 

@@ -44,12 +44,21 @@ from ..format.fs import FileSystem
 from .clock import FakeClock
 from .topic_model import TopicModel
 
-__all__ = ["DurableSteps", "CountingFileSystem", "ChildRun", "run_ops", "candidates", "check_killed_store", "COMMITS"]
+__all__ = ["DurableSteps", "CountingFileSystem", "ChildRun", "run_ops", "candidates", "check_killed_store", "COMMITS",
+           "is_commit"]
 
 #: The steps after which a store's state is what its last call left (the others make it durable).
 #: A seal's or a merge's commit (``topic_seal_commit``) is not one: it lists a sealed run and moves
 #: rows into it without changing any answer, so the state before and after it is the same.
 COMMITS = ("topic_commit", "catalog_commit")
+
+
+def is_commit(kind: str, target: str) -> bool:
+    """Whether a step (once done) makes a call's changes survive a kill: a commit of
+    :data:`COMMITS`, or the write of a group into a named topic journal file (a killed process
+    keeps what it wrote; its fsync is for a power loss). A checkpoint's ``*.journal.tmp`` file is
+    not one: it holds no add, and is named by its rename."""
+    return kind in COMMITS or (kind == "write" and target.endswith(".journal"))
 
 
 class DurableSteps:
@@ -96,30 +105,47 @@ class CountingFileSystem(FileSystem):
 
     def __init__(self, steps: DurableSteps) -> None:
         self._steps = steps
+        #: The path each open descriptor was opened with: a write names its file (a journal's
+        #: group write is a commit, a run file's is not; see :func:`is_commit`).
+        self._paths: dict[int, str] = {}
+
+    def _target(self, fd: int) -> str:
+        return self._paths.get(fd, f"fd {fd}")
 
     def create(self, path: str) -> int:
         self._steps.step("create", path)
-        return super().create(path)
+        fd = super().create(path)
+        self._paths[fd] = path
+        return fd
 
     def open_append(self, path: str) -> int:
         self._steps.step("open_append", path)
-        return super().open_append(path)
+        fd = super().open_append(path)
+        self._paths[fd] = path
+        return fd
 
-    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
-        self._steps.step("write", f"fd {fd}")
-        super().write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        self._steps.step("fsync", f"fd {fd}")
-        super().fsync(fd)
-
-    def truncate(self, fd: int, length: int) -> None:
-        self._steps.step("truncate", f"fd {fd}")
-        super().truncate(fd, length)
+    def close(self, fd: int) -> None:
+        self._paths.pop(fd, None)
+        super().close(fd)
 
     def rename(self, src: str, dst: str) -> None:
         self._steps.step("rename", f"{src} -> {dst}")
         super().rename(src, dst)
+        for fd, path in self._paths.items():
+            if path == src:
+                self._paths[fd] = dst
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        self._steps.step("write", self._target(fd))
+        super().write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self._steps.step("fsync", self._target(fd))
+        super().fsync(fd)
+
+    def truncate(self, fd: int, length: int) -> None:
+        self._steps.step("truncate", self._target(fd))
+        super().truncate(fd, length)
 
     def unlink(self, path: str) -> None:
         self._steps.step("unlink", path)
@@ -288,11 +314,11 @@ def candidates(states: list[TopicModel], steps: list[tuple[str, str, int]], k: i
     (``states[j + 1]``) if it was call ``j``'s last commit, else before it (``states[j]``);
     with no commit yet, ``states[0]``.
     """
-    done = [op for kind, _, op in steps[:k] if kind in COMMITS]
+    done = [op for kind, target, op in steps[:k] if is_commit(kind, target)]
     if not done:
         return [states[0]]
     j = done[-1]
-    last = sum(1 for kind, _, op in steps if kind in COMMITS and op == j)
+    last = sum(1 for kind, target, op in steps if is_commit(kind, target) and op == j)
     return [states[j + 1] if done.count(j) == last else states[j]]
 
 

@@ -1,4 +1,5 @@
-"""Write the golden journal files (``journal_v1.journal``, ``journal_v2.journal``).
+"""Write the golden journal files (``journal_v1.journal``, ``journal_v2.journal``, and a topic's,
+``topic_journal.journal``).
 
 Run from the repository root::
 
@@ -10,6 +11,10 @@ is what a journal without identity writes (every journal before format
 version 2); version 2 names store ``00112233445566778899aabbccddeeff`` and
 tracker ``sub-é``. ``tests/format/test_journal_golden.py`` reads both back, checks
 the records and the identity, and writes them again byte for byte.
+
+The topic's journal (``formats/journal.md``, "A topic's journal") names topic ``orders`` of the
+same store: an empty checkpoint, then two groups of ``t`` records (adds 0 and 1 of one call,
+add 2 of a later call, each with its call's cutoff plus one).
 """
 
 from __future__ import annotations
@@ -50,10 +55,38 @@ def journal_bytes(version: int) -> bytes:
         shutil.rmtree(directory)
 
 
+TOPIC = "orders"
+
+
+def topic_journal_bytes() -> bytes:
+    """The golden content of a topic's journal file, freshly written."""
+    from bucketstore.engine.durability.journal import Journal
+
+    directory = tempfile.mkdtemp()
+    try:
+        j = Journal(directory, tracker=TOPIC, store_id=STORE_ID, topic=True)
+        u64 = np.uint64
+        empty = np.zeros(0, u64)
+        j.checkpoint(empty, empty, empty, None)
+        j.add_topic_rows(0, np.array([7, 7], u64), np.array([0, 1], u64), np.array([1500, 1600], u64),
+                         np.array([1001, 1001], u64))
+        j.commit()
+        j.add_topic_rows(2, np.array([8], u64), np.array([0], u64), np.array([900], u64), np.array([1201], u64))
+        j.commit()
+        j.close()
+        (name,) = os.listdir(directory)
+        with open(os.path.join(directory, name), "rb") as f:
+            return f.read()
+    finally:
+        shutil.rmtree(directory)
+
+
 def main() -> None:
     for version in (1, 2):
         with open(os.path.join(HERE, f"journal_v{version}.journal"), "wb") as f:
             f.write(journal_bytes(version))
+    with open(os.path.join(HERE, "topic_journal.journal"), "wb") as f:
+        f.write(topic_journal_bytes())
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 
 from bucketstore import TrackerConfig
-from bucketstore.testing.topic_crash import COMMITS, candidates, check_killed_store, run_ops
+from bucketstore.testing.topic_crash import candidates, check_killed_store, is_commit, run_ops
 from bucketstore.testing.topic_model import TopicModel
 
 POINTS = os.environ.get("BUCKETSTORE_TOPIC_CRASH_POINTS", "all")
@@ -139,14 +139,29 @@ def points(n: int) -> list[int]:
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_killed_topic_writer_recovers_at_every_durable_step(mode: str, tmp_path: Path) -> None:
-    enumerate_crash_points(mode, tmp_path, WORKLOAD, CONFIG)
+    dry = enumerate_crash_points(mode, tmp_path, WORKLOAD, CONFIG)
+    if MODES[mode][:2] == ("journal", 0):
+        # The topic's journal: each add's group appended and fsynced, the adds moved into the
+        # index by commits that change no answer, and checkpoints (a new file named by its
+        # rename, the older files deleted) at the restart's close and after its replay.
+        journal = [(kind, target.rsplit(".", 1)[-1] if "/journal/" in target else "")
+                   for kind, target, _ in dry.steps]
+        assert {("write", "journal"), ("fsync", "journal"), ("create", "tmp"), ("fsync", "tmp"),
+                ("unlink", "journal")} <= set(journal), set(journal)
+        assert any(kind == "rename" and target.endswith(".journal") for kind, target, _ in dry.steps)
+        assert any(kind == "topic_apply_commit" for kind, _, _ in dry.steps)
 
 
 def test_killed_topic_writer_recovers_while_runs_merge(tmp_path: Path) -> None:
     """Every durable step of a merge (its file, its commit, the old files' unlinks), besides
-    seals and drops, in journal mode."""
+    seals and drops, in journal mode: there a seal's worth of adds (one here) goes from the
+    topic's journal straight into a run, listed by the commit that moves them into the index
+    (``topic_apply_commit``)."""
     dry = enumerate_crash_points("journal", tmp_path, MERGE_WORKLOAD, MERGE_CONFIG)
-    assert sum(1 for kind, _, _ in dry.steps if kind == "topic_seal_commit") > 9  # 9 seals and a merge
+    runs = sum(1 for kind, target, _ in dry.steps if kind == "rename" and target.endswith(".run"))
+    assert runs > 9  # 9 seals and a merge
+    assert sum(1 for kind, _, _ in dry.steps if kind == "topic_apply_commit") > 8
+    assert sum(1 for kind, _, _ in dry.steps if kind == "topic_seal_commit") >= 1  # the merge
 
 
 def enumerate_crash_points(mode: str, tmp_path: Path, workload: list[tuple], config: TrackerConfig) -> Any:
@@ -171,7 +186,7 @@ def enumerate_crash_points(mode: str, tmp_path: Path, workload: list[tuple], con
     # Every kind of call commits somewhere in the run (what each crash point can cut); with a
     # group commit longer than the run, adds and confirmations wait for the next call that
     # writes; at-most-once leaves nothing to confirm.
-    committing = {WORKLOAD[op][0] for kind, _, op in dry.steps if kind in COMMITS}
+    committing = {WORKLOAD[op][0] for kind, target, op in dry.steps if is_commit(kind, target)}
     calls = {"open", "sub", "delete", "deliver", "mark", "clear", "restart"} & {op[0] for op in WORKLOAD}
     calls |= {"add"} if mode != "journal-grouped" else set()
     calls |= {"flush"} if delivery == "at-least-once" else set()

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from bucketstore import TrackerConfig
-from bucketstore.testing.topic_crash import COMMITS, candidates, check_killed_store, run_ops
+from bucketstore.testing.topic_crash import candidates, check_killed_store, is_commit, run_ops
 from bucketstore.testing.topic_model import TopicModel
 
 from helpers import example_count
@@ -114,7 +114,7 @@ def test_random_topic_workload_survives_kills(mode: str, actions: list[tuple], d
         n = len(dry.steps)
         # The dry run is the point n (it died after its last call); the others die right after a
         # commit (the states the calls leave) or anywhere.
-        after_commit = [i + 1 for i, (kind, _, _) in enumerate(dry.steps) if kind in COMMITS]
+        after_commit = [i + 1 for i, (kind, target, _) in enumerate(dry.steps) if is_commit(kind, target)]
         kills = {n, data.draw(st.integers(0, n), label="kill anywhere")}
         kills |= set(data.draw(st.lists(st.sampled_from(after_commit), max_size=2), label="kill after commits"))
         for k in sorted(kills):

@@ -17,7 +17,7 @@ from bucketstore.format.journal_codec import parse_file
 from repo_paths import DAMAGED, GOLDEN
 
 sys.path.insert(0, str(GOLDEN))
-from make_journal_golden import STORE_ID, TRACKER, journal_bytes  # noqa: E402
+from make_journal_golden import STORE_ID, TOPIC, TRACKER, journal_bytes, topic_journal_bytes  # noqa: E402
 
 EXPECTED = [("c",), ("x", 3, 3), ("a", [5, 5], [1, 2], [1000, 1001]), ("f", 900, 4, 0), ("e",),
             ("a", [6], [0], [2000]), ("x", 5, 1), ("f", 1000, 5, 1)]
@@ -47,6 +47,30 @@ def test_golden_v2_journal_refuses_another_tracker_or_store():
     assert info.value.offset == 20
     with pytest.raises(JournalError, match="foreign journal"):
         parse_file(data, path, 0, last=True, identity=("ff" * 16, TRACKER))
+
+
+TOPIC_EXPECTED = [("c",), ("e",), ("t", 0, [7, 7], [0, 1], [1500, 1600], [1001, 1001]),
+                  ("t", 2, [8], [0], [900], [1201])]
+
+
+def test_golden_topic_journal_reads_back_and_is_rewritten_byte_for_byte():
+    path = os.path.join(GOLDEN, "topic_journal.journal")
+    data = open(path, "rb").read()
+    parsed = parse_file(data, path, 0, last=True, identity=(STORE_ID, TOPIC), topic=True)
+    assert parsed.torn_at is None and _plain(parsed.records) == TOPIC_EXPECTED
+    assert read_identity(path) == (STORE_ID, TOPIC)
+    assert topic_journal_bytes() == data
+
+
+def test_a_tracker_refuses_a_topic_record_and_a_topic_a_tracker_record():
+    """Each kind of journal holds its own records: a file of the other kind is damage, never
+    replayed as something it is not."""
+    topic = os.path.join(GOLDEN, "topic_journal.journal")
+    with pytest.raises(JournalError, match="malformed journal record of kind 't'"):
+        parse_file(open(topic, "rb").read(), topic, 0, last=True)
+    tracker = os.path.join(GOLDEN, "journal_v2.journal")
+    with pytest.raises(JournalError, match="malformed topic journal record of kind 'x'"):
+        parse_file(open(tracker, "rb").read(), tracker, 0, last=True, topic=True)
 
 
 # -- the damaged journal corpus (tests/corpus/damaged/journal_*.journal) -----------------------------

@@ -80,7 +80,8 @@ import numpy as np
 from ...errors import JournalError
 from ...format.fs import REAL_FS, FileSystem
 from ...format.journal_codec import (CHECKPOINT_END, CHECKPOINT_START, ParsedFile, encode_add, encode_add_one,
-                                    encode_frontier, encode_header, encode_untrack, frame_group, parse_file)
+                                    encode_frontier, encode_header, encode_topic_adds, encode_untrack, frame_group,
+                                    parse_file)
 # The files' names and the read side (another process, a read-only handle) live in journal_files.
 from .journal_files import (JournalState, _fold, _list_files, _newest_checkpoint, has_journal, journal_directory,
                             list_files, newest_checkpoint, read_frontier, read_identity, read_journal)
@@ -174,8 +175,10 @@ class Journal:
     """
 
     def __init__(self, directory: str, fs: FileSystem = REAL_FS, *, tracker: str | None = None,
-                 store_id: str | None = None, pool: FdPool | None = None) -> None:
+                 store_id: str | None = None, pool: FdPool | None = None, topic: bool = False) -> None:
         self.directory = directory
+        #: A topic's journal (engine/topics/topic_journal.py): ``t`` records, no ``a``/``x``/``f``.
+        self.topic = topic
         self._fs = fs
         fs.makedirs(directory)
         self._pending: list[bytes] = []
@@ -263,7 +266,8 @@ class Journal:
         for i, (number, path) in enumerate(files):
             with open(path, "rb") as f:
                 data = f.read()
-            result = parse_file(data, path, number, last=(i == len(files) - 1), identity=self.identity)
+            result = parse_file(data, path, number, last=(i == len(files) - 1), identity=self.identity,
+                                topic=self.topic)
             if result.torn_at is not None:
                 self._cut(path, result.torn_at)
                 cut += len(data) - result.torn_at
@@ -303,6 +307,20 @@ class Journal:
         self._urgent = True
         self._lazy_last = False
         self._pending.append(encode_add_one(ledger_id, entry_id, ts))
+
+    def add_topic_rows(self, first: int, ledgers: np.ndarray, entries: np.ndarray, ts: np.ndarray,
+                       cutoffs: np.ndarray) -> None:
+        """A topic's adds numbered from ``first``, each with its call's cutoff (a ``t`` record)."""
+        self._urgent = True
+        self._lazy_last = False
+        self._pending.append(encode_topic_adds(first, ledgers, entries, ts, cutoffs))
+
+    def discard(self) -> None:
+        """Drop the pending group unwritten: the caller made what it records durable elsewhere
+        (a topic that synced its index with these adds in it)."""
+        self._pending.clear()
+        self._urgent = self._lazy_last = False
+        self._pending_frontier = None
 
     def untrack(self, ledger_id: int, entry_id: int) -> None:
         self._urgent = True

@@ -103,7 +103,7 @@ def _fold(files: list[list[tuple]]) -> tuple[tuple[int, int, int] | None, list[t
         for rec in records:
             if rec[0] == "f":
                 frontier = max(frontier, rec[1:]) if frontier else rec[1:]
-            elif rec[0] in ("a", "x"):
+            elif rec[0] in ("a", "x", "t"):
                 out.append(rec)
     return frontier, out
 

@@ -28,15 +28,17 @@ from ...config import TrackerConfig
 from ...cutoff import Clock, Cutoff, as_columns, check_position, check_timestamp
 from ...errors import CatalogError, StoreClosedError
 from ...format.topic_codec import (MAX_KEY, MULTI, TopicRecordError, decode_topic, encode_topic, multi_key,
-                                  records_of, split_sub_key, sub_key, topic_prefix,
+                                  WINDOW_BITS, records_of, split_sub_key, sub_key, topic_prefix,
                                   validate_name)
 from ...waiting import DueWaiter
 from .subscription import Subscription
 from .subscription_state import RowKey, SubscriptionState
 from .topic_figures import due_rows, held_rows, visible
 from .topic_file import TopicFile
+from .topic_fresh import fresh_adds
+from .topic_group_commit import JournaledAdds
 from .topic_marks import tracked_in_range
-from .topic_sealing import GROUP_ROWS, SealedRuns
+from .topic_sealing import SealedRuns
 from .topic_windows import Window, WindowCache, visible_indexes
 
 __all__ = ["Topic", "START_MODES"]
@@ -44,12 +46,12 @@ __all__ = ["Topic", "START_MODES"]
 START_MODES = ("earliest", "latest")
 
 
-class Topic(SealedRuns):
+class Topic(JournaledAdds, SealedRuns):
     """One topic's shared index. Obtain it with :meth:`bucketstore.Store.topic`."""
 
     def __init__(self, file: TopicFile, name: str, config: TrackerConfig, clock: Clock | None, *,
                  durability: str, sync_interval_ms: int, confirm_sync_ms: int, delivery: str,
-                 on_close: Any = None) -> None:
+                 on_close: Any = None, store_id: str | None = None, journal_fds: Any = None) -> None:
         if config.precision_bits:
             raise ValueError("a topic keeps exact delivery times: precision_bits must be 0")
         self._file = file
@@ -67,11 +69,13 @@ class Topic(SealedRuns):
         self.clock = clock  #: None: the system clock (the metrics judge "due" by it, as the topic does)
         self._closed = False
         self._last_sync = self._last_commit = time.monotonic()
+        #: Whether a committed transaction wrote subscription state that is not synced yet.
+        self._behind = False
         #: Subscriptions whose deliveries or confirmations are not written yet (see :meth:`_progress`).
         self._unsaved: set[str] = set()
         #: Adds answered and not yet written: (ledger, entry, deliver_at, the cutoff of their call).
         self._pending: list[tuple[int, int, int, int]] = []
-        self._pending_limit = config.min_index_count_per_bucket if durability == "sealed" else GROUP_ROWS
+        self._pending_limit = config.min_index_count_per_bucket  # journal mode: see _open_journal
         self._handles: dict[str, Subscription] = {}
         self._raw_name = raw_name = validate_name(name, "topic")
         self._config_record = {k: getattr(config, k) for k in config.__dataclass_fields__}
@@ -93,6 +97,7 @@ class Topic(SealedRuns):
             self._rows: int = record["rows"]
             self._cutoff.raise_to(record["cutoff"])
             self._subs: dict[str, SubscriptionState] = {}
+            self._states_read: dict[str, bytes] = {}
             with txn.cursor(db=file.subs) as cur:
                 if cur.set_range(self._prefix):
                     for key, value in cur:
@@ -101,6 +106,7 @@ class Topic(SealedRuns):
                         _, sub_name = self._decode(split_sub_key, key, "subscription key")
                         self._subs[sub_name] = self._decode(lambda v: SubscriptionState.decode(sub_name, v), value,
                                                             f"subscription {sub_name!r}")
+                        self._states_read[sub_name] = value  # as written: a journal replay needs it
             self._multi: set[tuple[int, int]] = set()
             with txn.cursor(db=file.multi) as cur:
                 if cur.set_range(self._prefix):
@@ -122,7 +128,8 @@ class Topic(SealedRuns):
         file.sync()
         self._runs.remove_orphans()
         self._max_md = self._max_mark_delete()
-        file.add_settler(id(self), self._commit_progress)
+        self._open_journal(durability, name, store_id, record.get("applied", 0), journal_fds)  # journal mode's adds
+        file.add_settler(id(self), self._settle)
 
     @contextmanager
     def _write(self, room: int = 0, step: str = "topic_commit") -> Iterator[lmdb.Transaction]:
@@ -184,7 +191,7 @@ class Topic(SealedRuns):
 
     def _save(self, txn: lmdb.Transaction, dirty: set[str] | tuple[str, ...] = ()) -> None:
         record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted, "rows": self._rows,
-                  "cutoff": self._cutoff.value, "config": self._config_record}
+                  "cutoff": self._cutoff.value, "config": self._config_record, "applied": self._applied}
         txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
         # Every state not written yet goes with any transaction: one that deletes rows must
         # carry the frontiers that pass them.
@@ -192,6 +199,7 @@ class Topic(SealedRuns):
             state = self._subs.get(name)
             if state is not None:
                 txn.put(sub_key(self._id, name), state.encode(), db=self._file.subs)
+                self._behind = True
         self._unsaved.clear()
         self._last_commit = time.monotonic()
 
@@ -232,6 +240,8 @@ class Topic(SealedRuns):
         self._file.sync()
         self._runs.unlink_dropped()  # their deletion is durable now
         self._last_sync = time.monotonic()
+        self._behind = False
+        self._journal_synced()
 
     # -- adding ---------------------------------------------------------------------------------
     def _add_one(self, txn: lmdb.Transaction, ledger: int, entry: int, ts: int, cutoff: int,
@@ -311,12 +321,8 @@ class Topic(SealedRuns):
                     out.append(not sub.acked(ledger, entry))
                 else:
                     out.append(md is None or (ledger, entry) > md or any(not s.acked(ledger, entry) for s in subs))
-            if self._durability == "journal" and self._sync_interval == 0:
-                self._apply()
-                self._sync()
-            elif self._durability == "journal" and (time.monotonic() - self._last_sync) * 1000 >= self._sync_interval:
-                self._apply()
-                self._sync()
+            if self._journal is not None:
+                self._journal_adds()  # its group commit, a seal's worth into a run
             elif len(self._pending) >= self._pending_limit:
                 self._apply()
                 if self._durability == "sealed":  # the seal's promise; journal mode syncs by its interval
@@ -326,17 +332,18 @@ class Topic(SealedRuns):
     def _apply(self) -> None:
         """Write the adds answered but not yet written, in one transaction.
 
-        Adds wait in memory only where no call has promised them yet: ``journal`` mode with
-        ``sync_interval_ms > 0`` (its group commit) and ``sealed`` mode (Pulsar's mutable
-        bucket: durable at the "seal", every ``min_index_count_per_bucket`` adds, or at
-        ``flush``). Every other call writes them first, so it sees what was added before it.
+        Adds wait in memory: in ``journal`` mode, durable in the topic's journal from their group
+        commit on (engine/topics/topic_group_commit.py), up to a seal's worth; in ``sealed`` mode
+        (Pulsar's mutable bucket) durable at the "seal", every ``min_index_count_per_bucket``
+        adds, or at ``flush``. Every other call writes them first, so it sees what was added before it.
         """
         pending = self._pending
         if not pending:
             return
         self._pending = []
         dirty: set[str] = set()
-        with self._write(room=len(pending) * 200) as txn:
+        # Counted as held by the index (``applied``) with the transaction that writes them.
+        with self._applying(pending) as step, self._write(room=len(pending) * 200, step=step) as txn:
             start = 0
             while start < len(pending):
                 start = self._append_new(txn, pending, start)
@@ -351,28 +358,17 @@ class Topic(SealedRuns):
         common case: positions grow, past every mark-delete, not due) in one call per table;
         the index of that add (``len(pending)``: all written). Such an add is tracked by every
         subscription: it bumps only the topic's ``inserted``."""
-        tid, md, multi, last = self._id, self._max_md, self._multi, self._last_position
-        ledgers, entries, times = [], [], []
-        cached = self._windows.invalidate if self._windows.holds_any() else None
-        end = start
-        for ledger, entry, ts, cutoff in pending[start:]:
-            pos = (ledger, entry)
-            if ts <= cutoff or pos <= last or (md is not None and pos <= md) or pos in multi:
-                break
-            ledgers.append(ledger)
-            entries.append(entry)
-            times.append(ts)
-            if cached is not None:
-                cached(ts)
-            last = pos
-            end += 1
-        if times:
-            if not self._seal_fresh(txn, pending[start:end], self._next_seq):
-                self._file.tables.insert_records(txn, *records_of(tid, times, ledgers, entries, self._next_seq))
-            self._next_seq, self._last_position = self._next_seq + len(times), last
-            self._rows += len(times)
-            self._inserted += len(times)
-        return end
+        n, ledgers, entries, times, last = fresh_adds(pending, start, self._last_position, self._max_md, self._multi)
+        if n:
+            if self._windows.holds_any():
+                for window in np.unique(times >> np.uint64(WINDOW_BITS)).tolist():
+                    self._windows.invalidate(window << WINDOW_BITS)
+            if not self._seal_fresh(txn, times, ledgers, entries, self._next_seq):
+                self._file.tables.insert_records(txn, *records_of(self._id, times, ledgers, entries, self._next_seq))
+            self._next_seq, self._last_position = self._next_seq + n, last
+            self._rows += n
+            self._inserted += n
+        return start + n
 
     def add_message(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Add an index for every subscription (once, whatever their number).
@@ -647,7 +643,9 @@ class Topic(SealedRuns):
                 with self._write() as txn:
                     self._save(txn)
                 self._sync()
+                self._close_journal()
             finally:
+                self._release_journal()
                 self._closed = True
                 self._file.add_settler(id(self), None)
                 self._windows.clear()

@@ -28,6 +28,7 @@ from ...format.fs import REAL_FS, FileSystem
 from ...format.topic_codec import TOPICS_FORMAT, U64, TopicRecordError, decode_topic
 from ..catalog.lmdb_file import check_data_file
 from .topic_rows import RowTables
+from .topic_journal import journal_root, remove_journals
 from .topic_runs import runs_directory
 from .topic_windows import WindowBudget
 
@@ -49,7 +50,9 @@ def live_topic_file(store_path: str) -> "TopicFile | None":
 #: durable step of a topic environment, ``"topic_commit"`` (a write transaction is about to
 #: commit: a hook that kills the process leaves it uncommitted), ``"topic_seal_commit"`` (the
 #: commit of a seal, which lists a new run and moves its rows out of the tables: it changes no
-#: answer) or ``"topic_sync"`` (an fsync). A run file's own steps (create, write, fsync, rename,
+#: answer), ``"topic_apply_commit"`` (the commit of adds a topic's journal holds already, which
+#: moves them into the index: it changes no answer either) or ``"topic_sync"`` (an fsync). A
+#: topic journal's steps (engine/topics/topic_journal.py) go through the store's ``FileSystem``. A run file's own steps (create, write, fsync, rename,
 #: directory fsync, unlink) go through the store's ``FileSystem``.
 #: LMDB writes its own files, outside the ``FileSystem`` seam a crash test numbers, so this is
 #: how :mod:`bucketstore.testing.topic_crash` numbers the topics' durable steps and kills a
@@ -110,6 +113,7 @@ def copy_topics(store_path: str, dest_store: str) -> bool:
         return False
     check_data_file(data)
     os.mkdir(dest)
+    _copy_journals(journal_root(source), journal_root(dest))  # adds no transaction holds yet
     try:
         env = lmdb.open(source, readonly=True, max_dbs=MAX_DBS, subdir=True, create=False)
         try:
@@ -120,6 +124,21 @@ def copy_topics(store_path: str, dest_store: str) -> bool:
         raise CatalogError(f"{source}: copying the topic index failed: {exc}", path=source) from None
     _copy_runs(runs_directory(source), runs_directory(dest))
     return True
+
+
+def _copy_journals(source: str, dest: str) -> None:
+    """Copy the topics' journals (of a store no process writes: a live writer settles its adds
+    into the index before the copy, which then needs none)."""
+    if not os.path.isdir(source):
+        return
+    for topic in sorted(os.listdir(source)):
+        src = os.path.join(source, topic)
+        if not os.path.isdir(src):
+            continue
+        os.makedirs(os.path.join(dest, topic))
+        for name in sorted(os.listdir(src)):
+            if name.endswith(".journal"):
+                shutil.copyfile(os.path.join(src, name), os.path.join(dest, topic, name))
 
 
 def _copy_runs(source: str, dest: str) -> None:
@@ -186,8 +205,17 @@ class TopicFile:
         self._remove_unowned_runs()
 
     def _remove_unowned_runs(self) -> None:
-        """Unlink the run files of topics the index no longer has (a deletion killed after its
-        commit, before its unlinks); each topic removes its own files no entry names at open."""
+        """Unlink the run files and journals of topics the index no longer has (a deletion
+        killed after its commit, before its unlinks); each topic removes its own run files no
+        entry names at open."""
+        journals = journal_root(self.path)
+        if os.path.isdir(journals):
+            with self.read() as txn:
+                with txn.cursor(db=self.topics) as cur:
+                    live = {_topic_id(value) for value in cur.iternext(keys=False)}
+            gone = {int(name) for name in os.listdir(journals) if name.isdigit() and int(name) not in live}
+            if gone and -1 not in live:  # a record that does not decode: whose it is, verify says
+                remove_journals(self.path, gone, self.fs)
         if not os.path.isdir(self.runs_path):
             return
         with self.read() as txn:

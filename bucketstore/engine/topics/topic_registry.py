@@ -16,6 +16,7 @@ from ...format.fs import REAL_FS
 from ...format.topic_codec import TopicRecordError, decode_topic, topic_prefix, validate_name
 from .topic import Topic
 from .topic_file import TopicFile, topics_directory
+from .topic_journal import remove_journals
 
 __all__ = ["TopicRegistry"]
 
@@ -28,6 +29,8 @@ class TopicRegistry:
     sync_interval_ms: int
     confirm_sync_ms: int
     delivery: str
+    store_id: str
+    journal_fds: Any
     _lock: Any
 
     def _check_open(self) -> None:
@@ -72,7 +75,8 @@ class TopicRegistry:
                     config = TrackerConfig()  # the topic's open names the damage, as a CatalogError
             topic = Topic(file, name, config, clock, durability=self.durability,  # type: ignore[arg-type]
                           sync_interval_ms=self.sync_interval_ms, confirm_sync_ms=self.confirm_sync_ms,
-                          delivery=self.delivery, on_close=self._topic_closed)
+                          delivery=self.delivery, on_close=self._topic_closed, store_id=self.store_id,
+                          journal_fds=self.journal_fds)
             handles[name] = topic
             return topic
 
@@ -125,6 +129,7 @@ class TopicRegistry:
                 txn.delete(raw, db=file.topics)
             file.sync()
             file.remove_runs_of({topic_id})  # after the sync: a kill before leaves files no topic owns
+            remove_journals(file.path, {topic_id}, file.fs)
 
     def _flush_topics(self) -> None:
         """Write and sync every open topic's pending adds (a checkpoint holds what was added)."""

@@ -21,19 +21,16 @@ from .topic_merge import kept_rows, plan_merge
 from .topic_runs import Run, RunSet
 from .topic_windows import Window, WindowCache, packed_key
 
-__all__ = ["SealedRuns", "LEVEL_ROWS", "GROUP_ROWS"]
+__all__ = ["SealedRuns", "LEVEL_ROWS"]
 
 #: The most rows the LMDB level holds before they are sealed into a run (fewer when
-#: ``min_index_count_per_bucket`` says so, Pulsar's seal). LMDB never gives pages back to the
-#: file system, so the level's peak is what it costs on disk for good: about 2 MB with journal
-#: mode's group commits of :data:`GROUP_ROWS`. Each seal costs two fsyncs and a commit whatever
-#: its size, and each merge as much again, which the adds pay for: with 4,096 rows (0.9 MB)
-#: adding to a topic cost 1.4-1.7x adding to a lone tracker, with 8,192 1.2-1.5x, 16,384 (3.2 MB)
-#: no better (tools/bench/bench_topics.py, 100,000 adds, issue 25).
+#: ``min_index_count_per_bucket`` says so, Pulsar's seal), and the most adds that wait in memory
+#: (in journal mode, in the topic's journal) before going straight into a run. LMDB never gives
+#: pages back to the file system, so the level's peak is what it costs on disk for good: up to
+#: two seals' worth when a call that reads writes the waiting adds into it. Each seal costs two
+#: fsyncs and a commit whatever its size, and each merge as much again, which the adds pay for
+#: (tools/bench/bench_topics.py, issue 25).
 LEVEL_ROWS = 8_192
-#: The most adds journal mode's group commit holds before writing them (they are synced at its
-#: interval): counted, not timed, so that the level's peak does not hang on the machine's speed.
-GROUP_ROWS = 2_048
 
 
 class SealedRuns:
@@ -52,6 +49,8 @@ class SealedRuns:
     _raw_name: bytes
     _durability: str
     _config_record: dict[str, Any]
+    _applied: int
+    _journal: Any
 
     def _write(self, room: int = 0, step: str = "topic_commit") -> Any:
         raise NotImplementedError
@@ -111,16 +110,18 @@ class SealedRuns:
         while (group := plan_merge(self._runs.runs.values(), self._seal_rows)) is not None:
             self._merge(group)
 
-    def _seal_fresh(self, txn: lmdb.Transaction, adds: list[tuple[int, int, int, int]], first_seq: int) -> bool:
-        """In ``sealed`` mode, write a group of adds of new positions (``(ledger, entry,
-        deliver_at, cutoff)``, seqs from ``first_seq``: not due, past every row) straight into a
-        run, listed by the add's own transaction ``txn``, rather than into the level: Pulsar's
-        seal of ``min_index_count_per_bucket`` adds, which would otherwise pass through LMDB and
-        leave its file that large for good. False (nothing done): write them to the level."""
-        if self._durability != "sealed" or len(adds) < self._seal_rows:
+    def _seal_fresh(self, txn: lmdb.Transaction, times: np.ndarray, ledgers: np.ndarray, entries: np.ndarray,
+                    first_seq: int) -> bool:
+        """In ``sealed`` mode, and in ``journal`` mode from the topic's journal, write a group of
+        adds of new positions (uint64 columns, seqs from ``first_seq``: not due, past every row)
+        straight into a run, listed by the adds' own transaction ``txn``,
+        rather than into the level: Pulsar's seal of ``min_index_count_per_bucket`` adds, which
+        would otherwise pass through LMDB and leave its file that large for good. False (nothing
+        done): write them to the level."""
+        if (self._durability != "sealed" and self._journal is None) or len(times) < self._seal_rows:
             return False
-        cols = np.array([(ts, ledger, entry, first_seq + i) for i, (ledger, entry, ts, _) in enumerate(adds)],
-                        dtype=np.uint64)
+        cols = np.column_stack((times, ledgers, entries,
+                                np.arange(first_seq, first_seq + len(times), dtype=np.uint64)))
         cols = cols[np.lexsort((cols[:, 3], cols[:, 2], cols[:, 1], cols[:, 0]))]
         run = self._runs.write(cols)  # durable before the transaction that lists it commits
         self._runs.put(txn, self._file.runs, run)
@@ -202,7 +203,7 @@ class SealedRuns:
             self._sealed_rows -= gone
             self._forget_dead(txn)
             record = {"id": self._id, "next_seq": self._next_seq, "inserted": self._inserted, "rows": self._rows,
-                      "cutoff": self._cutoff.value, "config": self._config_record}
+                      "cutoff": self._cutoff.value, "config": self._config_record, "applied": self._applied}
             txn.put(self._raw_name, encode_topic(record), db=self._file.topics)
         self._windows.clear()  # the merged windows held the rows of the old runs
 

@@ -33,6 +33,10 @@ def run_files(path) -> list[str]:
 
 
 def level_rows(topic) -> int:
+    """The rows of the LMDB level once the adds waiting in memory (journal mode: in the topic's
+    journal, until a seal's worth or a call that reads) are written."""
+    with topic._lock:
+        topic._apply()
     with topic._file.read() as txn:
         return topic._file.tables.count(txn, topic._id)
 
@@ -92,6 +96,7 @@ def test_runs_merge_by_tiers_and_drop_the_rows_no_subscription_can_see(tmp_path)
         rows = [(i // 100, i % 100, 2_000 + i) for i in range(1_500)]
         topic.add_messages(rows[:50])
         topic.add_message(0, 7, 500)  # due: (0, 7) gone from its run
+        topic.flush()  # written (it waited in the journal)
         assert topic._dead == {(0, 7): 7}
         clock.advance(1_100)  # the first 100 rows due
         assert len(a.get_scheduled_messages(1_000)) == len(b.get_scheduled_messages(1_000)) == 49

@@ -304,6 +304,9 @@ def test_a_read_only_open_lists_and_describes_topics_and_changes_nothing(tmp_pat
         topic = store.topic("t", config=CFG, clock=clock)
         topic.subscription("s")
         fill(topic, 30)
+        # The adds wait in the topic's journal; the writer's own settle (below, for the view in
+        # its process) would move them into the index: written first, to compare the files.
+        topic.flush()
         before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in (tmp_path / "topics").iterdir())
         with bucketstore.open(tmp_path, read_only=True) as view:  # beside the writer (another handle)
             assert view.topics() == ["t"]

@@ -115,6 +115,7 @@ def test_count_between_counts_whole_windows_and_bounds(tmp_path) -> None:
         # Clusters of equal times and gaps of several windows.
         topic.add_messages([(i // 50, i % 50, 2_000 + rng.choice([0, 1, 4_095, 4_096, 9_000, 40_000 + i]))
                             for i in range(600)])
+        topic.flush()  # written into the level (they waited in the journal)
         tables, tid = topic._file.tables, topic._id
         with topic._file.read() as txn:
             rows = list(tables.rows_after(txn, tid, None))
