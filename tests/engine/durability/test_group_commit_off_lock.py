@@ -13,6 +13,7 @@ import os
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -106,6 +107,18 @@ def _lock_is_free(tracker) -> bool:
     return got[0]
 
 
+@contextmanager
+def _gated_tracker(path):
+    """A journal tracker (sync_interval_ms=0) holding (1, 0), whose journal fsyncs on other
+    threads are held at ``fs.gate`` from now on."""
+    fs = FsyncGateFS()
+    with Store(path, "journal", fs=fs, background=True) as store:
+        t = store.tracker("t", _CFG, FakeClock(0))
+        assert t.add_message(1, 0, 1000)  # creates the journal's first file
+        fs.watch = t
+        yield t, fs
+
+
 def _positions(path) -> list[tuple[int, int]]:
     clock = FakeClock(0)
     with bucketstore.open(path, "journal") as store:
@@ -116,11 +129,7 @@ def _positions(path) -> list[tuple[int, int]]:
 
 def test_an_add_writes_its_group_without_the_lock_and_returns_once_it_is_durable(tmp_path):
     path, image = tmp_path / "s", tmp_path / "image"
-    fs = FsyncGateFS()
-    with Store(path, "journal", fs=fs, background=True) as store:
-        t = store.tracker("t", _CFG, FakeClock(0))
-        assert t.add_message(1, 0, 1000)  # creates the journal's first file
-        fs.watch = t
+    with _gated_tracker(path) as (t, fs):
         returned = threading.Event()
 
         def add() -> None:
@@ -204,11 +213,7 @@ def test_adds_that_wait_for_a_write_in_flight_share_the_next_fsync(tmp_path):
     written take their groups (the lock is free) and wait for the disk; the first of them to
     write writes all of them, one group in one fsync, and each returns once it is durable."""
     path, image = tmp_path / "s", tmp_path / "image"
-    fs = FsyncGateFS()
-    with Store(path, "journal", fs=fs, background=True) as store:
-        t = store.tracker("t", _CFG, FakeClock(0))
-        assert t.add_message(1, 0, 1000)  # creates the journal's first file
-        fs.watch = t
+    with _gated_tracker(path) as (t, fs):
         adders = [threading.Thread(target=t.add_message, args=(1, 1, 1001))]
         adders[0].start()
         assert fs.held.wait(60)  # the first add's fsync, held
