@@ -31,12 +31,23 @@ STORE_ID = "00112233445566778899aabbccddeeff"
 TRACKER = "sub-\u00e9"
 
 
-def journal_bytes(version: int) -> bytes:
-    """The golden content of a version-``version`` journal file, freshly written."""
+def _written(write) -> bytes:
+    """The bytes of the one journal file ``write(Journal, directory)`` leaves in a fresh directory."""
     from bucketstore.engine.durability.journal import Journal
 
     directory = tempfile.mkdtemp()
     try:
+        write(Journal, directory)
+        (name,) = os.listdir(directory)
+        with open(os.path.join(directory, name), "rb") as f:
+            return f.read()
+    finally:
+        shutil.rmtree(directory)
+
+
+def journal_bytes(version: int) -> bytes:
+    """The golden content of a version-``version`` journal file, freshly written."""
+    def write(Journal, directory: str) -> None:
         identity = {"tracker": TRACKER, "store_id": STORE_ID} if version == 2 else {}
         j = Journal(directory, **identity)
         u64 = np.uint64
@@ -48,11 +59,8 @@ def journal_bytes(version: int) -> bytes:
         j.frontier((1000, 5, 1))
         j.commit()
         j.close()
-        (name,) = os.listdir(directory)
-        with open(os.path.join(directory, name), "rb") as f:
-            return f.read()
-    finally:
-        shutil.rmtree(directory)
+
+    return _written(write)
 
 
 TOPIC = "orders"
@@ -60,10 +68,7 @@ TOPIC = "orders"
 
 def topic_journal_bytes() -> bytes:
     """The golden content of a topic's journal file, freshly written."""
-    from bucketstore.engine.durability.journal import Journal
-
-    directory = tempfile.mkdtemp()
-    try:
+    def write(Journal, directory: str) -> None:
         j = Journal(directory, tracker=TOPIC, store_id=STORE_ID, topic=True)
         u64 = np.uint64
         empty = np.zeros(0, u64)
@@ -74,11 +79,8 @@ def topic_journal_bytes() -> bytes:
         j.add_topic_rows(2, np.array([8], u64), np.array([0], u64), np.array([900], u64), np.array([1201], u64))
         j.commit()
         j.close()
-        (name,) = os.listdir(directory)
-        with open(os.path.join(directory, name), "rb") as f:
-            return f.read()
-    finally:
-        shutil.rmtree(directory)
+
+    return _written(write)
 
 
 def main() -> None:
