@@ -240,9 +240,11 @@ def test_killed_topic_writer_loses_nothing_and_repeats_nothing_confirmed(tmp_pat
     rng = random.Random(2532)
     delivered = came_back = replayed = 0
     k = 0
-    # Grouped: whether a kill lands inside a group-commit window is timing; kill on (up to four
-    # times as often) until one did, so that the window's check below is never vacuous.
-    while k < KILLS or (durability == "grouped" and came_back == 0 and k < 4 * KILLS):
+    # Whether a kill lands inside a window (grouped: a group commit's; journal: adds held only in
+    # the topic's journal) is timing: kill on (up to four times as often) until one did, so that
+    # the window's check below is never vacuous.
+    while k < KILLS or (k < 4 * KILLS and ((durability == "grouped" and came_back == 0)
+                                           or (durability == "journal" and replayed == 0))):
         pid, ready = fork_child(topic_writer, store, log_path, rng.randrange(1 << 30))
         got = os.read(ready, 1)
         os.close(ready)
