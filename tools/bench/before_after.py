@@ -135,9 +135,10 @@ def resolve(commit: str) -> str:
 
 
 def describe_this_tree() -> str:
-    """This tree as the table names it: its commit, and whether files differ from it."""
+    """This tree as the table names it: its commit, and whether the code it runs (the package and
+    the benchmarks, not the documents figures.py is rewriting) differs from it."""
     head = _git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown commit"
-    dirty = _git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "bucketstore", "tools").stdout.strip()
     return head + (" with uncommitted changes" if dirty else "")
 
 
