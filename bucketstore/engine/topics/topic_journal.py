@@ -64,23 +64,9 @@ def journal_backlog(topics_path: str, topic_id: int, applied: int) -> int:
     file is left out, as a replay cuts it).
 
     :raises JournalError: damage that is not a torn tail, or adds missing before the journal's.
-    :raises FileNotFoundError: a live writer's checkpoint removed a file while it was read.
     """
-    directory = topic_journal_directory(topics_path, topic_id)
-    files = list_files(directory)[0] if os.path.isdir(directory) else []
-    parsed = []
-    for i, (number, path) in enumerate(files):
-        with open(path, "rb") as f:
-            parsed.append(parse_file(f.read(), path, number, last=i == len(files) - 1, topic=True).records)
-    expected = applied
-    for records in parsed[newest_checkpoint(parsed):]:
-        for rec in records:
-            if rec[0] != "t":
-                continue
-            if rec[1] > expected:
-                raise JournalError(directory, 0, f"topic journal skips adds {expected}..{rec[1] - 1}")
-            expected = max(expected, rec[1] + len(rec[2]))
-    return expected - applied
+    records = read_topic_journal(topics_path, topic_id)
+    return len(adds_after(records, applied, topic_journal_directory(topics_path, topic_id)))
 
 
 def read_topic_journal(topics_path: str, topic_id: int, attempts: int = 5) -> list[tuple]:

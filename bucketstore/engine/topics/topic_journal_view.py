@@ -27,6 +27,7 @@ from typing import Any
 
 import lmdb
 
+from ...errors import JournalError
 from .subscription_state import RowKey, SubscriptionState
 from .topic import Topic
 from .topic_group_commit import state_as_written
@@ -39,17 +40,29 @@ Position = tuple[int, int]
 
 
 class JournalSnapshot:
-    """Every topic's journal records, read once (before the read transaction: see the module)."""
+    """Every topic's journal records, read once (before the read transaction: see the module).
+    A journal that cannot be read is an error of its topic alone, raised when that topic is read."""
 
     def __init__(self, topics_path: str) -> None:
         self.topics_path = topics_path
         root = journal_root(topics_path)
         names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-        self._records = {int(n): read_topic_journal(topics_path, int(n)) for n in names if n.isdigit()}
+        self._records: dict[int, list[tuple] | JournalError] = {}
+        for name in names:
+            if name.isdigit():
+                try:
+                    self._records[int(name)] = read_topic_journal(topics_path, int(name))
+                except JournalError as exc:
+                    self._records[int(name)] = exc
 
     def adds(self, topic_id: int, applied: int) -> list[tuple[int, int, int, int]]:
-        """The topic's journaled adds its index does not hold (numbered ``applied`` and on)."""
+        """The topic's journaled adds its index does not hold (numbered ``applied`` and on).
+
+        :raises JournalError: its journal is damaged, or lacks adds after the index's.
+        """
         records = self._records.get(topic_id)
+        if isinstance(records, JournalError):
+            raise records
         if not records:
             return []
         return adds_after(records, applied, topic_journal_directory(self.topics_path, topic_id))

@@ -11,9 +11,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import bucketstore
-from bucketstore import TrackerConfig
+from bucketstore import JournalError, TrackerConfig
 from bucketstore.engine.topics.topic_reader import describe_topics
 from bucketstore.engine.topics.topic_states import STATES, read_topic_states
 from bucketstore.testing.faults import abandon_store
@@ -125,3 +126,67 @@ def test_a_torn_last_journal_group_is_left_out_by_a_reader_and_kept(tmp_path) ->
     with bucketstore.open(tmp_path) as store:
         store.topic("t", config=CFG, clock=FakeClock(1_000))  # the replay
         assert describe_topics(str(tmp_path), now_ms=NOW)["t"]["rows"] == figures["t"]["rows"]
+
+
+WRITER = """
+import sys, bucketstore
+from bucketstore.engine.topics import topic_group_commit
+topic_group_commit.CHECKPOINT_ROWS = 40  # checkpoints (older files deleted) while the reader reads
+cfg = bucketstore.TrackerConfig(tick_time_ms=0, min_index_count_per_bucket=16)
+with bucketstore.open(sys.argv[1], sync_interval_ms=0) as store:
+    topic = store.topic("t", config=cfg, clock=lambda: 1_000)
+    topic.subscription("a")
+    for entry in range(int(sys.argv[2])):
+        topic.add_message(1, entry, 10**9 + entry)  # durable in the journal at its return
+        print(entry + 1, flush=True)
+"""
+
+
+def test_a_reader_beside_a_live_writer_sees_every_acknowledged_add(tmp_path) -> None:
+    """A writer in another process adds, its journal applied into runs and checkpointed every
+    few adds meanwhile: each read shows at least every add acknowledged before it began, and
+    never fails on a file a checkpoint removed or a group being written."""
+    adds = 600
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(adds)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    acked = 0
+    reads = 0
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            acked = int(line)
+            if acked % 7:
+                continue
+            figures = describe_topics(str(tmp_path), now_ms=0)
+            seen = figures["t"]["subscriptions"]["a"]["number_of_delayed_messages"]
+            assert acked <= seen == figures["t"]["rows"]
+            reads += 1
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert acked == adds and reads >= adds // 7 - 1
+    assert sum(len(chunk.rows) for chunk in read_topic_states(str(tmp_path), "t")) == adds
+
+
+def test_a_damaged_topic_journal_is_a_typed_error_of_its_reader(tmp_path) -> None:
+    """Damage that is not a torn tail: the figures of the topic are not given from a guess; the
+    error names the file, and `bucketstore stats` says so in one line with exit status 1."""
+    store, _ = _writer_with_journaled_adds(tmp_path)
+    abandon_store(store)
+    directory = os.path.join(tmp_path, "topics", "journal", f"{0:010d}")
+    path = os.path.join(directory, sorted(os.listdir(directory))[-1])
+    data = bytearray(open(path, "rb").read())
+    data[-80] ^= 0xFF  # inside a group with groups after it
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(JournalError) as info:
+        describe_topics(str(tmp_path))
+    assert info.value.path == path
+    with pytest.raises(JournalError):
+        list(read_topic_states(str(tmp_path), "t"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "bucketstore", "stats", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 1 and path in done.stderr and "Traceback" not in done.stderr
