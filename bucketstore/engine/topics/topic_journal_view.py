@@ -76,17 +76,27 @@ class FoldedRows:
     def __init__(self, base: RowView) -> None:
         self.base = base
         self.tables, self.runs, self.dead = base.tables, base.runs, base.dead
-        self.added: list[RowKey] = []  # sorted (delivery order)
+        self._mine: dict[Position, list[RowKey]] = {}  # the rows added, by position
+        self._sorted: list[RowKey] | None = []
         self.removed: set[RowKey] = set()
 
-    # The writes of a fold (:class:`_Fold` passes itself as the topic's tables).
+    @property
+    def added(self) -> list[RowKey]:
+        """The rows added, in delivery order (sorted once the fold's adds are in)."""
+        if self._sorted is None:
+            self._sorted = sorted(row for rows in self._mine.values() for row in rows)
+        return self._sorted
+
+    # The writes of a fold (:class:`_Fold` passes this as the topic's tables).
     def insert(self, txn: Any, tid: int, row: RowKey) -> None:
-        bisect.insort(self.added, row)
+        self._mine.setdefault((row[1], row[2]), []).append(row)
+        self._sorted = None
 
     def delete(self, txn: Any, tid: int, row: RowKey) -> bool:
-        i = bisect.bisect_left(self.added, row)
-        if i < len(self.added) and self.added[i] == row:
-            del self.added[i]
+        mine = self._mine.get((row[1], row[2]), [])
+        if row in mine:
+            mine.remove(row)
+            self._sorted = None
         else:
             self.removed.add(row)
         return True
@@ -99,7 +109,7 @@ class FoldedRows:
     def versions(self, txn: lmdb.Transaction, tid: int, ledger: int, entry: int) -> list[tuple[int, int]]:
         out = [(seq, ts) for seq, ts in self.base.versions(txn, tid, ledger, entry)
                if (ts, ledger, entry, seq) not in self.removed]
-        out += [(r[3], r[0]) for r in self.added if r[1] == ledger and r[2] == entry]
+        out += [(r[3], r[0]) for r in self._mine.get((ledger, entry), ())]
         return sorted(out)
 
     def rows_after(self, txn: lmdb.Transaction, tid: int, after: RowKey | None) -> Iterator[RowKey]:
@@ -115,7 +125,7 @@ class FoldedRows:
     def first_position(self, txn: lmdb.Transaction, tid: int) -> Position | None:
         """The least position with a row, or one before it (as :meth:`RowView.first_position`)."""
         found = [p for p in (self.base.first_position(txn, tid),) if p is not None]
-        found += [(r[1], r[2]) for r in self.added]
+        found += [pos for pos, rows in self._mine.items() if rows]
         return min(found) if found else None
 
 
