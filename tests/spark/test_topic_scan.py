@@ -70,3 +70,29 @@ def test_a_run_dropped_by_the_writer_mid_read_is_stale_and_a_missing_listed_run_
     with pytest.raises(CatalogError) as caught:
         list(read_topic_part(TopicPart(path, "t")))
     assert not isinstance(caught.value, StaleSnapshotError) and caught.value.path == runs[0]
+
+
+def test_a_task_reads_the_adds_only_the_topic_journal_holds(tmp_path) -> None:
+    """Journal mode: adds acknowledged (durable in the topic's journal, not in its index yet),
+    then the writer killed: a task's rows and states hold them, as the writer's reopen has them."""
+    from bucketstore.testing.faults import abandon_store
+
+    store = bucketstore.open(tmp_path, sync_interval_ms=0)
+    topic = store.topic("t", config=CFG, clock=FakeClock(1_000))
+    topic.subscription("a")
+    b = topic.subscription("b")
+    topic.add_messages([(7, e, 2_000 + e) for e in range(50)])
+    b.add_message(7, 3, 3_000)  # tracked already: no second row
+    assert not topic.add_message(7, 4, 900)  # due at its call: (7, 4) untracked for both
+    assert topic._applied == 0  # the journal's alone
+    abandon_store(store)
+
+    def read() -> list[tuple]:
+        (part,) = plan_topic_scan(str(tmp_path))
+        return sorted(tuple(r.values()) for batch in read_topic_part(part) for r in batch.to_pylist())
+    rows = read()
+    assert len(rows) == 98 and {r[-1] for r in rows} == {"pending"}
+    assert not [r for r in rows if r[4] == 4]
+    with bucketstore.open(tmp_path) as store:
+        store.topic("t", config=CFG, clock=FakeClock(1_000))  # the replay
+        assert read() == rows

@@ -27,7 +27,7 @@ from ...format.journal_codec import parse_file
 from ..durability.journal import FdPool, Journal, list_files, newest_checkpoint
 
 __all__ = ["TopicJournal", "CHECKPOINT_ROWS", "journal_root", "topic_journal_directory", "remove_journals",
-           "journal_backlog"]
+           "journal_backlog", "read_topic_journal", "adds_after"]
 
 #: Adds journaled since the last checkpoint past which the topic syncs its index and checkpoints
 #: (about 3 MB of journal, read back at an open after a crash).
@@ -64,23 +64,53 @@ def journal_backlog(topics_path: str, topic_id: int, applied: int) -> int:
     file is left out, as a replay cuts it).
 
     :raises JournalError: damage that is not a torn tail, or adds missing before the journal's.
-    :raises FileNotFoundError: a live writer's checkpoint removed a file while it was read.
+    """
+    records = read_topic_journal(topics_path, topic_id)
+    return len(adds_after(records, applied, topic_journal_directory(topics_path, topic_id)))
+
+
+def read_topic_journal(topics_path: str, topic_id: int, attempts: int = 5) -> list[tuple]:
+    """The topic's journal's ``t`` records from its newest checkpoint on, read without changing
+    anything, beside a live writer too: a torn tail of the newest file is left out (not cut: it
+    may be the group being written now), and a file a checkpoint removes while it is read makes
+    a new listing ([] when the topic has no journal).
+
+    :raises JournalError: damage that is not a torn tail, or files that keep vanishing.
     """
     directory = topic_journal_directory(topics_path, topic_id)
-    files = list_files(directory)[0] if os.path.isdir(directory) else []
-    parsed = []
-    for i, (number, path) in enumerate(files):
-        with open(path, "rb") as f:
-            parsed.append(parse_file(f.read(), path, number, last=i == len(files) - 1, topic=True).records)
+    for _ in range(attempts):
+        files = list_files(directory)[0] if os.path.isdir(directory) else []
+        parsed = []
+        try:
+            for i, (number, path) in enumerate(files):
+                with open(path, "rb") as f:
+                    parsed.append(parse_file(f.read(), path, number, last=i == len(files) - 1, topic=True).records)
+        except FileNotFoundError:
+            continue  # a live writer's checkpoint superseded the files listed: list again
+        return [rec for records in parsed[newest_checkpoint(parsed):] for rec in records if rec[0] == "t"]
+    raise JournalError(directory, 0, f"topic journal files kept vanishing while being read ({attempts} attempts)")
+
+
+def adds_after(records: list[tuple], applied: int, directory: str) -> list[tuple[int, int, int, int]]:
+    """Of the journal's ``t`` records (in order), the adds the index does not hold yet (numbered
+    ``applied`` and on), each once, as ``(ledger, entry, deliver_at, cutoff of the call)``.
+
+    :raises JournalError: the records skip adds after the ones the index holds.
+    """
     expected = applied
-    for records in parsed[newest_checkpoint(parsed):]:
-        for rec in records:
-            if rec[0] != "t":
-                continue
-            if rec[1] > expected:
-                raise JournalError(directory, 0, f"topic journal skips adds {expected}..{rec[1] - 1}")
-            expected = max(expected, rec[1] + len(rec[2]))
-    return expected - applied
+    out: list[tuple[int, int, int, int]] = []
+    for _, first, ledgers, entries, ts, cutoffs in records:
+        end = first + len(ledgers)
+        if end <= expected:
+            continue  # in the index already (or repeated by a later group)
+        if first > expected:
+            raise JournalError(directory, 0, f"topic journal skips adds {expected}..{first - 1}: "
+                                             "the adds the index holds end before its first")
+        skip = expected - first
+        cut = (cutoffs[skip:].astype(np.int64) - 1).tolist()  # stored plus one: -1 (none yet) is 0
+        out.extend(zip(ledgers[skip:].tolist(), entries[skip:].tolist(), ts[skip:].tolist(), cut))
+        expected = end
+    return out
 
 
 class TopicJournal:
@@ -99,19 +129,7 @@ class TopicJournal:
         order, as ``(ledger, entry, deliver_at, cutoff of the call)``; and how many files were
         read. Cuts a torn tail (:meth:`Journal.replay`)."""
         state = self._journal.replay()
-        expected = applied
-        out: list[tuple[int, int, int, int]] = []
-        for _, first, ledgers, entries, ts, cutoffs in state.records:
-            end = first + len(ledgers)
-            if end <= expected:
-                continue  # in the index already (or repeated by a later group)
-            if first > expected:
-                raise JournalError(self.directory, 0, f"topic journal skips adds {expected}..{first - 1}: "
-                                                      "the adds the index holds end before its first")
-            skip = expected - first
-            cut = (cutoffs[skip:].astype(np.int64) - 1).tolist()  # stored plus one: -1 (none yet) is 0
-            out.extend(zip(ledgers[skip:].tolist(), entries[skip:].tolist(), ts[skip:].tolist(), cut))
-            expected = end
+        out = adds_after([rec for rec in state.records if rec[0] == "t"], applied, self.directory)
         self.rows = len(out)
         return out, state.files
 

@@ -29,7 +29,7 @@ from ..directory.store_lock import writer_pid
 from .subscription_state import SubscriptionState
 from .topic_figures import due_rows, held_rows
 from .topic_file import MAX_DBS, live_topic_file, topics_directory
-from .topic_journal import journal_backlog
+from .topic_journal_view import FoldedTopic, JournalSnapshot, fold_journal
 from .topic_levels import RowView
 from .topic_rows import RowTables
 from .topic_runs import RunSet, runs_directory
@@ -124,6 +124,20 @@ def topic_view(txn: lmdb.Transaction, dbs: dict[str, Any], tid: int) -> RowView:
     return RowView(RowTables(dbs["rows"], dbs["positions"]), runs, dead)
 
 
+def read_topic(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any],
+               journal: JournalSnapshot | None) -> FoldedTopic:
+    """Topic ``record``'s subscriptions, rows and positions with several rows as read, with the
+    adds its journal holds beyond the index's folded in (:func:`~.topic_journal_view.fold_journal`).
+
+    :raises TopicRecordError: a subscription's record does not decode.
+    """
+    tid = record["id"]
+    prefix = topic_prefix(tid)
+    multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)}
+    raw_subs = {split_sub_key(key)[1]: value for key, value in _each(txn, dbs["subs"], prefix)}
+    return fold_journal(txn, topic_view(txn, dbs, tid), record, raw_subs, multi, journal)
+
+
 def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = None,
                     clocks: Mapping[str, Clock | None] | None = None) -> dict[str, Any]:
     """Every topic of the store with its subscriptions' figures ({} when it has none).
@@ -136,6 +150,7 @@ def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = Non
     """
     path = os.fspath(store_path)
     where = topics_directory(path)
+    journal = JournalSnapshot(where)  # before the read transaction (engine/topics/topic_journal_view.py)
     try:
         with _reading(path) as view:
             if view is None:
@@ -147,7 +162,7 @@ def describe_topics(store_path: str | os.PathLike[str], now_ms: int | None = Non
                 try:
                     clock = (clocks or {}).get(name)
                     now = int(clock()) if clock is not None else now_ms
-                    out[name] = _describe(txn, dbs, decode_topic(value), now)
+                    out[name] = _describe(txn, dbs, decode_topic(value), now, journal)
                 except TopicRecordError as exc:
                     raise CatalogError(f"{where}: topic {name!r}: {exc}", path=where) from None
             file_bytes, live_bytes = _sizes(env, txn, dbs)
@@ -171,19 +186,15 @@ def _sizes(env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict[str, Any]) ->
     return (env.info()["last_pgno"] + 1) * psize, used * psize
 
 
-def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
+def _describe(txn: lmdb.Transaction, dbs: dict[str, Any], record: dict[str, Any], now_ms: int | None,
+              journal: JournalSnapshot | None = None) -> dict[str, Any]:
+    folded = read_topic(txn, dbs, record, journal)
+    record, subs, tables, multi = folded.record, folded.subs, folded.rows, folded.multi
     tid = record["id"]
-    prefix = topic_prefix(tid)
     tick = 0 if record["config"].get("deliver_at_time_strict") else int(record["config"].get("tick_time_ms", 0))
     now = system_clock() if now_ms is None else now_ms
     cutoff = max(record["cutoff"], now + tick)
-    tables = topic_view(txn, dbs, tid)
-    multi = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], prefix)}
     judged = multi | set(tables.dead)  # rows judged one by one: several rows, or rows gone from a run
-    subs = {}
-    for key, value in _each(txn, dbs["subs"], prefix):
-        _, sub_name = split_sub_key(key)
-        subs[sub_name] = SubscriptionState.decode(sub_name, value)
     # Range scans only (engine/topics/topic_figures.py): the topic's lock is held while they run.
     held = held_rows(txn, tables, tid, {name: state.frontier for name, state in subs.items()})
     doc_subs = {}
@@ -222,12 +233,13 @@ def verify_topics(store_path: str | os.PathLike[str]) -> list[str]:
     path = os.fspath(store_path)
     where = topics_directory(path)
     problems: list[str] = []
+    journal = JournalSnapshot(where)  # before the read transaction (engine/topics/topic_journal_view.py)
     try:
         with _reading(path) as view:
             if view is None:
                 return []
             _, txn, dbs = view
-            _verify(txn, dbs, where, problems)
+            _verify(txn, dbs, where, problems, journal)
     except CatalogError as exc:
         return [str(exc)]
     except lmdb.Error as exc:
@@ -235,7 +247,8 @@ def verify_topics(store_path: str | os.PathLike[str]) -> list[str]:
     return problems
 
 
-def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: list[str]) -> None:
+def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: list[str],
+            journal: JournalSnapshot) -> None:
     topics = {}
     recorded_rows: dict[int, int] = {}
     applied: dict[int, int] = {}
@@ -294,11 +307,9 @@ def _verify(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, problems: li
         if held.get(tid, 0) != recorded_rows[tid]:
             problems.append(f"{where}: topic {name!r} records {recorded_rows[tid]} rows, holds {held.get(tid, 0)}")
         try:  # its journal's groups decode, and follow the adds the index holds
-            journal_backlog(where, tid, applied[tid])
+            journal.adds(tid, applied[tid])
         except JournalError as exc:
             problems.append(str(exc))
-        except FileNotFoundError:
-            pass  # a live writer's checkpoint removed a file meanwhile: it held nothing more
 
 
 def _verify_runs(txn: lmdb.Transaction, dbs: dict[str, Any], where: str, topics: dict[int, tuple[str, int]],

@@ -31,12 +31,13 @@ import lmdb
 import numpy as np
 
 from ...errors import CatalogError
-from ...format.topic_codec import MULTI, RUN_KEY, TopicRecordError, decode_topic, split_sub_key, topic_prefix
+from ...format.topic_codec import RUN_KEY, TopicRecordError, decode_topic
 from .subscription_state import SubscriptionState
 from .topic_figures import visible
 from .topic_file import topics_directory
 from .topic_levels import RowView
-from .topic_reader import _each, _reading, topic_view
+from .topic_journal_view import FoldedRows, JournalSnapshot
+from .topic_reader import _each, _reading, read_topic
 
 __all__ = ["PENDING", "UNCONFIRMED", "DONE", "STATES", "TopicChunk", "topic_names", "read_topic_states",
            "run_listed"]
@@ -108,6 +109,7 @@ def read_topic_states(store_path: str | os.PathLike[str], name: str,
         raise ValueError("chunk_rows must be at least 1")
     path = os.fspath(store_path)
     where = topics_directory(path)
+    journal = JournalSnapshot(where)  # before the read transaction (engine/topics/topic_journal_view.py)
     try:
         with _reading(path) as view:
             raw = None
@@ -117,16 +119,13 @@ def read_topic_states(store_path: str | os.PathLike[str], name: str,
             if raw is None:
                 raise CatalogError(f"{where}: no topic named {name!r}", path=where)
             try:
-                tid = decode_topic(raw)["id"]
-                subs = {}
-                for key, value in _each(txn, dbs["subs"], topic_prefix(tid)):
-                    _, sub_name = split_sub_key(key)
-                    subs[sub_name] = SubscriptionState.decode(sub_name, value)
+                # The adds its journal holds beyond the index's folded in, as describe_topics does.
+                folded = read_topic(txn, dbs, decode_topic(raw), journal)
             except TopicRecordError as exc:
                 raise CatalogError(f"{where}: topic {name!r}: {exc}", path=where) from None
-            tables = topic_view(txn, dbs, tid)
+            tid, subs, tables = folded.record["id"], folded.subs, folded.rows
             # As describe_topics judges them: positions with several rows, or rows gone from a run.
-            judged = {MULTI.unpack(k)[1:] for k, _ in _each(txn, dbs["multi"], topic_prefix(tid))} | set(tables.dead)
+            judged = folded.multi | set(tables.dead)
             # Rows of unconfirmed batches: usually still rows of the topic, but one every other
             # subscription has passed since is gone from it while this one will deliver it again.
             unconfirmed = {row for state in subs.values() for row in state.redeliver}
@@ -153,7 +152,7 @@ def read_topic_states(store_path: str | os.PathLike[str], name: str,
         raise CatalogError(f"{where}: cannot read the topic index: {exc}", path=where) from None
 
 
-def _chunk(txn: lmdb.Transaction, tables: RowView, tid: int, name: str, subs: dict[str, SubscriptionState],
+def _chunk(txn: lmdb.Transaction, tables: RowView | FoldedRows, tid: int, name: str, subs: dict[str, SubscriptionState],
            judged: set[tuple[int, int]], rows: Sequence[tuple[int, int, int, int]]) -> TopicChunk:
     arr = np.array(rows, dtype=np.uint64).reshape(-1, 4)
     one_by_one = [i for i, (_, ledger, entry, _) in enumerate(rows) if (ledger, entry) in judged] if judged else []
