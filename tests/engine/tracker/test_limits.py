@@ -185,11 +185,7 @@ def test_strict_mode_with_precision_bits_never_delivers_early(tmp_path, batch, s
         else:
             for e, ts in enumerate(times):
                 t.add_message(1, e, ts)
-        first = {}
-        for now in range(990, 1040):
-            clock.now = now
-            for _, entry in t.get_scheduled_messages(100):
-                first[entry] = now
+        first = _first_delivered(t, clock)
         for entry, ts in enumerate(times):
             if strict:
                 assert ts <= first[entry] < ts + 16, (entry, ts, first[entry])  # never early
@@ -205,10 +201,16 @@ def test_in_memory_timebucket_tracker_strict_mode_never_delivers_early(strict):
     times = [1001, 1008, 1015, 1016]
     for e, ts in enumerate(times):
         assert t.add_message(1, e, ts)
-    first = {}
+    first = _first_delivered(t, clock)
+    for entry, ts in enumerate(times):
+        assert (ts <= first[entry] < ts + 16) if strict else (ts - 16 < first[entry] <= ts), (entry, first[entry])
+
+
+def _first_delivered(t, clock) -> dict[int, int]:
+    """Each entry id's first delivery time, stepping ``clock`` a millisecond at a time over 990-1039."""
+    first: dict[int, int] = {}
     for now in range(990, 1040):
         clock.now = now
         for _, entry in t.get_scheduled_messages(100):
             first[entry] = now
-    for entry, ts in enumerate(times):
-        assert (ts <= first[entry] < ts + 16) if strict else (ts - 16 < first[entry] <= ts), (entry, first[entry])
+    return first
